@@ -1,0 +1,431 @@
+"""Config schemas (registered in Hydra's ConfigStore) and the checks run before a job starts.
+
+Each option file in `conf/<group>/` begins with `defaults: [/schema_<group>_<name>@_here_]`, so
+Hydra merges it onto its dataclass: a wrong type or an unknown key fails at composition with
+Hydra's own message. Checks that need more than types (a batch that divides, a positive LR)
+live in `check`, which runs before Hydra writes anything into the output directory.
+"""
+
+from __future__ import annotations
+
+import os
+import pydoc
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from hydra.experimental.callback import Callback
+from omegaconf import MISSING, DictConfig
+
+from bsexp.errors import ConfigError, exit_on_config_error
+from bsexp.plan import BatchPlan, PlanError, make_plan
+
+
+class _Choice(str, Enum):
+    """An enum whose members compare equal to their names ("batch" == Norm.batch)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+Device = _Choice("Device", {k: k for k in ("auto", "cpu", "cuda")}, module=__name__)
+Precision = _Choice("Precision", {k: k for k in ("fp32", "bf16", "fp16")}, module=__name__)
+Rule = _Choice("Rule", {k: k for k in ("linear", "sqrt", "none")}, module=__name__)
+Unit = _Choice("Unit", {k: k for k in ("epochs", "steps")}, module=__name__)
+WarmupShape = _Choice("WarmupShape", {k: k for k in ("linear", "constant", "none")}, module=__name__)
+MainSchedule = _Choice("MainSchedule", {k: k for k in ("cosine", "step", "constant")}, module=__name__)
+Norm = _Choice("Norm", {k: k for k in ("batch", "group", "layer", "none")}, module=__name__)
+Policy = _Choice("Policy", {k: k for k in ("fixed", "accumulation")}, module=__name__)
+DistributedKind = _Choice("DistributedKind", {k: k for k in ("none",)}, module=__name__)
+LoggerKind = _Choice("LoggerKind", {k: k for k in ("wandb", "none")}, module=__name__)
+WandbMode = _Choice("WandbMode", {k: k for k in ("offline", "online", "disabled")}, module=__name__)
+VisionSet = _Choice("VisionSet", {k: k for k in ("mnist", "fashion_mnist", "cifar10", "cifar100")}, module=__name__)
+
+DATA_ROOT = "${oc.env:BSEXP_DATA,data}"
+
+# ---------------------------------------------------------------------------- data
+
+
+@dataclass
+class DataConfig:
+    _target_: str = MISSING
+    seed: int = 42  # generates and splits the data; the run's `seed` does not change it
+    val_size: int = 500  # samples held out of the training split for validation
+
+
+@dataclass
+class MNIST1DData(DataConfig):
+    _target_: str = "bsexp.data.mnist1d"
+    root: str = DATA_ROOT
+    num_samples: int = 5000  # train + test; 5000 with train_split 0.8 is the published split
+    train_split: float = 0.8
+
+
+@dataclass
+class DigitsData(DataConfig):
+    _target_: str = "bsexp.data.digits"
+    val_size: int = 360
+
+
+@dataclass
+class TorchvisionData(DataConfig):
+    _target_: str = "bsexp.data.torchvision_dataset"
+    name: VisionSet = MISSING
+    root: str = DATA_ROOT
+    download: bool = False
+    val_size: int = 5000
+    augment: bool = True
+    crop_padding: int = 4
+    hflip: bool = False
+    in_memory: bool = True  # false: read through a DataLoader with workers
+    num_workers: int = 2
+
+
+@dataclass
+class SyntheticData(DataConfig):
+    _target_: str = "bsexp.data.synthetic"
+    shape: List[int] = field(default_factory=lambda: [1, 40])
+    num_classes: int = 10
+    num_samples: int = 4096
+    val_size: int = 512
+    test_size: int = 512
+    noise: float = 1.0
+    in_memory: bool = True
+    num_workers: int = 0
+
+
+# ---------------------------------------------------------------------------- models
+
+
+@dataclass
+class ModelConfig:
+    _target_: str = MISSING
+    norm: Norm = Norm.batch
+
+
+@dataclass
+class MLPModel(ModelConfig):
+    _target_: str = "bsexp.models.MLP"
+    hidden: List[int] = field(default_factory=lambda: [256, 256])
+    dropout: float = 0.0
+
+
+@dataclass
+class CNN1dModel(ModelConfig):
+    _target_: str = "bsexp.models.CNN1d"
+    width: int = 32
+
+
+@dataclass
+class CNNModel(ModelConfig):
+    _target_: str = "bsexp.models.CNN"
+    width: int = 32
+
+
+@dataclass
+class ResNet18Model(ModelConfig):
+    _target_: str = "bsexp.models.resnet18"
+    cifar_stem: bool = True
+
+
+# ---------------------------------------------------------------------------- optimizers
+
+
+@dataclass
+class OptimizerConfig:
+    _target_: str = MISSING
+    lr: float = MISSING  # at scaling.ref_batch
+    weight_decay: float = 0.0  # at scaling.ref_batch
+    decay_norm_and_bias: bool = False  # weight decay on biases and norm parameters too
+
+
+@dataclass
+class SGDOptimizer(OptimizerConfig):
+    _target_: str = "torch.optim.SGD"
+    lr: float = 0.1
+    weight_decay: float = 5e-4
+    momentum: float = 0.9
+    nesterov: bool = False
+
+
+@dataclass
+class AdamWOptimizer(OptimizerConfig):
+    _target_: str = "torch.optim.AdamW"
+    lr: float = 1e-3
+    weight_decay: float = 0.05
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+
+
+@dataclass
+class LarsOptimizer(OptimizerConfig):
+    _target_: str = "timm.optim.Lars"
+    lr: float = 0.1
+    weight_decay: float = 5e-4
+    momentum: float = 0.9
+    nesterov: bool = False
+    trust_coeff: float = 0.001
+    eps: float = 1e-8
+
+
+@dataclass
+class LambOptimizer(OptimizerConfig):
+    _target_: str = "timm.optim.Lamb"
+    lr: float = 2e-3
+    weight_decay: float = 0.01
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-6
+    max_grad_norm: Optional[float] = None  # bsexp clips with trainer.clip_grad_norm
+
+
+# ---------------------------------------------------------------------------- batch, world, logs
+
+
+@dataclass
+class BatchConfig:
+    policy: Policy = MISSING
+    size: int = 128  # global: samples per optimizer step over all ranks and micro-steps
+    drop_last: bool = False  # false: the last, smaller step of an epoch is kept, normalised exactly
+
+
+@dataclass
+class FixedBatch(BatchConfig):
+    policy: Policy = Policy.fixed
+
+
+@dataclass
+class AccumulationBatch(BatchConfig):
+    policy: Policy = Policy.accumulation
+    size: int = 512
+    micro_size: Optional[int] = None  # per rank; give this or accum_steps
+    accum_steps: Optional[int] = None
+
+
+@dataclass
+class DistributedConfig:
+    kind: DistributedKind = DistributedKind.none
+
+
+@dataclass
+class WandbConfig:
+    project: str = "bsexp"
+    entity: Optional[str] = None
+    group: Optional[str] = None
+    name: Optional[str] = None
+    tags: List[str] = field(default_factory=list)
+    mode: Optional[WandbMode] = None  # null: $WANDB_MODE if set, else offline
+    dir: Optional[str] = None  # null: the run's output directory
+
+
+@dataclass
+class LoggerConfig:
+    kind: LoggerKind = MISSING
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+
+# ---------------------------------------------------------------------------- top level
+
+
+@dataclass
+class ScalingConfig:
+    ref_batch: int = 128  # the batch at which optimizer.lr and optimizer.weight_decay were tuned
+    lr_rule: Rule = Rule.linear
+    wd_rule: Rule = Rule.sqrt
+
+
+@dataclass
+class ScheduleConfig:
+    unit: Unit = Unit.epochs  # of `warmup` and `milestones`
+    warmup: float = 2.0
+    warmup_shape: WarmupShape = WarmupShape.linear
+    start_factor: Optional[float] = None  # null: 1/k, the unscaled LR (Goyal et al. 2017)
+    main: MainSchedule = MainSchedule.cosine
+    milestones: List[float] = field(default_factory=list)  # for main=step
+    factor: float = 0.1  # for main=step: LR multiplied by this at each milestone
+    final_factor: float = 0.0  # for main=cosine: the LR ends at this fraction of its peak
+
+
+@dataclass
+class TrainerConfig:
+    clip_grad_norm: Optional[float] = None
+    eval_every_steps: int = 0  # 0: evaluate at the end of every epoch
+    eval_batch_size: int = 1024
+    max_steps: Optional[int] = None  # stop after this many optimizer steps
+    progress: bool = True  # progress bars (off anyway when output is not a terminal)
+    deterministic: bool = True
+    threads: Optional[int] = None  # torch CPU threads; null: torch's default
+
+
+@dataclass
+class Config:
+    data: Any = MISSING
+    model: Any = MISSING
+    optimizer: Any = MISSING
+    batch: Any = MISSING
+    distributed: Any = MISSING
+    logger: Any = MISSING
+    seed: int = 0
+    epochs: int = 20
+    device: Device = Device.auto
+    precision: Precision = Precision.fp32
+    scaling: ScalingConfig = field(default_factory=ScalingConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+SCHEMAS = {
+    "bsexp_config": Config,
+    "schema_data_mnist1d": MNIST1DData,
+    "schema_data_digits": DigitsData,
+    "schema_data_torchvision": TorchvisionData,
+    "schema_data_synthetic": SyntheticData,
+    "schema_model_mlp": MLPModel,
+    "schema_model_cnn1d": CNN1dModel,
+    "schema_model_cnn": CNNModel,
+    "schema_model_resnet18": ResNet18Model,
+    "schema_optimizer_sgd": SGDOptimizer,
+    "schema_optimizer_adamw": AdamWOptimizer,
+    "schema_optimizer_lars": LarsOptimizer,
+    "schema_optimizer_lamb": LambOptimizer,
+    "schema_batch_fixed": FixedBatch,
+    "schema_batch_accumulation": AccumulationBatch,
+    "schema_distributed": DistributedConfig,
+    "schema_logger": LoggerConfig,
+}
+
+
+def register_configs() -> None:
+    """Schemas are stored outside any group, so `--help` lists only the real options."""
+    store = ConfigStore.instance()
+    for name, node in SCHEMAS.items():
+        store.store(name=name, node=node)
+
+
+# ---------------------------------------------------------------------------- checks
+
+
+def world_size(cfg: DictConfig) -> int:
+    return 1  # single process until distributed=ddp exists
+
+
+def batch_plan(cfg: DictConfig) -> BatchPlan:
+    """The plan the batch policy asks for, or a ConfigError naming the key at fault."""
+    batch = cfg.batch
+    micro, accum = batch.get("micro_size"), batch.get("accum_steps")  # only accumulation has them
+    if batch.policy == Policy.accumulation and micro is None and accum is None:
+        raise ConfigError("batch.micro_size", None, "batch=accumulation needs batch.micro_size or batch.accum_steps")
+    try:
+        return make_plan(batch.size, world_size(cfg), micro, accum)
+    except PlanError as exc:
+        raise ConfigError(exc.key, exc.value, exc.expected) from None
+
+
+def check(cfg: DictConfig) -> BatchPlan:
+    """Every check that needs no data: raises ConfigError on the first problem found."""
+    _at_least("epochs", cfg.epochs, 1)
+    _at_least("scaling.ref_batch", cfg.scaling.ref_batch, 1)
+    if "lr" in cfg.optimizer:
+        _positive("optimizer.lr", cfg.optimizer.lr)
+    if "weight_decay" in cfg.optimizer:
+        _at_least("optimizer.weight_decay", cfg.optimizer.weight_decay, 0)
+    if "momentum" in cfg.optimizer:
+        _at_least("optimizer.momentum", cfg.optimizer.momentum, 0)
+    if "betas" in cfg.optimizer:
+        betas = list(cfg.optimizer.betas)
+        if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
+            raise ConfigError("optimizer.betas", betas, "must be two values in [0, 1), e.g. [0.9,0.999]")
+    _check_schedule(cfg.schedule)
+    trainer = cfg.trainer
+    if trainer.clip_grad_norm is not None:
+        _positive("trainer.clip_grad_norm", trainer.clip_grad_norm)
+    _at_least("trainer.eval_every_steps", trainer.eval_every_steps, 0)
+    _at_least("trainer.eval_batch_size", trainer.eval_batch_size, 1)
+    if trainer.max_steps is not None:
+        _at_least("trainer.max_steps", trainer.max_steps, 1)
+    if trainer.threads is not None:
+        _at_least("trainer.threads", trainer.threads, 1)
+    if cfg.device == Device.cuda:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("device", "cuda", "CUDA is not available here; valid: auto, cpu")
+    for group in ("data", "model", "optimizer"):
+        _check_target(group, cfg[group])
+    return batch_plan(cfg)
+
+
+def _check_schedule(schedule: DictConfig) -> None:
+    _at_least("schedule.warmup", schedule.warmup, 0)
+    if schedule.start_factor is not None:
+        _at_least("schedule.start_factor", schedule.start_factor, 0)
+    if not 0 < schedule.factor <= 1:
+        raise ConfigError("schedule.factor", schedule.factor, "must be in (0, 1]")
+    if not 0 <= schedule.final_factor <= 1:
+        raise ConfigError("schedule.final_factor", schedule.final_factor, "must be in [0, 1]")
+    milestones = list(schedule.milestones)
+    if any(m < 0 for m in milestones) or milestones != sorted(milestones):
+        raise ConfigError("schedule.milestones", milestones, "must be non-negative and increasing")
+    if schedule.main == MainSchedule.step and not milestones:
+        raise ConfigError("schedule.milestones", milestones, "schedule.main=step needs at least one milestone")
+
+
+def locate(group: str, target: Any) -> Any:
+    """The callable a `_target_` names, or a ConfigError naming `<group>._target_`."""
+    if not isinstance(target, str) or not target:
+        raise ConfigError(f"{group}._target_", target, "must name an importable callable")
+    try:
+        obj = pydoc.locate(target)
+    except pydoc.ErrorDuringImport as exc:
+        raise ConfigError(f"{group}._target_", target, f"failed to import ({exc.value})") from None
+    if obj is None:
+        raise ConfigError(f"{group}._target_", target, "cannot be imported: no module or attribute of that name")
+    if not callable(obj):
+        raise ConfigError(f"{group}._target_", target, "is not callable")
+    return obj
+
+
+def _check_target(group: str, node: DictConfig) -> None:
+    locate(group, node.get("_target_"))
+
+
+def _at_least(key: str, value: Any, low: float) -> None:
+    if value < low:
+        raise ConfigError(key, value, f"must be >= {low}")
+
+
+def _positive(key: str, value: Any) -> None:
+    if not value > 0:
+        raise ConfigError(key, value, "must be > 0")
+
+
+def check_output_dir(key: str, path: str) -> None:
+    """The output directory must be creatable and must not already hold a run's results."""
+    directory = Path(path)
+    for name in ("summary.json", "metrics.jsonl"):
+        if (directory / name).exists():
+            raise ConfigError(key, path, f"already holds a run's results ({name}); choose a new directory")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(key, path, f"cannot be created ({exc.strerror})") from None
+    if not os.access(directory, os.W_OK):
+        raise ConfigError(key, path, "is not writable")
+
+
+class Preflight(Callback):
+    """Runs `check` before Hydra creates the job's directory, so a bad config writes nothing.
+
+    Hydra turns exceptions from callbacks into warnings and carries on, so a failed check
+    exits here (SystemExit passes through Hydra untouched).
+    """
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        with exit_on_config_error():
+            check(config)
+            check_output_dir("hydra.run.dir", config.hydra.run.dir)
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        with exit_on_config_error():
+            check_output_dir("hydra.sweep.dir", config.hydra.sweep.dir)

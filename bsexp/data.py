@@ -1,0 +1,468 @@
+"""Datasets and batching.
+
+A dataset builder (`data._target_`) returns `Splits`. Data that fits is held as tensors on the
+training device and batched by index (with on-device crop/flip for image sets); a builder may
+instead return torch `Dataset`s, which are read through a `DataLoader` with workers. Either way
+batches come one optimizer step at a time from a `BatchPlan`, so the batch size can change
+between epochs.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence, Union
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from bsexp.errors import ConfigError
+from bsexp.plan import BatchPlan
+
+
+@dataclass
+class TensorSplit:
+    """Samples held as tensors; `x` may be stored as uint8 and normalised per batch."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    mean: torch.Tensor | None = None  # per channel, for uint8 images
+    std: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def batch(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.x[idx]
+        if self.mean is not None:
+            x = (x.float() / 255.0 - self.mean) / self.std
+        return x, self.y[idx]
+
+    def subset(self, idx: torch.Tensor) -> "TensorSplit":
+        return TensorSplit(self.x[idx], self.y[idx], self.mean, self.std)
+
+    def to(self, device: torch.device) -> "TensorSplit":
+        move = (lambda t: None if t is None else t.to(device))  # noqa: E731
+        return TensorSplit(move(self.x), move(self.y), move(self.mean), move(self.std))
+
+
+Split = Union[TensorSplit, Dataset]
+
+
+@dataclass(frozen=True)
+class Augment:
+    """Random crop (zero padding of `crop_padding` pixels) and horizontal flip, on device."""
+
+    crop_padding: int = 0
+    hflip: bool = False
+
+
+@dataclass
+class Splits:
+    name: str
+    train: Split
+    train_eval: Split  # a fixed train subset, the size of `val`, never augmented
+    val: Split
+    test: Split | None
+    input_shape: tuple[int, ...]
+    num_classes: int
+    augment: Augment | None = None  # applied to in-memory train batches
+    num_workers: int = 0  # for Dataset splits
+
+    @property
+    def in_memory(self) -> bool:
+        return isinstance(self.train, TensorSplit)
+
+    def to(self, device: torch.device) -> "Splits":
+        if not self.in_memory:
+            return self
+        move = (lambda s: None if s is None else s.to(device))  # noqa: E731
+        return Splits(
+            self.name, move(self.train), move(self.train_eval), move(self.val), move(self.test),
+            self.input_shape, self.num_classes, self.augment, self.num_workers,
+        )
+
+
+# ---------------------------------------------------------------------------- batching
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
+    """One shuffle per epoch, shared by all ranks (Goyal et al. remark 4), epoch in the seed."""
+    generator = torch.Generator().manual_seed(seed * 100_003 + epoch)
+    return torch.randperm(n, generator=generator)
+
+
+def plan_steps(
+    order: torch.Tensor, plan: BatchPlan, rank: int = 0, drop_last: bool = False
+) -> Iterator[tuple[list[torch.Tensor], int]]:
+    """Per optimizer step: this rank's micro-batches of indices and the step's global samples.
+
+    A step takes `plan.size` consecutive indices of the epoch's order, splits them over ranks
+    and then into micro-batches of `plan.micro_size`. The final step of an epoch may be smaller
+    (unless `drop_last`); its sample count is what the loss is normalised by.
+    """
+    for start in range(0, len(order), plan.size):
+        step = order[start : start + plan.size]
+        if drop_last and len(step) < plan.size:
+            return
+        mine = torch.tensor_split(step, plan.world_size)[rank]
+        yield list(mine.split(plan.micro_size)), len(step)
+
+
+def steps_per_epoch(n: int, plan: BatchPlan, drop_last: bool = False) -> int:
+    return n // plan.size if drop_last else -(-n // plan.size)
+
+
+class TensorBatches:
+    """Optimizer steps of in-memory micro-batches, gathered by index on the data's device."""
+
+    def __init__(self, split: TensorSplit, seed: int, augment: Augment | None = None) -> None:
+        self.split, self.seed, self.augment = split, seed, augment
+        device = split.x.device
+        self.generator = torch.Generator(device=device).manual_seed(seed)  # augmentation only
+
+    def __len__(self) -> int:
+        return len(self.split)
+
+    def steps(self, epoch: int, plan: BatchPlan, rank: int = 0, drop_last: bool = False):
+        order = epoch_order(len(self.split), self.seed, epoch).to(self.split.x.device)
+        for micro_indices, samples in plan_steps(order, plan, rank, drop_last):
+            micro = [self.split.batch(idx) for idx in micro_indices]
+            if self.augment is not None:
+                micro = [(augment_batch(x, self.augment, self.generator), y) for x, y in micro]
+            yield micro, samples
+
+
+def augment_batch(x: torch.Tensor, augment: Augment, generator: torch.Generator) -> torch.Tensor:
+    """Random crop with zero padding and random horizontal flip of an NCHW batch."""
+    n, _, height, width = x.shape
+    if augment.crop_padding:
+        pad = augment.crop_padding
+        padded = torch.nn.functional.pad(x, (pad, pad, pad, pad))
+        dy = torch.randint(0, 2 * pad + 1, (n, 1), generator=generator, device=x.device)
+        dx = torch.randint(0, 2 * pad + 1, (n, 1), generator=generator, device=x.device)
+        rows = (dy + torch.arange(height, device=x.device))[:, None, :, None]
+        cols = (dx + torch.arange(width, device=x.device))[:, None, None, :]
+        batch = torch.arange(n, device=x.device)[:, None, None, None]
+        channels = torch.arange(x.shape[1], device=x.device)[None, :, None, None]
+        x = padded[batch, channels, rows, cols]
+    if augment.hflip:
+        flip = torch.rand(n, generator=generator, device=x.device) < 0.5
+        x = torch.where(flip[:, None, None, None], x.flip(-1), x)
+    return x
+
+
+class _IndexBatches:
+    """A batch sampler that replays a precomputed list of micro-batches of indices."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+
+    def __iter__(self):
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+class LoaderBatches:
+    """Optimizer steps read through a `DataLoader` with workers, for data that is not in memory."""
+
+    def __init__(self, dataset: Dataset, seed: int, device: torch.device, num_workers: int) -> None:
+        self.dataset, self.seed, self.device = dataset, seed, device
+        self.sampler = _IndexBatches()
+        self.loader = DataLoader(
+            dataset,
+            batch_sampler=self.sampler,
+            num_workers=num_workers,
+            pin_memory=device.type == "cuda",
+            persistent_workers=num_workers > 0,
+        )
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def steps(self, epoch: int, plan: BatchPlan, rank: int = 0, drop_last: bool = False):
+        order = epoch_order(len(self.dataset), self.seed, epoch)
+        steps = list(plan_steps(order, plan, rank, drop_last))
+        # The sampler lives in this process, so the micro-batches can change every epoch.
+        self.sampler.batches = [idx.tolist() for micro, _ in steps for idx in micro]
+        batches = iter(self.loader)
+        for micro_indices, samples in steps:
+            micro = [next(batches) for _ in micro_indices]
+            yield [(x.to(self.device, non_blocking=True), y.to(self.device)) for x, y in micro], samples
+
+
+def train_batches(splits: Splits, seed: int, device: torch.device):
+    if isinstance(splits.train, TensorSplit):
+        return TensorBatches(splits.train, seed, splits.augment)
+    return LoaderBatches(splits.train, seed, device, splits.num_workers)
+
+
+def eval_batches(
+    split: Split, batch_size: int, device: torch.device, num_workers: int = 0
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The whole split in order, in batches of `batch_size`."""
+    if isinstance(split, TensorSplit):
+        for start in range(0, len(split), batch_size):
+            yield split.batch(torch.arange(start, min(start + batch_size, len(split)),
+                                           device=split.x.device))
+        return
+    loader = DataLoader(split, batch_size=batch_size, num_workers=num_workers,
+                        pin_memory=device.type == "cuda")
+    for x, y in loader:
+        yield x.to(device, non_blocking=True), y.to(device)
+
+
+# ---------------------------------------------------------------------------- builders
+
+
+def _split_train(n: int, val_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Deterministic (train, val) index split of n samples, seeded by the data seed."""
+    if not 0 < val_size < n:
+        raise ConfigError("data.val_size", val_size,
+                          f"must be between 1 and {n - 1} (the data has {n} train samples)")
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    return order[val_size:], order[:val_size]
+
+
+def _tensor_splits(
+    name: str,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    test: tuple[torch.Tensor, torch.Tensor] | None,
+    val_size: int,
+    seed: int,
+    num_classes: int,
+    mean: torch.Tensor | None = None,
+    std: torch.Tensor | None = None,
+    augment: Augment | None = None,
+) -> Splits:
+    train_idx, val_idx = _split_train(len(y), val_size, seed)
+    train = TensorSplit(x[train_idx], y[train_idx], mean, std)
+    eval_idx = torch.randperm(len(train_idx), generator=torch.Generator().manual_seed(seed + 1))
+    return Splits(
+        name=name,
+        train=train,
+        train_eval=train.subset(eval_idx[:val_size]),
+        val=TensorSplit(x[val_idx], y[val_idx], mean, std),
+        test=None if test is None else TensorSplit(test[0], test[1], mean, std),
+        input_shape=tuple(x.shape[1:]),
+        num_classes=num_classes,
+        augment=augment,
+    )
+
+
+def _atomic_save(obj, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)  # concurrent sweep jobs never see a half-written cache
+
+
+def _writable_root(root: str) -> Path:
+    path = Path(root).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError("data.root", root, f"cannot create the data directory ({exc.strerror})") from None
+    return path
+
+
+def mnist1d(
+    root: str, val_size: int = 500, seed: int = 42, num_samples: int = 5000, train_split: float = 0.8
+) -> Splits:
+    """MNIST-1D (Greydanus 2020), generated locally and cached; defaults give the published
+    4000 train / 1000 test split (val carved out of train)."""
+    if num_samples < 20:
+        raise ConfigError("data.num_samples", num_samples, "must be at least 20 (10 classes, two splits)")
+    if not 0.0 < train_split < 1.0:
+        raise ConfigError("data.train_split", train_split, "must be strictly between 0 and 1")
+    cache = _writable_root(root) / "mnist1d" / f"mnist1d-n{num_samples}-s{seed}-t{train_split}.pt"
+    if cache.exists():
+        data = torch.load(cache)
+    else:
+        data = _generate_mnist1d(num_samples, seed, train_split)
+        _atomic_save(data, cache)
+    return _tensor_splits(
+        "mnist1d", data["x"], data["y"], (data["x_test"], data["y_test"]), val_size, seed, 10
+    )
+
+
+def _generate_mnist1d(num_samples: int, seed: int, train_split: float) -> dict[str, torch.Tensor]:
+    from mnist1d.data import get_dataset_args, make_dataset
+
+    args = get_dataset_args()
+    args.num_samples, args.seed, args.train_split = num_samples, seed, train_split
+    # make_dataset seeds the global numpy and random generators; leave them as they were.
+    np_state, py_state = np.random.get_state(), random.getstate()
+    try:
+        raw = make_dataset(args)
+    finally:
+        np.random.set_state(np_state)
+        random.setstate(py_state)
+    as_x = lambda a: torch.tensor(a, dtype=torch.float32).unsqueeze(1)  # noqa: E731  (N, 1, 40)
+    return {
+        "x": as_x(raw["x"]), "y": torch.tensor(raw["y"], dtype=torch.long),
+        "x_test": as_x(raw["x_test"]), "y_test": torch.tensor(raw["y_test"], dtype=torch.long),
+    }
+
+
+def digits(val_size: int = 360, seed: int = 42) -> Splits:
+    """scikit-learn's bundled 8×8 digits (1797 images, no separate test split)."""
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    x = torch.tensor(bunch.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    x = (x - x.mean()) / x.std()
+    y = torch.tensor(bunch.target, dtype=torch.long)
+    return _tensor_splits("digits", x, y, None, val_size, seed, 10)
+
+
+VISION_SETS = {
+    # name: (torchvision class, number of classes)
+    "mnist": ("MNIST", 10),
+    "fashion_mnist": ("FashionMNIST", 10),
+    "cifar10": ("CIFAR10", 10),
+    "cifar100": ("CIFAR100", 100),
+}
+
+
+def torchvision_dataset(
+    name: str,
+    root: str,
+    download: bool = False,
+    val_size: int = 5000,
+    seed: int = 42,
+    augment: bool = True,
+    crop_padding: int = 4,
+    hflip: bool = False,
+    in_memory: bool = True,
+    num_workers: int = 2,
+) -> Splits:
+    """A torchvision image set. Files are read from `root`; fetched only with `download=True`."""
+    name = getattr(name, "value", name)
+    if name not in VISION_SETS:
+        raise ConfigError("data.name", name, f"valid: {', '.join(VISION_SETS)}")
+    import torchvision
+
+    cls = getattr(torchvision.datasets, VISION_SETS[name][0])
+    folder = _writable_root(root) if download else Path(root).expanduser()
+    try:
+        train_set = cls(str(folder), train=True, download=download)
+        test_set = cls(str(folder), train=False, download=download)
+    except RuntimeError as exc:
+        if not download and "download=True" in str(exc):
+            raise ConfigError(
+                "data.download", False,
+                f"{name} files are missing under {folder}; set data.download=true to fetch them "
+                f"(needs the network) or point data.root at a copy",
+            ) from None
+        raise _download_error(name, folder, exc) from None
+    except OSError as exc:  # URLError and socket errors when the network is unreachable
+        raise _download_error(name, folder, exc) from None
+
+    x, y = _image_tensor(train_set.data), torch.as_tensor(train_set.targets, dtype=torch.long)
+    x_test, y_test = _image_tensor(test_set.data), torch.as_tensor(test_set.targets, dtype=torch.long)
+    mean = (x.float() / 255.0).mean(dim=(0, 2, 3)).view(1, -1, 1, 1)
+    std = (x.float() / 255.0).std(dim=(0, 2, 3)).view(1, -1, 1, 1)
+    aug = Augment(crop_padding, hflip) if augment else None
+    if in_memory:
+        return _tensor_splits(name, x, y, (x_test, y_test), val_size, seed,
+                              VISION_SETS[name][1], mean, std, aug)
+    return _dataset_splits(name, train_set, test_set, x.shape[1:], VISION_SETS[name][1],
+                           val_size, seed, mean.flatten(), std.flatten(), aug, num_workers)
+
+
+def _download_error(name: str, folder: Path, exc: BaseException) -> ConfigError:
+    reason = " ".join(str(exc).split()) or type(exc).__name__
+    return ConfigError("data.download", True, f"could not download {name} into {folder}: {reason}")
+
+
+def _image_tensor(data) -> torch.Tensor:
+    """uint8 NCHW from torchvision's NHW (MNIST) or NHWC numpy (CIFAR) storage."""
+    x = torch.as_tensor(np.asarray(data))
+    return x.unsqueeze(1) if x.ndim == 3 else x.permute(0, 3, 1, 2).contiguous()
+
+
+def _dataset_splits(name, train_set, test_set, input_shape, num_classes, val_size, seed,
+                    mean, std, augment: Augment | None, num_workers: int) -> Splits:
+    from torchvision.transforms import v2
+
+    plain = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True),
+                        v2.Normalize(mean.tolist(), std.tolist())])
+    steps = [v2.ToImage()]
+    if augment is not None and augment.crop_padding:
+        steps.append(v2.RandomCrop(input_shape[-1], padding=augment.crop_padding))
+    if augment is not None and augment.hflip:
+        steps.append(v2.RandomHorizontalFlip())
+    train_tf = v2.Compose(steps + [v2.ToDtype(torch.float32, scale=True),
+                                   v2.Normalize(mean.tolist(), std.tolist())])
+    y = torch.as_tensor(train_set.targets)
+    train_idx, val_idx = _split_train(len(y), val_size, seed)
+    eval_idx = torch.randperm(len(train_idx), generator=torch.Generator().manual_seed(seed + 1))
+    augmented = _Transformed(train_set, train_tf)
+    clean = _Transformed(train_set, plain)
+    return Splits(
+        name=name,
+        train=Subset(augmented, train_idx.tolist()),
+        train_eval=Subset(clean, train_idx[eval_idx[:val_size]].tolist()),
+        val=Subset(clean, val_idx.tolist()),
+        test=_Transformed(test_set, plain),
+        input_shape=tuple(input_shape),
+        num_classes=num_classes,
+        num_workers=num_workers,
+    )
+
+
+class _Transformed(Dataset):
+    """A torchvision dataset read raw (PIL image, label) with our own transform applied."""
+
+    def __init__(self, dataset, transform) -> None:
+        self.dataset, self.transform = dataset, transform
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i):
+        image, label = self.dataset[i]
+        return self.transform(image), label
+
+
+def synthetic(
+    shape: Sequence[int] = (1, 40),
+    num_classes: int = 10,
+    num_samples: int = 4096,
+    val_size: int = 512,
+    test_size: int = 512,
+    noise: float = 1.0,
+    seed: int = 42,
+    in_memory: bool = True,
+    num_workers: int = 0,
+) -> Splits:
+    """Gaussian classes of any input shape: x = mean[y] + noise·N(0, 1). For probing and benchmarks."""
+    shape = tuple(int(s) for s in shape)
+    if not shape or min(shape) < 1:
+        raise ConfigError("data.shape", list(shape), "must be a non-empty list of positive sizes")
+    if num_classes < 2:
+        raise ConfigError("data.num_classes", num_classes, "must be at least 2")
+    if test_size < 0:
+        raise ConfigError("data.test_size", test_size, "must be >= 0")
+    generator = torch.Generator().manual_seed(seed)
+    means = torch.randn((num_classes, *shape), generator=generator)
+    total = num_samples + test_size
+    y = torch.randint(0, num_classes, (total,), generator=generator)
+    x = means[y] + noise * torch.randn((total, *shape), generator=generator)
+    test = (x[num_samples:], y[num_samples:]) if test_size else None
+    splits = _tensor_splits("synthetic", x[:num_samples], y[:num_samples], test, val_size, seed,
+                            num_classes)
+    if in_memory:
+        return splits
+    as_dataset = lambda s: None if s is None else torch.utils.data.TensorDataset(s.x, s.y)  # noqa: E731
+    return Splits(
+        "synthetic", as_dataset(splits.train), as_dataset(splits.train_eval), as_dataset(splits.val),
+        as_dataset(splits.test), splits.input_shape, num_classes, num_workers=num_workers,
+    )

@@ -1,0 +1,81 @@
+"""User-facing errors: one line that names the key, the value and what is valid (exit code 2)."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+
+
+class ConfigError(Exception):
+    """A configuration the user can fix. Printed as one line; the process exits with code 2."""
+
+    def __init__(self, key: str, value: object, expected: str) -> None:
+        super().__init__(f"{key}={_show(value)}: {expected}")
+        self.key, self.value, self.expected = key, value, expected
+
+
+def _show(value: object) -> str:
+    if isinstance(value, str):
+        return value if value and " " not in value else repr(value)
+    if hasattr(value, "name") and type(value).__module__ != "builtins":  # enums
+        return str(value.name)
+    return str(value)
+
+
+def one_line(exc: BaseException) -> str:
+    """A single line describing a configuration error from bsexp, Hydra or OmegaConf."""
+    from hydra.errors import MissingConfigException
+    from omegaconf.errors import OmegaConfBaseException
+
+    if isinstance(exc, ConfigError):
+        return str(exc)
+    if isinstance(exc, MissingConfigException):
+        return _missing_option(exc)
+    cause = exc.__cause__
+    if isinstance(cause, OmegaConfBaseException):
+        return _omegaconf_line(cause)
+    if isinstance(exc, OmegaConfBaseException):
+        return _omegaconf_line(exc)
+    return " ".join(str(exc).split())
+
+
+def _missing_option(exc) -> str:
+    missing = exc.missing_cfg_file or ""
+    options = ", ".join(sorted(exc.options or []))
+    if "/" in missing and options:
+        group, _, name = missing.rpartition("/")
+        return f"{group}={name}: unknown option; valid: {options}"
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else missing
+    return first + (f"; valid: {options}" if options else "")
+
+
+def _omegaconf_line(exc) -> str:
+    key = getattr(exc, "full_key", None) or getattr(exc, "key", None) or "?"
+    message = str(getattr(exc, "msg", None) or exc).strip().splitlines()[0]
+    if "not in struct" in message or message.startswith("Key '") and "not in" in message:
+        parent = key.rpartition(".")[0]
+        known = _known_keys(exc)
+        where = f"a key of {parent}" if parent else "a top-level key"
+        return f"{key}: not {where}" + (f"; valid: {', '.join(known)}" if known else "")
+    return f"{key}: {message}"
+
+
+def _known_keys(exc) -> list[str]:
+    node = getattr(exc, "parent_node", None)
+    try:
+        return [str(k) for k in node.keys()] if node is not None else []
+    except Exception:  # a node left half-built by the failed merge
+        return []
+
+
+@contextlib.contextmanager
+def exit_on_config_error():
+    """Turn a configuration error into its one line on stderr and exit code 2."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        yield
+    except (ConfigError, HydraException, OmegaConfBaseException) as exc:
+        print(f"error: {one_line(exc)}", file=sys.stderr, flush=True)
+        sys.exit(2)

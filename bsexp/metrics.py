@@ -1,0 +1,113 @@
+"""Where metrics go: one interface, a local JSONL file always, W&B when enabled, or nothing.
+
+A sink receives records (one per evaluation, each with `epoch`, `step` and `samples_seen`),
+the final summary, and `close` with the run's status. Rank checks belong to whoever builds the
+sinks, not to the training loop.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from pathlib import Path
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+
+class MetricsSink(Protocol):
+    def log(self, record: dict[str, Any]) -> None: ...
+    def summary(self, summary: dict[str, Any]) -> None: ...
+    def close(self, status: str) -> None: ...
+
+
+class NullSink:
+    def log(self, record: dict[str, Any]) -> None:
+        pass
+
+    def summary(self, summary: dict[str, Any]) -> None:
+        pass
+
+    def close(self, status: str) -> None:
+        pass
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # JSON has no NaN/inf; keep them readable
+    return value
+
+
+class JsonlSink:
+    """`metrics.jsonl`: one JSON object per record, flushed as it is written."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.file = open(path, "a", encoding="utf-8")
+
+    def log(self, record: dict[str, Any]) -> None:
+        self.file.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")
+        self.file.flush()
+
+    def summary(self, summary: dict[str, Any]) -> None:
+        pass  # summary.json is written by the trainer, whatever the sinks
+
+    def close(self, status: str) -> None:
+        self.file.close()
+
+
+class WandbSink:
+    """The real wandb package: offline unless `logger.wandb.mode` or $WANDB_MODE says otherwise.
+    Metrics are plotted against `samples_seen`, so runs with different batch sizes line up."""
+
+    def __init__(self, wandb_cfg, run_dir: Path, config: dict[str, Any]) -> None:
+        import wandb
+
+        mode = str(wandb_cfg.mode) if wandb_cfg.mode is not None else os.environ.get("WANDB_MODE", "offline")
+        self.run = wandb.init(
+            project=wandb_cfg.project,
+            entity=wandb_cfg.entity,
+            group=wandb_cfg.group,
+            name=wandb_cfg.name,
+            tags=list(wandb_cfg.tags) or None,
+            mode=mode,
+            dir=str(wandb_cfg.dir or run_dir),
+            config=config,
+            settings=wandb.Settings(silent=True),
+        )
+        self.run.define_metric("samples_seen")
+        self.run.define_metric("*", step_metric="samples_seen")
+        self.mode = mode
+
+    def log(self, record: dict[str, Any]) -> None:
+        self.run.log(record)
+
+    def summary(self, summary: dict[str, Any]) -> None:
+        self.run.summary.update({k: v for k, v in summary.items() if not isinstance(v, dict)})
+
+    def close(self, status: str) -> None:
+        sync_dir = getattr(self.run.settings, "sync_dir", None)
+        self.run.finish(exit_code=0 if status == "completed" else 1)
+        if self.mode == "offline" and sync_dir:
+            log.info("W&B offline run: %s (upload with `wandb sync %s`)", sync_dir, sync_dir)
+
+
+class Sinks:
+    """Fans every call out to several sinks."""
+
+    def __init__(self, *sinks: MetricsSink) -> None:
+        self.sinks = sinks
+
+    def log(self, record: dict[str, Any]) -> None:
+        for sink in self.sinks:
+            sink.log(record)
+
+    def summary(self, summary: dict[str, Any]) -> None:
+        for sink in self.sinks:
+            sink.summary(summary)
+
+    def close(self, status: str) -> None:
+        for sink in self.sinks:
+            sink.close(status)

@@ -1,0 +1,119 @@
+"""Built-in models. Each takes the data's `input_shape` and `num_classes` plus its own options;
+any `_target_` callable with that signature that returns an `nn.Module` can replace them."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import nn
+
+NORMS = ("batch", "group", "layer", "none")
+
+
+def norm_layer(kind: str, channels: int, dims: int) -> nn.Module:
+    """A normalisation over `channels` features for `dims`-D feature maps (0 = flat vectors)."""
+    kind = getattr(kind, "value", kind)
+    if kind == "batch":
+        return (nn.BatchNorm1d, nn.BatchNorm1d, nn.BatchNorm2d)[dims](channels)
+    if kind == "group":  # Wu & He 2018 use 32 groups; fewer when there are fewer channels
+        return nn.GroupNorm(_groups(channels), channels)
+    if kind == "layer":
+        return nn.LayerNorm(channels) if dims == 0 else nn.GroupNorm(1, channels)
+    if kind == "none":
+        return nn.Identity()
+    raise ValueError(f"model.norm={kind}: valid: {', '.join(NORMS)}")
+
+
+def _groups(channels: int, preferred: int = 32) -> int:
+    groups = min(preferred, channels)
+    while channels % groups:
+        groups -= 1
+    return groups
+
+
+class MLP(nn.Module):
+    def __init__(
+        self,
+        input_shape: Sequence[int],
+        num_classes: int,
+        hidden: Sequence[int] = (256, 256),
+        norm: str = "batch",
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [nn.Flatten()]
+        width = int(torch.tensor(list(input_shape)).prod())
+        for out in hidden:
+            layers += [nn.Linear(width, out), norm_layer(norm, out, 0), nn.ReLU(), nn.Dropout(dropout)]
+            width = out
+        layers.append(nn.Linear(width, num_classes))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def _conv_block(conv: type[nn.Module], dims: int, c_in: int, c_out: int, stride: int, norm: str):
+    bias = getattr(norm, "value", norm) == "none"  # a norm layer's shift makes the bias redundant
+    return nn.Sequential(
+        conv(c_in, c_out, 3, stride=stride, padding=1, bias=bias), norm_layer(norm, c_out, dims), nn.ReLU()
+    )
+
+
+class CNN1d(nn.Module):
+    """Conv net for sequences (N, C, L) such as MNIST-1D: three stages of two 3-wide convs,
+    doubling the width and halving the length between stages, then global average pooling."""
+
+    def __init__(self, input_shape: Sequence[int], num_classes: int, width: int = 32, norm: str = "batch"):
+        super().__init__()
+        if len(input_shape) != 2:
+            raise ValueError(f"cnn1d needs inputs shaped (channels, length), got {tuple(input_shape)}")
+        c = input_shape[0]
+        widths = (width, 2 * width, 4 * width)
+        blocks: list[nn.Module] = []
+        for stage, w in enumerate(widths):
+            blocks += [_conv_block(nn.Conv1d, 1, c, w, 1 if stage == 0 else 2, norm),
+                       _conv_block(nn.Conv1d, 1, w, w, 1, norm)]
+            c = w
+        self.features = nn.Sequential(*blocks)
+        self.head = nn.Sequential(nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(c, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
+class CNN(nn.Module):
+    """Small 2-D conv net for (N, C, H, W) images, same layout as `CNN1d`."""
+
+    def __init__(self, input_shape: Sequence[int], num_classes: int, width: int = 32, norm: str = "batch"):
+        super().__init__()
+        if len(input_shape) != 3:
+            raise ValueError(f"cnn needs inputs shaped (channels, height, width), got {tuple(input_shape)}")
+        c = input_shape[0]
+        blocks: list[nn.Module] = []
+        for stage, w in enumerate((width, 2 * width, 4 * width)):
+            blocks += [_conv_block(nn.Conv2d, 2, c, w, 1 if stage == 0 else 2, norm),
+                       _conv_block(nn.Conv2d, 2, w, w, 1, norm)]
+            c = w
+        self.features = nn.Sequential(*blocks)
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
+def resnet18(input_shape: Sequence[int], num_classes: int, norm: str = "batch", cifar_stem: bool = True):
+    """torchvision's ResNet-18. `cifar_stem` swaps the 7×7/2 conv and max-pool for a 3×3/1 conv,
+    the usual stem for 32×32 images."""
+    from torchvision.models import resnet18 as tv_resnet18
+
+    if len(input_shape) != 3:
+        raise ValueError(f"resnet18 needs inputs shaped (channels, height, width), got {tuple(input_shape)}")
+    model = tv_resnet18(num_classes=num_classes, norm_layer=lambda c: norm_layer(norm, c, 2))
+    if cifar_stem:
+        model.conv1 = nn.Conv2d(input_shape[0], 64, 3, stride=1, padding=1, bias=False)
+        model.maxpool = nn.Identity()
+    elif input_shape[0] != 3:
+        model.conv1 = nn.Conv2d(input_shape[0], 64, 7, stride=2, padding=3, bias=False)
+    return model

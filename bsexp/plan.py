@@ -1,0 +1,111 @@
+"""Batch plans: how a global batch is split over ranks and micro-steps.
+
+Pure arithmetic, no torch. Every batch policy (fixed, accumulation, finder, scheduled) ends in a
+`BatchPlan`; the training loop consumes plans and never derives batch math of its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class PlanError(ValueError):
+    """An impossible batch plan. `key` names the config key at fault."""
+
+    def __init__(self, key: str, value: object, expected: str) -> None:
+        super().__init__(f"{key}={value}: {expected}")
+        self.key, self.value, self.expected = key, value, expected
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """`size` samples per optimizer step, summed over `world_size` ranks and `accum_steps`
+    micro-steps of `micro_size` samples each (per rank)."""
+
+    size: int
+    micro_size: int
+    accum_steps: int
+    world_size: int
+
+    def __post_init__(self) -> None:
+        for key in ("size", "micro_size", "accum_steps", "world_size"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise PlanError(f"batch.{key}", value, "must be an integer >= 1")
+        if self.size != self.micro_size * self.accum_steps * self.world_size:
+            raise PlanError(
+                "batch.size",
+                self.size,
+                f"must equal micro_size * accum_steps * world_size "
+                f"= {self.micro_size} * {self.accum_steps} * {self.world_size} "
+                f"= {self.micro_size * self.accum_steps * self.world_size}",
+            )
+
+    @property
+    def per_rank(self) -> int:
+        """Samples one rank contributes to one optimizer step."""
+        return self.micro_size * self.accum_steps
+
+
+def make_plan(
+    size: int,
+    world_size: int = 1,
+    micro_size: int | None = None,
+    accum_steps: int | None = None,
+) -> BatchPlan:
+    """The plan for a global batch `size` on `world_size` ranks.
+
+    Give `micro_size`, `accum_steps`, both (checked) or neither (one micro-step per rank).
+    """
+    if size < 1:
+        raise PlanError("batch.size", size, "must be an integer >= 1")
+    if world_size < 1:
+        raise PlanError("distributed.world_size", world_size, "must be an integer >= 1")
+    if size % world_size:
+        raise PlanError(
+            "batch.size", size, f"must be divisible by the world size {world_size}"
+        )
+    per_rank = size // world_size
+    if micro_size is None and accum_steps is None:
+        return BatchPlan(size, per_rank, 1, world_size)
+    if micro_size is not None:
+        if micro_size < 1:
+            raise PlanError("batch.micro_size", micro_size, "must be an integer >= 1")
+        if micro_size > per_rank:
+            raise PlanError(
+                "batch.micro_size",
+                micro_size,
+                f"must be at most batch.size / world_size = {per_rank}",
+            )
+        if per_rank % micro_size:
+            raise PlanError(
+                "batch.micro_size",
+                micro_size,
+                f"must divide batch.size / world_size = {per_rank} "
+                f"(divisors: {_divisors_text(per_rank)})",
+            )
+        if accum_steps is not None and accum_steps != per_rank // micro_size:
+            raise PlanError(
+                "batch.accum_steps",
+                accum_steps,
+                f"must be batch.size / (micro_size * world_size) = {per_rank // micro_size}, "
+                f"or left unset",
+            )
+        return BatchPlan(size, micro_size, per_rank // micro_size, world_size)
+    assert accum_steps is not None
+    if accum_steps < 1:
+        raise PlanError("batch.accum_steps", accum_steps, "must be an integer >= 1")
+    if per_rank % accum_steps:
+        raise PlanError(
+            "batch.accum_steps",
+            accum_steps,
+            f"must divide batch.size / world_size = {per_rank} "
+            f"(divisors: {_divisors_text(per_rank)})",
+        )
+    return BatchPlan(size, per_rank // accum_steps, accum_steps, world_size)
+
+
+def _divisors_text(n: int, limit: int = 12) -> str:
+    divisors = [d for d in range(1, n + 1) if n % d == 0]
+    shown = ", ".join(map(str, divisors[:limit]))
+    return shown + (", ..." if len(divisors) > limit else "")

@@ -1,0 +1,76 @@
+"""The process's runtime: device, seeds, precision, memory and provenance."""
+
+from __future__ import annotations
+
+import contextlib
+import platform
+import random
+import resource
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import bsexp
+
+
+def resolve_device(choice: str) -> torch.device:
+    if choice == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(str(choice))
+
+
+def seed_everything(seed: int, deterministic: bool) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+    if deterministic:
+        torch.backends.cudnn.benchmark = False
+        torch.backends.cudnn.deterministic = True
+
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def autocast(device: torch.device, precision: str):
+    """A context factory: autocast for bf16/fp16, nothing for fp32."""
+    if precision == "fp32":
+        return contextlib.nullcontext
+    dtype = DTYPES[precision]
+    return lambda: torch.autocast(device.type, dtype=dtype)
+
+
+def grad_scaler(device: torch.device, precision: str) -> torch.amp.GradScaler:
+    """Loss scaling only for fp16 (bf16 has fp32's range); disabled, it passes calls through."""
+    return torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """CUDA: peak bytes allocated by tensors. CPU: the process's peak resident set size."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def provenance() -> dict[str, str]:
+    """Versions and the git revision of the code that produced a result."""
+    root = Path(bsexp.__file__).resolve().parent.parent
+    try:
+        rev = subprocess.run(
+            ["git", "-C", str(root), "describe", "--always", "--dirty"],
+            capture_output=True, text=True, timeout=5, check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        rev = "unknown"
+    return {
+        "bsexp": bsexp.__version__,
+        "git": rev,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }

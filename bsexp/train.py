@@ -1,0 +1,43 @@
+"""`python -m bsexp.train [group=option ...] [key=value ...]`: the Hydra entry point.
+
+Configuration errors, from Hydra, OmegaConf or bsexp's own checks, end with one line on stderr
+and exit code 2; nothing is written for them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig
+
+from bsexp.config import register_configs
+from bsexp.errors import exit_on_config_error
+
+register_configs()
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def _job(cfg: DictConfig) -> float | None:
+    from bsexp.run import run  # torch is imported only once the config is known to be good
+
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        # A bad point raises: Hydra records the failed job and the sweep goes on.
+        return run(cfg, Path(hydra_cfg.runtime.output_dir)).get("val_acc")
+    with exit_on_config_error():
+        return run(cfg, Path(hydra_cfg.runtime.output_dir)).get("val_acc")
+
+
+def main() -> None:
+    # Let errors reach us unformatted, so that each becomes one line and exit code 2.
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    with exit_on_config_error():
+        _job()
+
+
+if __name__ == "__main__":
+    main()

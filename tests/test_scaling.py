@@ -1,0 +1,77 @@
+import math
+
+import pytest
+
+from bsexp import scaling
+from bsexp.scaling import LRSchedule
+
+
+def test_goyal_linear_rule_reference_numbers():
+    # Goyal et al. 2017: LR 0.1 at batch 256; at 8k (k = 32) the linear rule gives 3.2.
+    k = scaling.scale_factor(8192, 256)
+    assert k == 32
+    assert scaling.scaled_lr(0.1, k, "linear") == pytest.approx(3.2)
+    assert scaling.scaled_lr(0.1, k, "sqrt") == pytest.approx(0.1 * math.sqrt(32))
+    assert scaling.scaled_lr(0.1, k, "none") == 0.1
+
+
+def test_sqrt_weight_decay_keeps_the_decay_timescale():
+    # Timescale B / (eta * lambda * N): with eta x sqrt(k) and lambda x sqrt(k), B x k keeps it fixed.
+    base_b, base_lr, base_wd, n = 128, 0.01, 0.05, 50_000
+    for k in (0.25, 2, 16):
+        lr = scaling.scaled_lr(base_lr, k, "sqrt")
+        wd = scaling.scaled_weight_decay(base_wd, k, "sqrt")
+        assert (k * base_b) / (lr * wd * n) == pytest.approx(base_b / (base_lr * base_wd * n))
+
+
+def test_unknown_rule_is_refused():
+    with pytest.raises(ValueError, match="valid: linear, sqrt, none"):
+        scaling.rule_multiplier("cube", 2.0)
+
+
+def test_gradual_warmup_starts_at_the_unscaled_lr_and_reaches_the_target():
+    k = 8.0
+    start = scaling.warmup_start_factor(None, k)
+    assert start == 1 / 8
+    schedule = LRSchedule(total_steps=100, warmup_steps=10, start_factor=start, main="constant")
+    assert schedule(0) == pytest.approx(1 / 8)  # lr(0) = target / k = the reference LR
+    assert schedule(5) == pytest.approx(1 / 8 + (7 / 8) * 0.5)
+    assert schedule(10) == 1.0 and schedule(99) == 1.0
+    values = [schedule(s) for s in range(11)]
+    assert values == sorted(values)
+
+
+def test_start_factor_never_exceeds_one_and_zero_is_allowed():
+    assert scaling.warmup_start_factor(None, 0.5) == 1.0  # batch below ref_batch: no ramp down
+    schedule = LRSchedule(total_steps=10, warmup_steps=4, start_factor=0.0, main="constant")
+    assert schedule(0) == 0.0 and schedule(2) == 0.5
+
+
+def test_constant_warmup_holds_low_then_jumps():
+    schedule = LRSchedule(total_steps=20, warmup_steps=5, warmup_shape="constant", start_factor=0.1, main="constant")
+    assert [schedule(s) for s in (0, 4, 5, 6)] == [0.1, 0.1, 1.0, 1.0]
+
+
+def test_no_warmup_ignores_warmup_steps():
+    schedule = LRSchedule(total_steps=10, warmup_steps=5, warmup_shape="none", start_factor=0.1, main="cosine")
+    assert schedule(0) == 1.0
+    assert schedule(5) == pytest.approx(0.5)  # cosine runs over the whole run: halfway
+
+
+def test_cosine_after_warmup_ends_at_the_final_factor():
+    schedule = LRSchedule(total_steps=110, warmup_steps=10, start_factor=0.5, main="cosine", final_factor=0.1)
+    assert schedule(10) == pytest.approx(1.0)
+    assert schedule(60) == pytest.approx(0.1 + 0.9 * 0.5)
+    assert schedule(110) == pytest.approx(0.1)
+    assert schedule(500) == pytest.approx(0.1)  # past the end it stays at the floor
+
+
+def test_step_schedule_multiplies_at_each_milestone():
+    schedule = LRSchedule(total_steps=100, main="step", milestones=(30, 60), factor=0.1)
+    assert [schedule(s) for s in (0, 29, 30, 59, 60, 99)] == pytest.approx([1, 1, 0.1, 0.1, 0.01, 0.01])
+
+
+def test_lengths_in_epochs_become_whole_steps():
+    assert scaling.to_steps(5, "epochs", 28) == 140
+    assert scaling.to_steps(0.5, "epochs", 7) == 4
+    assert scaling.to_steps(12, "steps", 28) == 12

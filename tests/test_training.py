@@ -1,0 +1,127 @@
+"""The loop's arithmetic: accumulation equals one big batch, exact normalisation, honest logs."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bsexp.config import check
+from bsexp.data import eval_batches
+from bsexp.run import build_loop
+from bsexp.trainer import train, train_step
+
+# A model without BatchNorm, so micro-batches and one big batch compute the same function.
+TINY = ["data=synthetic", "data.shape=[1,16]", "data.num_samples=600", "data.val_size=88",
+        "model=mlp", "model.norm=none", "model.hidden=[32]", "trainer.progress=false",
+        "schedule.warmup_shape=none", "schedule.main=constant"]
+
+
+def trained(make_cfg, *overrides):
+    cfg = make_cfg(*TINY, *overrides)
+    loop = build_loop(cfg, check(cfg))
+    status, progress = train(loop)
+    assert status == "completed"
+    return loop, progress
+
+
+def params(loop):
+    return {k: v.clone() for k, v in loop.model.state_dict().items()}
+
+
+def assert_close(a, b, atol):
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.allclose(a[key], b[key], atol=atol, rtol=0), f"{key}: max diff {(a[key] - b[key]).abs().max()}"
+
+
+def test_micro_8_times_4_equals_one_batch_of_32(make_cfg):
+    big, _ = trained(make_cfg, "batch.size=32", "trainer.max_steps=3")
+    accum, _ = trained(make_cfg, "batch=accumulation", "batch.size=32", "batch.micro_size=8", "trainer.max_steps=3")
+    assert accum.plan.accum_steps == 4 and big.plan.accum_steps == 1
+    start = build_loop(make_cfg(*TINY, "batch.size=32"), check(make_cfg(*TINY, "batch.size=32")))
+    moved = max((big.model.state_dict()[k] - v).abs().max() for k, v in start.model.state_dict().items())
+    assert moved > 1e-3  # the three steps did change the parameters
+    assert_close(params(big), params(accum), atol=1e-6)
+
+
+def test_a_smaller_last_step_is_normalised_by_its_own_samples(make_cfg):
+    # 84 training samples in steps of 32: 32, 32, 20; the last one as micro-batches of 16 + 4.
+    shape = ["data.num_samples=100", "data.val_size=16", "epochs=2"]
+    big, big_progress = trained(make_cfg, *shape, "batch.size=32")
+    accum, _ = trained(make_cfg, *shape, "batch=accumulation", "batch.size=32", "batch.micro_size=16")
+    assert big_progress.step == 6 and big_progress.samples_seen == 168
+    assert_close(params(big), params(accum), atol=1e-6)
+
+
+def test_drop_last_skips_the_partial_step(make_cfg):
+    _, progress = trained(make_cfg, "data.num_samples=100", "data.val_size=16", "batch.size=32", "batch.drop_last=true")
+    assert progress.step == 20 * 2 and progress.samples_seen == 20 * 64
+
+
+def test_running_train_loss_is_the_mean_over_every_micro_batch(make_cfg):
+    # With a vanishing LR the model stays put, so the epoch's running loss must equal the loss of
+    # the whole training set, whatever the micro-batching (the last micro-batch is smaller).
+    loop, progress = trained(make_cfg, "batch=accumulation", "batch.size=64", "batch.micro_size=16",
+                             "optimizer.lr=1e-12", "optimizer.weight_decay=0", "epochs=1")
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for x, y in eval_batches(loop.splits.train, 1000, loop.device):
+            total += F.cross_entropy(loop.model(x), y, reduction="sum").item()
+            count += len(y)
+    assert count == 512 and len(loop.splits.train) % 16 == 0  # 512 = 8 steps of 64
+    record = progress.records[-1]
+    assert record["train_loss"] == pytest.approx(total / count, rel=1e-5)
+
+
+def test_train_accuracy_is_measured_like_validation(make_cfg):
+    loop, progress = trained(make_cfg, "epochs=2")
+    assert len(loop.splits.train_eval) == len(loop.splits.val)
+    for record in progress.records:
+        assert record["gen_gap"] == pytest.approx(record["train_acc"] - record["val_acc"])
+    assert [r["epoch"] for r in progress.records] == [1, 2]
+    assert progress.records[-1]["samples_seen"] == 2 * len(loop.splits.train)
+
+
+def test_same_seed_same_parameters_other_seed_other_parameters(make_cfg):
+    a, _ = trained(make_cfg, "trainer.max_steps=5")
+    b, _ = trained(make_cfg, "trainer.max_steps=5")
+    c, _ = trained(make_cfg, "trainer.max_steps=5", "seed=1")
+    assert all(torch.equal(a.model.state_dict()[k], v) for k, v in b.model.state_dict().items())
+    assert not all(torch.equal(a.model.state_dict()[k], v) for k, v in c.model.state_dict().items())
+
+
+def test_scaled_lr_warmup_and_weight_decay_reach_the_optimizer(make_cfg):
+    # batch 512 at ref 128: k = 4, lr 0.1 -> 0.4 (linear), wd 5e-4 -> 1e-3 (sqrt); warmup from 0.1.
+    cfg = make_cfg(*TINY, "data.num_samples=3160", "batch.size=512", "schedule.warmup_shape=linear",
+                   "schedule.unit=steps", "schedule.warmup=4", "trainer.max_steps=6")
+    loop = build_loop(cfg, check(cfg))
+    decay, no_decay = loop.optimizer.param_groups
+    assert decay["weight_decay"] == pytest.approx(1e-3) and no_decay["weight_decay"] == 0.0
+    assert all(p.ndim == 1 for p in no_decay["params"]) and all(p.ndim > 1 for p in decay["params"])
+    seen = []
+    for step, (micro, samples) in enumerate(loop.batches.steps(0, loop.plan)):
+        seen.append(loop.optimizer.param_groups[0]["lr"])
+        train_step(loop, micro, samples)
+        if step == 5:
+            break
+    assert seen == pytest.approx([0.1, 0.175, 0.25, 0.325, 0.4, 0.4])
+
+
+def test_gradient_clipping_bounds_the_update(make_cfg):
+    # Plain SGD, one step: the update is lr x the clipped gradient, so its norm is at most lr x clip.
+    overrides = ["optimizer.momentum=0", "optimizer.weight_decay=0", "optimizer.lr=1.0", "trainer.max_steps=1"]
+    cfg = make_cfg(*TINY, *overrides, "trainer.clip_grad_norm=0.01")
+    loop = build_loop(cfg, check(cfg))
+    before = torch.cat([p.detach().flatten().clone() for p in loop.model.parameters()])
+    train(loop)
+    after = torch.cat([p.detach().flatten() for p in loop.model.parameters()])
+    assert (after - before).norm().item() == pytest.approx(0.01, rel=1e-4)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_reduced_precision_trains(make_cfg, precision):
+    loop, progress = trained(make_cfg, f"precision={precision}", "epochs=3")
+    losses = [r["train_loss"] for r in progress.records]
+    assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0]
+    assert progress.records[-1]["val_acc"] > 0.5  # ten classes: chance is 0.1
