@@ -35,6 +35,11 @@ class TensorSplit:
     def __len__(self) -> int:
         return len(self.y)
 
+    @property
+    def black(self) -> float | torch.Tensor:
+        """The normalised value of a zero pixel: what crop padding fills with."""
+        return 0.0 if self.mean is None else -self.mean / self.std
+
     def batch(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = self.x[idx]
         if self.mean is not None:
@@ -109,7 +114,8 @@ def plan_steps(
         if drop_last and len(step) < plan.size:
             return
         mine = torch.tensor_split(step, plan.world_size)[rank]
-        yield list(mine.split(plan.micro_size)), len(step)
+        # A final step smaller than the world leaves some ranks nothing: no micro-batches.
+        yield (list(mine.split(plan.micro_size)) if len(mine) else []), len(step)
 
 
 def steps_per_epoch(n: int, plan: BatchPlan, drop_last: bool = False) -> int:
@@ -121,27 +127,30 @@ class TensorBatches:
 
     def __init__(self, split: TensorSplit, seed: int, augment: Augment | None = None) -> None:
         self.split, self.seed, self.augment = split, seed, augment
-        device = split.x.device
-        self.generator = torch.Generator(device=device).manual_seed(seed)  # augmentation only
 
     def __len__(self) -> int:
         return len(self.split)
 
     def steps(self, epoch: int, plan: BatchPlan, rank: int = 0, drop_last: bool = False):
-        order = epoch_order(len(self.split), self.seed, epoch).to(self.split.x.device)
+        device = self.split.x.device
+        order = epoch_order(len(self.split), self.seed, epoch).to(device)
+        # Crops and flips of an epoch depend only on (seed, epoch, rank), never on earlier draws.
+        generator = torch.Generator(device=device).manual_seed(
+            (self.seed * 100_003 + epoch) * 1_009 + rank + 1)
         for micro_indices, samples in plan_steps(order, plan, rank, drop_last):
             micro = [self.split.batch(idx) for idx in micro_indices]
             if self.augment is not None:
-                micro = [(augment_batch(x, self.augment, self.generator), y) for x, y in micro]
+                micro = [(augment_batch(x, self.augment, generator, self.split.black), y) for x, y in micro]
             yield micro, samples
 
 
-def augment_batch(x: torch.Tensor, augment: Augment, generator: torch.Generator) -> torch.Tensor:
-    """Random crop with zero padding and random horizontal flip of an NCHW batch."""
+def augment_batch(x: torch.Tensor, augment: Augment, generator: torch.Generator,
+                  fill: float | torch.Tensor = 0.0) -> torch.Tensor:
+    """Random crop (padding with `fill`, per channel) and random horizontal flip of an NCHW batch."""
     n, _, height, width = x.shape
     if augment.crop_padding:
         pad = augment.crop_padding
-        padded = torch.nn.functional.pad(x, (pad, pad, pad, pad))
+        padded = torch.nn.functional.pad(x - fill, (pad, pad, pad, pad)) + fill
         dy = torch.randint(0, 2 * pad + 1, (n, 1), generator=generator, device=x.device)
         dx = torch.randint(0, 2 * pad + 1, (n, 1), generator=generator, device=x.device)
         rows = (dy + torch.arange(height, device=x.device))[:, None, :, None]

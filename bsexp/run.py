@@ -109,7 +109,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     reset_peak_memory(loop.device)
     try:
         with logging_redirect_tqdm():
-            status, progress = train(loop)
+            status = train(loop, progress)
         if loop.splits.test is not None and status == "completed":
             test = evaluate(loop, loop.splits.test)
     finally:

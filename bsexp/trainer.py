@@ -142,9 +142,10 @@ def eval_record(loop: Loop, progress: Progress, epoch: float) -> dict[str, Any]:
     }
 
 
-def train(loop: Loop) -> tuple[str, Progress]:
-    """Train for `loop.epochs` epochs or `hp.total_steps` steps; returns (status, progress)."""
-    progress, plan, hp = Progress(), loop.plan, loop.hp
+def train(loop: Loop, progress: Progress) -> str:
+    """Train for `loop.epochs` epochs or `hp.total_steps` steps, counting in `progress` (which
+    stays valid if a step raises); returns the status."""
+    plan, hp = loop.plan, loop.hp
     per_epoch = steps_per_epoch(len(loop.batches), plan, loop.drop_last)
     status = "completed"
     loop.model.train()
@@ -176,7 +177,7 @@ def train(loop: Loop) -> tuple[str, Progress]:
         bar.close()
         if status != "completed":
             break
-    return status, progress
+    return status
 
 
 def _eval_due(loop: Loop, progress: Progress, at_epoch_end: bool) -> bool:

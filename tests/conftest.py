@@ -37,7 +37,7 @@ def make_cfg(data_root, monkeypatch):
 def cli_env(data_root: Path) -> dict[str, str]:
     env = dict(os.environ)
     env.update(BSEXP_DATA=str(data_root), WANDB_MODE="offline", WANDB_SILENT="true",
-               WANDB_DISABLE_GIT="true")
+               WANDB_DISABLE_GIT="true", PYTHONPATH=str(Path(__file__).parent))  # tests/user_models.py
     env.pop("HYDRA_FULL_ERROR", None)
     return env
 
@@ -46,10 +46,9 @@ def cli_env(data_root: Path) -> dict[str, str]:
 def run_cli(data_root, tmp_path):
     """Run `python -m bsexp.train ARGS` in a subprocess from a scratch working directory."""
 
-    def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "-m", "bsexp.train", *args],
-            cwd=tmp_path, env=cli_env(data_root), capture_output=True, text=True, timeout=timeout,
-        )
+    def run(*args: str, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
+        options = dict(capture_output=True, text=True) | kwargs
+        return subprocess.run([sys.executable, "-m", "bsexp.train", *args], cwd=tmp_path,
+                              env=cli_env(data_root), timeout=timeout, **options)
 
     return run

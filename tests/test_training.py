@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from bsexp.config import check
 from bsexp.data import eval_batches
 from bsexp.run import build_loop
-from bsexp.trainer import train, train_step
+from bsexp.trainer import Progress, train, train_step
 
 # A model without BatchNorm, so micro-batches and one big batch compute the same function.
 TINY = ["data=synthetic", "data.shape=[1,16]", "data.num_samples=600", "data.val_size=88",
@@ -19,9 +19,8 @@ TINY = ["data=synthetic", "data.shape=[1,16]", "data.num_samples=600", "data.val
 
 def trained(make_cfg, *overrides):
     cfg = make_cfg(*TINY, *overrides)
-    loop = build_loop(cfg, check(cfg))
-    status, progress = train(loop)
-    assert status == "completed"
+    loop, progress = build_loop(cfg, check(cfg)), Progress()
+    assert train(loop, progress) == "completed"
     return loop, progress
 
 
@@ -114,7 +113,7 @@ def test_gradient_clipping_bounds_the_update(make_cfg):
     cfg = make_cfg(*TINY, *overrides, "trainer.clip_grad_norm=0.01")
     loop = build_loop(cfg, check(cfg))
     before = torch.cat([p.detach().flatten().clone() for p in loop.model.parameters()])
-    train(loop)
+    train(loop, Progress())
     after = torch.cat([p.detach().flatten() for p in loop.model.parameters()])
     assert (after - before).norm().item() == pytest.approx(0.01, rel=1e-4)
 

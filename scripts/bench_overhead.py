@@ -1,0 +1,239 @@
+"""Overhead of bsexp's training step against a plain hand-written PyTorch loop.
+
+What is measured
+    The same model (a deep copy of the initial weights for each side), the same optimizer
+    settings, the same in-memory training tensors and the same per-epoch batch order are
+    trained two ways, interleaved in one process:
+
+    bsexp  `loop.batches.steps(epoch, loop.plan)` and `bsexp.trainer.train_step(loop, micro,
+           samples)` per optimizer step, with `loop` built by `bsexp.run.build_loop` from the
+           real Hydra config. Includes bsexp's batching (the epoch's seeded shuffle, the index
+           plan, one index gather per micro-batch), its summed-loss normalisation, the detached
+           loss and correct count it returns, the GradScaler calls (pass-through in fp32) and
+           the LR scheduler step.
+    plain  What a person writes by hand: a seeded `torch.randperm` per epoch, `x[idx], y[idx]`
+           per batch, then `opt.zero_grad(); loss = F.cross_entropy(model(x), y);
+           loss.backward(); opt.step(); sched.step()`, with an optimizer of the same class and
+           param-group settings as bsexp's and a `LambdaLR` on the same schedule. Where the
+           config asks for more (batch=accumulation, uint8 images, augmentation, clipping,
+           bf16/fp16) it does the same arithmetic by hand, so both sides always do the same work
+           (checked: after the first round the two models must agree).
+
+    Neither side includes evaluation, logging or progress bars: this is the cost of the step.
+
+How it is timed
+    Each round is one epoch per side. Within a round the two sides take turns step by step
+    (bsexp, plain, plain, bsexp, ...), each step timed with `time.perf_counter` and summed per
+    side, so a change in the machine's load (other processes on a shared CPU) hits both sides
+    alike instead of whole epochs of one of them. Python's garbage collector is off during a
+    round (as in `timeit`) and run between rounds. After untimed warm-up rounds, the headline is
+    the median over rounds of the per-round ratio bsexp/plain; the goal is <= 1.05 on the CPU.
+    The exit code is 0 whatever the ratio: this is a measurement, not a test.
+
+How to run (from the repository root, so the MNIST-1D cache in ./data is reused, or with
+$BSEXP_DATA set)::
+
+    python scripts/bench_overhead.py                           # mnist1d, cnn1d, batch 128
+    python scripts/bench_overhead.py model=mlp batch.size=256  # any Hydra overrides
+    python scripts/bench_overhead.py --rounds 40 batch=accumulation batch.micro_size=32
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import torch
+import torch.nn.functional as F
+from hydra import compose, initialize_config_dir
+from tqdm import tqdm
+
+from bsexp.config import check, register_configs
+from bsexp.data import TensorBatches, augment_batch, steps_per_epoch
+from bsexp.errors import exit_on_config_error
+from bsexp.run import build_loop
+from bsexp.runtime import DTYPES
+from bsexp.trainer import Loop, train_step
+
+CONF = Path(__file__).resolve().parent.parent / "conf"
+GOAL = 1.05
+DEFAULTS = ["logger=none", "trainer.progress=false", "data=mnist1d", "model=cnn1d", "batch.size=128"]
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], epilog="Hydra overrides follow the options.")
+    parser.add_argument("--rounds", type=int, default=30, help="timed rounds, one epoch per side each (30)")
+    parser.add_argument("--warmup-rounds", type=int, default=1, help="untimed rounds first (1)")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=mlp batch.size=256")
+    args = parser.parse_args()
+    if args.rounds < 1 or args.warmup_rounds < 0:
+        parser.error("--rounds must be >= 1 and --warmup-rounds >= 0")
+    return args
+
+
+def build(overrides: list[str], epochs: int) -> tuple[Loop, str]:
+    """bsexp's loop from the real config, and the config's precision. `epochs` makes the LR
+    schedule span the benchmark (an `epochs=` override wins)."""
+    register_configs()
+    with exit_on_config_error():
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            cfg = compose("config", overrides=[*DEFAULTS, f"epochs={epochs}", *overrides])
+        loop = build_loop(cfg, check(cfg))
+    if not isinstance(loop.batches, TensorBatches):
+        sys.exit("error: this benchmark needs in-memory data (the plain loop indexes tensors); "
+                 "set data.in_memory=true")
+    return loop, str(cfg.precision)
+
+
+def bsexp_steps(loop: Loop, epoch: int) -> Iterator[None]:
+    """One epoch of bsexp's own steps, pausing after each (the same `yield` as `Plain.steps`)."""
+    for micro, samples in loop.batches.steps(epoch, loop.plan, drop_last=loop.drop_last):
+        train_step(loop, micro, samples)
+        yield
+
+
+class Plain:
+    """The hand-written baseline: its own model copy, optimizer, scheduler and batching."""
+
+    def __init__(self, loop: Loop, precision: str) -> None:
+        self.model = copy.deepcopy(loop.model)  # before any step: the same initial weights
+        # The same optimizer class and param groups (lr, momentum, weight decay, ... per group).
+        params = list(self.model.parameters())
+        index = {id(p): i for i, p in enumerate(loop.model.parameters())}
+        groups = [{**{k: v for k, v in group.items() if k not in ("params", "initial_lr")},
+                   "params": [params[index[id(p)]] for p in group["params"]],
+                   "lr": group.get("initial_lr", group["lr"])}
+                  for group in loop.optimizer.param_groups]
+        self.opt = type(loop.optimizer)(groups)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, loop.scheduler.lr_lambdas[0])
+        split = loop.batches.split
+        self.x, self.y, self.mean, self.std = split.x, split.y, split.mean, split.std
+        self.seed, self.augment = loop.batches.seed, loop.batches.augment
+        self.generator = torch.Generator(device=self.x.device).manual_seed(self.seed)
+        self.size, self.micro, self.drop_last = loop.plan.size, loop.plan.micro_size, loop.drop_last
+        self.clip = loop.clip_grad_norm
+        self.dtype = DTYPES.get(precision)  # None for fp32
+        self.scaler = torch.amp.GradScaler(self.x.device.type, enabled=precision == "fp16")
+        self.simple = self.dtype is None and self.clip is None and loop.plan.accum_steps == 1
+
+    def steps(self, epoch: int) -> Iterator[None]:
+        model, opt, sched, x_all, y_all = self.model, self.opt, self.sched, self.x, self.y
+        n = len(y_all)
+        # A seeded shuffle per epoch; seeded like bsexp's so both sides see the same batches.
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed * 100_003 + epoch))
+        perm = perm.to(x_all.device)
+        for start in range(0, n, self.size):
+            idx = perm[start:start + self.size]
+            if self.drop_last and len(idx) < self.size:
+                return
+            x, y = x_all[idx], y_all[idx]
+            if self.mean is not None:  # uint8 images
+                x = (x.float() / 255.0 - self.mean) / self.std
+            if self.augment is not None:
+                x = augment_batch(x, self.augment, self.generator)
+            if self.simple:
+                # The default case: fp32, one micro-batch per step, no clipping.
+                opt.zero_grad()
+                loss = F.cross_entropy(model(x), y)
+                loss.backward()
+                opt.step()
+            else:
+                opt.zero_grad()
+                for xm, ym in zip(x.split(self.micro), y.split(self.micro)):
+                    with torch.autocast(x.device.type, dtype=self.dtype, enabled=self.dtype is not None):
+                        loss = F.cross_entropy(model(xm), ym, reduction="sum") / len(y)
+                    self.scaler.scale(loss).backward()
+                if self.clip is not None:
+                    self.scaler.unscale_(opt)
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), self.clip)
+                self.scaler.step(opt)
+                self.scaler.update()
+            sched.step()
+            yield
+
+
+def max_param_diff(a: torch.nn.Module, b: torch.nn.Module) -> float:
+    pairs = zip(a.state_dict().values(), b.state_dict().values())
+    return max(float((p - q).abs().max()) for p, q in pairs if p.is_floating_point())
+
+
+def main() -> None:
+    args = parse_args()
+    loop, precision = build(args.overrides, args.warmup_rounds + args.rounds)
+    plain = Plain(loop, precision)
+    loop.model.train()
+    plain.model.train()
+    sync = torch.cuda.synchronize if loop.device.type == "cuda" else (lambda: None)
+    n, plan = len(loop.batches), loop.plan
+    per_epoch = steps_per_epoch(n, plan, loop.drop_last)
+
+    def round_times(epoch: int) -> tuple[float, float]:
+        """One epoch per side, step by step in turns; the summed step times of each side."""
+        sides = [bsexp_steps(loop, epoch), plain.steps(epoch)]
+        spent = [0.0, 0.0]
+        gc.collect()
+        gc.disable()
+        try:
+            for step in range(per_epoch):
+                for side in ((0, 1) if step % 2 == 0 else (1, 0)):
+                    started = time.perf_counter()
+                    next(sides[side])
+                    sync()
+                    spent[side] += time.perf_counter() - started
+        finally:
+            gc.enable()
+        if any(next(it, StopIteration) is not StopIteration for it in sides):
+            raise RuntimeError(f"a side did not end after {per_epoch} steps")
+        return spent[0], spent[1]
+
+    print(f"data {loop.splits.name}: {n} train samples; model {type(loop.model).__name__} "
+          f"({sum(p.numel() for p in loop.model.parameters()):,} parameters); batch {plan.size} = "
+          f"micro {plan.micro_size} x accum {plan.accum_steps}; {per_epoch} steps per epoch; "
+          f"{type(loop.optimizer).__name__}; {precision}; device {loop.device}; "
+          f"{torch.get_num_threads()} threads")
+    print(f"{args.warmup_rounds} warm-up + {args.rounds} timed rounds of one epoch per side, "
+          f"the sides taking turns step by step", flush=True)
+
+    times: list[tuple[float, float]] = []
+    diff = None
+    for r in tqdm(range(args.warmup_rounds + args.rounds), desc="rounds", unit="round", dynamic_ncols=True):
+        measured = round_times(epoch=r)
+        if diff is None:
+            # Same weights, batches and settings: the models must agree up to float rounding
+            # (checked early: over many epochs rounding differences grow chaotically).
+            diff = max_param_diff(loop.model, plain.model)
+        if r >= args.warmup_rounds:
+            times.append(measured)
+
+    print(f"\n{'round':>5}  {'bsexp s':>8}  {'plain s':>8}  {'ratio':>6}")
+    for i, (b, p) in enumerate(times, start=1):
+        print(f"{i:>5}  {b:8.3f}  {p:8.3f}  {b / p:6.3f}")
+    bsexp_s, plain_s = [t[0] for t in times], [t[1] for t in times]
+    for side, ts in (("bsexp", bsexp_s), ("plain", plain_s)):
+        med = statistics.median(ts)
+        print(f"median {side}: {med:.3f} s per epoch ({n / med:,.0f} samples/s)")
+    ratios = sorted(b / p for b, p in times)
+    ratio = statistics.median(ratios)
+    quart = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratio, ratio, ratio]
+    print(f"per-round ratios: quartiles {quart[0]:.3f} / {quart[1]:.3f} / {quart[2]:.3f}, "
+          f"min {ratios[0]:.3f}, max {ratios[-1]:.3f}; "
+          f"ratio of medians {statistics.median(bsexp_s) / statistics.median(plain_s):.3f}; "
+          f"ratio of totals {sum(bsexp_s) / sum(plain_s):.3f}")
+    print(f"largest parameter difference after the first epoch: {diff:.2e}"
+          + ("  WARNING: the two sides did not do the same work" if diff > 1e-3 else ""))
+    if max(plain_s) > 1.5 * min(plain_s):
+        print(f"note: epoch times varied {max(plain_s) / min(plain_s):.1f}x between rounds: the "
+              f"machine was busy; the turn-taking keeps the ratio fair but noisier")
+    verdict = "goal met" if ratio <= GOAL else "goal NOT met"
+    print(f"ratio bsexp/plain: {ratio:.3f} (goal <= {GOAL}) - {verdict}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,592 @@
+"""Datasets and batching: epoch orders, batch plans over ranks and micro-steps, the splits each
+builder returns, on-device augmentation, and the DataLoader path against the in-memory one."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import Dataset
+
+from bsexp.data import (
+    Augment,
+    LoaderBatches,
+    TensorBatches,
+    TensorSplit,
+    augment_batch,
+    digits,
+    epoch_order,
+    eval_batches,
+    mnist1d,
+    plan_steps,
+    steps_per_epoch,
+    synthetic,
+    torchvision_dataset,
+    train_batches,
+)
+from bsexp.errors import ConfigError
+from bsexp.plan import make_plan
+from mnist_files import write_fake_mnist
+
+CPU = torch.device("cpu")
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def row_keys(x: torch.Tensor | np.ndarray) -> list[bytes]:
+    """One hashable key per sample: its bytes (sample identity, whatever the split)."""
+    array = x.numpy() if isinstance(x, torch.Tensor) else x
+    array = np.ascontiguousarray(array.reshape(len(array), -1))
+    return [row.tobytes() for row in array]
+
+
+def rank_steps(order: torch.Tensor, plan, drop_last: bool = False):
+    """Per step, every rank's micro-batches and every rank's reported global sample count."""
+    per_rank = [list(plan_steps(order, plan, rank, drop_last)) for rank in range(plan.world_size)]
+    assert len({len(steps) for steps in per_rank}) == 1, "ranks disagree on the number of steps"
+    for step in zip(*per_rank):
+        yield [micro for micro, _ in step], [samples for _, samples in step]
+
+
+def all_of(split) -> tuple[torch.Tensor, torch.Tensor]:
+    """A whole split, in order, as (x, y) — for TensorSplits and Datasets alike."""
+    xs, ys = zip(*eval_batches(split, 256, CPU))
+    return torch.cat(xs), torch.cat(ys)
+
+
+def id_split(n: int, classes: int = 10) -> TensorSplit:
+    """Samples whose single feature is their own index, so batches show which samples they hold."""
+    return TensorSplit(torch.arange(n, dtype=torch.float32)[:, None], torch.arange(n) % classes)
+
+
+def collect(batches, epoch, plan, rank=0, drop_last=False):
+    return [(micro, samples) for micro, samples in batches.steps(epoch, plan, rank, drop_last)]
+
+
+def assert_same_steps(got, expected, atol: float = 0.0) -> None:
+    assert len(got) == len(expected) > 0
+    for (micro_a, samples_a), (micro_b, samples_b) in zip(got, expected):
+        assert samples_a == samples_b
+        assert len(micro_a) == len(micro_b)
+        for (xa, ya), (xb, yb) in zip(micro_a, micro_b):
+            assert xa.shape == xb.shape
+            if atol:
+                torch.testing.assert_close(xa, xb, atol=atol, rtol=0)
+            else:
+                assert torch.equal(xa, xb)
+            assert torch.equal(ya, yb)
+
+
+# ---------------------------------------------------------------------------- epoch order and plans
+
+
+PLANS = [
+    make_plan(32),
+    make_plan(64, micro_size=16),
+    make_plan(64, world_size=2, micro_size=8),
+    make_plan(96, world_size=3, accum_steps=2),
+]
+
+
+def test_epoch_order_is_a_fresh_reproducible_permutation_each_epoch():
+    n, seed = 1000, 7
+    orders = [epoch_order(n, seed, epoch) for epoch in range(3)]
+    for order in orders:
+        assert torch.equal(order.sort().values, torch.arange(n))
+    for a in range(3):
+        for b in range(a + 1, 3):
+            assert not torch.equal(orders[a], orders[b])
+    assert all(torch.equal(epoch_order(n, seed, e), orders[e]) for e in range(3))
+    assert not torch.equal(epoch_order(n, seed + 1, 0), orders[0])
+
+
+@pytest.mark.parametrize("n", [1000, 1024, 7])
+@pytest.mark.parametrize("plan", PLANS, ids=lambda p: f"{p.size}-{p.micro_size}x{p.accum_steps}x{p.world_size}")
+def test_plan_steps_cover_each_index_once_per_epoch(n, plan):
+    order = epoch_order(n, seed=3, epoch=1)
+    steps = list(rank_steps(order, plan))
+    assert len(steps) == steps_per_epoch(n, plan) == -(-n // plan.size)
+    seen = []
+    for number, (ranks, samples) in enumerate(steps):
+        step_indices = [torch.cat(micro) for micro in ranks]
+        in_step = sum(len(idx) for idx in step_indices)
+        assert samples == [in_step] * plan.world_size  # every rank reports the global count
+        if number < len(steps) - 1:
+            assert in_step == plan.size
+            for micro in ranks:  # a full step: accum_steps micro-batches of micro_size per rank
+                assert [len(m) for m in micro] == [plan.micro_size] * plan.accum_steps
+        else:
+            assert in_step == n - plan.size * (len(steps) - 1)  # the last step may be smaller
+        for micro in ranks:
+            assert all(len(m) <= plan.micro_size for m in micro)
+            assert len(micro) <= plan.accum_steps
+        seen.extend(step_indices)
+    # Steps take consecutive slices of the epoch's order, rank 0 first: every index exactly once.
+    assert torch.equal(torch.cat(seen), order)
+    assert torch.equal(torch.cat(seen).sort().values, torch.arange(n))
+
+
+@pytest.mark.parametrize("plan", PLANS[1:], ids=lambda p: f"{p.size}x{p.world_size}")
+def test_drop_last_drops_only_the_partial_step(plan):
+    n = 1000
+    order = epoch_order(n, seed=0, epoch=0)
+    kept = list(rank_steps(order, plan, drop_last=True))
+    assert len(kept) == steps_per_epoch(n, plan, drop_last=True) == n // plan.size
+    assert all(samples == [plan.size] * plan.world_size for _, samples in kept)
+    indices = torch.cat([torch.cat(micro) for ranks, _ in kept for micro in ranks])
+    assert torch.equal(indices, order[: len(kept) * plan.size])
+    # An epoch that divides evenly loses nothing.
+    even = epoch_order(plan.size * 5, seed=0, epoch=0)
+    assert len(list(rank_steps(even, plan, drop_last=True))) == 5
+
+
+@pytest.mark.parametrize("micro_size", [16, 8])
+def test_two_ranks_split_the_single_rank_step(micro_size):
+    n = 1000  # 1000 = 31 * 32 + 8: a partial last step too
+    order = epoch_order(n, seed=11, epoch=2)
+    single = list(plan_steps(order, make_plan(32, micro_size=micro_size)))
+    two = make_plan(32, world_size=2, micro_size=micro_size)
+    rank0, rank1 = list(plan_steps(order, two, 0)), list(plan_steps(order, two, 1))
+    assert len(single) == len(rank0) == len(rank1) == 32
+    for (micro, samples), (micro0, samples0), (micro1, samples1) in zip(single, rank0, rank1):
+        whole, a, b = torch.cat(micro), torch.cat(micro0), torch.cat(micro1)
+        assert samples == samples0 == samples1 == len(whole) == len(a) + len(b)
+        assert not set(a.tolist()) & set(b.tolist())
+        assert set(a.tolist()) | set(b.tolist()) == set(whole.tolist())
+        assert torch.equal(torch.cat([a, b]), whole)
+        assert all(len(m) <= micro_size for m in micro0 + micro1)
+
+
+# ---------------------------------------------------------------------------- in-memory batches
+
+
+def test_tensor_batches_follow_a_plan_that_changes_between_epochs():
+    n = 1000
+    batches = TensorBatches(id_split(n), seed=5)
+    assert len(batches) == n
+    plans = {0: make_plan(32), 1: make_plan(64, micro_size=16), 2: make_plan(48, micro_size=8)}
+    orders = {}
+    for epoch, plan in plans.items():
+        steps = collect(batches, epoch, plan)
+        assert len(steps) == steps_per_epoch(n, plan)
+        ids = []
+        for number, (micro, samples) in enumerate(steps):
+            assert samples == sum(len(y) for _, y in micro)
+            if number < len(steps) - 1:
+                assert [len(y) for _, y in micro] == [plan.micro_size] * plan.accum_steps
+            for x, y in micro:
+                assert len(y) <= plan.micro_size
+                assert torch.equal(y, x[:, 0].long() % 10)  # labels stay with their samples
+                ids.append(x[:, 0].long())
+        orders[epoch] = torch.cat(ids)
+        assert torch.equal(orders[epoch].sort().values, torch.arange(n))  # each sample once
+    assert not torch.equal(orders[0], orders[1])
+    # The shuffle depends on the epoch only: epoch 1 visits samples in the same order at size 32.
+    again = torch.cat([x[:, 0].long() for micro, _ in collect(batches, 1, make_plan(32)) for x, _ in micro])
+    assert torch.equal(again, orders[1])
+
+
+def test_tensor_batches_augment_the_samples_of_the_unaugmented_batches():
+    n, pad = 200, 2
+    x = torch.randn(n, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    split = TensorSplit(x, torch.arange(n) % 10)
+    plan = make_plan(64, micro_size=32)
+    plain = collect(TensorBatches(split, seed=1), 0, plan)
+    augmented = collect(TensorBatches(split, seed=1, augment=Augment(pad, hflip=True)), 0, plan)
+    assert len(plain) == len(augmented)
+    all_offsets, all_flips = [], []
+    for (micro_p, samples_p), (micro_a, samples_a) in zip(plain, augmented):
+        assert samples_p == samples_a
+        for (xp, yp), (xa, ya) in zip(micro_p, micro_a):
+            assert torch.equal(yp, ya) and xa.shape == xp.shape
+            offsets, flips = crop_offsets(xp, xa, pad)
+            all_offsets += offsets
+            all_flips += flips
+    assert len(all_offsets) == n and None not in all_offsets  # each sample, cropped and maybe flipped
+    assert len(set(all_offsets)) > 10 and any(all_flips) and not all(all_flips)
+
+
+# ---------------------------------------------------------------------------- augmentation
+
+
+def crop_offsets(x: torch.Tensor, out: torch.Tensor, pad: int):
+    """For each sample, the (dy, dx) window of the zero-padded input it equals (None if none), by
+    brute force over all (2p+1)^2 windows and both flips; and whether it matched flipped."""
+    height, width = x.shape[-2:]
+    padded = torch.nn.functional.pad(x, (pad, pad, pad, pad))
+    offsets, flips = [], []
+    for i in range(len(x)):
+        found = None
+        for dy in range(2 * pad + 1):
+            for dx in range(2 * pad + 1):
+                window = padded[i, :, dy : dy + height, dx : dx + width]
+                if torch.equal(out[i], window):
+                    found = (dy, dx, False)
+                elif torch.equal(out[i], window.flip(-1)):
+                    found = (dy, dx, True)
+                if found:
+                    break
+            if found:
+                break
+        offsets.append(None if found is None else found[:2])
+        flips.append(None if found is None else found[2])
+    return offsets, flips
+
+
+def test_random_crop_is_a_window_of_the_zero_padded_input():
+    pad = 2
+    x = torch.randn(64, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    out = augment_batch(x, Augment(crop_padding=pad), torch.Generator().manual_seed(1))
+    assert out.shape == x.shape and out.dtype == x.dtype
+    offsets, flips = crop_offsets(x, out, pad)
+    assert None not in offsets and not any(flips)
+    assert len(set(offsets)) > 10  # the offsets vary (25 possible)
+    assert any(offset != (pad, pad) for offset in offsets)
+    # A shifted window brings in the zero padding.
+    shifted = [i for i, offset in enumerate(offsets) if offset[0] == 0]
+    assert shifted and all((out[i, :, :pad] == 0).all() for i in shifted)
+
+
+def test_hflip_returns_the_image_or_its_mirror_and_both_happen():
+    x = torch.randn(128, 2, 5, 7, generator=torch.Generator().manual_seed(0))
+    out = augment_batch(x, Augment(hflip=True), torch.Generator().manual_seed(2))
+    assert out.shape == x.shape
+    same = [torch.equal(out[i], x[i]) for i in range(len(x))]
+    mirrored = [torch.equal(out[i], x[i].flip(-1)) for i in range(len(x))]
+    assert all(s != m for s, m in zip(same, mirrored))  # exactly one of the two, per sample
+    assert 20 < sum(mirrored) < 108
+
+
+def test_augmentation_is_reproducible_from_the_generator_seed():
+    x = torch.randn(32, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    augment = Augment(crop_padding=3, hflip=True)
+    first = augment_batch(x, augment, torch.Generator().manual_seed(9))
+    assert torch.equal(first, augment_batch(x, augment, torch.Generator().manual_seed(9)))
+    assert not torch.equal(first, augment_batch(x, augment, torch.Generator().manual_seed(10)))
+    offsets, flips = crop_offsets(x, first, 3)
+    assert None not in offsets and any(flips) and not all(flips)
+    assert torch.equal(augment_batch(x, Augment(), torch.Generator().manual_seed(9)), x)
+
+
+# ---------------------------------------------------------------------------- builders and splits
+
+
+def _mnist1d_small(root):
+    return mnist1d(root=str(root), num_samples=1000, val_size=100)
+
+
+def _digits(root):
+    return digits()
+
+
+def _synthetic(root):
+    return synthetic(shape=[3, 8, 8], num_classes=5, num_samples=600, val_size=100, test_size=50)
+
+
+BUILDERS = {
+    # name: (builder, input shape, classes, train + val samples, val samples, test samples)
+    "mnist1d": (_mnist1d_small, (1, 40), 10, 800, 100, 200),
+    "digits": (_digits, (1, 8, 8), 10, 1797, 360, None),
+    "synthetic": (_synthetic, (3, 8, 8), 5, 600, 100, 50),
+}
+
+
+@pytest.mark.parametrize("name", BUILDERS)
+def test_builders_return_disjoint_deterministic_splits(name, data_root):
+    build, shape, classes, total, val_size, test_size = BUILDERS[name]
+    splits = build(data_root)
+    assert splits.name == name and splits.in_memory
+    assert splits.input_shape == shape and splits.num_classes == classes
+    assert len(splits.train) + len(splits.val) == total and len(splits.val) == val_size
+    if test_size is None:
+        assert splits.test is None
+    else:
+        assert len(splits.test) == test_size and tuple(splits.test.x.shape[1:]) == shape
+    for split in (splits.train, splits.val, splits.train_eval):
+        assert tuple(split.x.shape[1:]) == shape and split.x.dtype == torch.float32
+        assert split.y.dtype == torch.long and 0 <= split.y.min() and split.y.max() < classes
+    assert set(splits.train.y.tolist()) == set(range(classes))
+
+    train, val, train_eval = (row_keys(s.x) for s in (splits.train, splits.val, splits.train_eval))
+    assert len(set(train)) == len(train) and len(set(val)) == len(val)  # distinct samples
+    assert not set(train) & set(val)
+    # train_eval: a fixed subset of train, the size of val, without repeats.
+    assert len(train_eval) == len(val) == len(set(train_eval))
+    assert set(train_eval) <= set(train)
+    labels = dict(zip(train, splits.train.y.tolist()))
+    assert [labels[key] for key in train_eval] == splits.train_eval.y.tolist()
+
+    again = build(data_root)
+    for a, b in zip((splits.train, splits.val, splits.train_eval, splits.test),
+                    (again.train, again.val, again.train_eval, again.test)):
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y)
+
+
+def test_val_size_must_leave_training_samples():
+    for val_size in (0, 100, 150):
+        with pytest.raises(ConfigError) as info:
+            synthetic(num_samples=100, val_size=val_size)
+        assert info.value.key == "data.val_size"
+    assert len(synthetic(num_samples=100, val_size=99).train) == 1
+
+
+def test_digits_are_sklearn_digits_standardised():
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    raw = bunch.images.reshape(len(bunch.images), -1).astype(np.float64)
+    expected = ((raw - raw.mean()) / raw.std()).astype(np.float32)
+    splits = digits(val_size=300, seed=1)
+    x = torch.cat([splits.train.x, splits.val.x]).reshape(1797, -1).double()
+    y = torch.cat([splits.train.y, splits.val.y])
+    assert abs(x.mean().item()) < 1e-5 and abs(x.std().item() - 1) < 1e-3
+    # Match every sample to its sklearn image (rows are unique) and check its label.
+    distance = torch.cdist(x, torch.from_numpy(expected).double())
+    nearest = distance.argmin(dim=1)
+    assert distance.min(dim=1).values.max() < 1e-3
+    assert sorted(nearest.tolist()) == list(range(1797))
+    assert torch.equal(y, torch.as_tensor(bunch.target)[nearest])
+    assert len(splits.val) == 300
+    assert not torch.equal(splits.val.x, digits(val_size=300, seed=2).val.x)
+
+
+def test_synthetic_classes_are_gaussian_clusters_of_any_shape():
+    splits = synthetic(shape=[2, 3, 4], num_classes=4, num_samples=400, val_size=80, test_size=40,
+                       noise=0.05, seed=3)
+    assert splits.input_shape == (2, 3, 4)
+    train_x, train_y = splits.train.x.flatten(1), splits.train.y
+    centroids = torch.stack([train_x[train_y == c].mean(0) for c in range(4)])
+    for split in (splits.val, splits.test):
+        predicted = torch.cdist(split.x.flatten(1), centroids).argmin(1)
+        assert torch.equal(predicted, split.y)  # low noise: nearest class mean is always right
+    spread = (train_x - centroids[train_y]).std().item()
+    assert 0.03 < spread < 0.07
+    assert synthetic(num_samples=100, val_size=10, test_size=0).test is None
+    assert not torch.equal(synthetic(num_samples=100, val_size=10, seed=4).train.x,
+                           synthetic(num_samples=100, val_size=10, seed=5).train.x)
+
+
+def test_mnist1d_equals_the_reference_generator(data_root):
+    from mnist1d.data import get_dataset_args, make_dataset
+
+    splits = _mnist1d_small(data_root)
+    args = get_dataset_args()
+    args.num_samples, args.seed = 1000, 42
+    np_state, py_state = np.random.get_state(), random.getstate()
+    try:
+        raw = make_dataset(args)
+    finally:
+        np.random.set_state(np_state)
+        random.setstate(py_state)
+    reference = dict(zip(row_keys(raw["x"][:, None, :].astype(np.float32)), raw["y"].tolist()))
+    ours = row_keys(torch.cat([splits.train.x, splits.val.x]))
+    assert len(reference) == len(ours) == 800 and set(ours) == set(reference)
+    assert torch.cat([splits.train.y, splits.val.y]).tolist() == [reference[k] for k in ours]
+    assert torch.equal(splits.test.x, torch.tensor(raw["x_test"], dtype=torch.float32)[:, None])
+    assert splits.test.y.tolist() == raw["y_test"].tolist()
+
+
+def test_mnist1d_published_defaults(data_root):
+    splits = mnist1d(root=str(data_root))
+    assert len(splits.train) + len(splits.val) == 4000 and len(splits.val) == 500
+    assert len(splits.test) == 1000
+    assert splits.input_shape == (1, 40) and splits.num_classes == 10
+
+
+def _rng_states():
+    return np.random.get_state(), random.getstate()
+
+
+def _same_np_state(a, b) -> bool:
+    return a[0] == b[0] and np.array_equal(a[1], b[1]) and tuple(a[2:]) == tuple(b[2:])
+
+
+def test_mnist1d_keeps_global_rngs_and_reuses_its_cache(data_root):
+    root = data_root / "mnist1d-fresh"  # a cache of its own, so this call generates
+    cache_dir = root / "mnist1d"
+    assert not cache_dir.exists()
+    np.random.seed(1234)
+    random.seed(5678)
+    np.random.random(3), random.random()  # somewhere in the middle of the streams
+    np_before, py_before = _rng_states()
+    first = mnist1d(root=str(root), num_samples=1000, val_size=100, seed=3)
+    np_after, py_after = _rng_states()
+    assert _same_np_state(np_before, np_after) and py_before == py_after
+
+    files = sorted(cache_dir.iterdir())
+    assert len(files) == 1 and files[0].suffix == ".pt"  # no temporary file left behind
+    cache = files[0]
+    mtime = cache.stat().st_mtime_ns
+    cached = torch.load(cache)
+    assert set(row_keys(cached["x"])) == set(row_keys(torch.cat([first.train.x, first.val.x])))
+    assert torch.equal(cached["x_test"], first.test.x)
+
+    second = mnist1d(root=str(root), num_samples=1000, val_size=100, seed=3)
+    assert sorted(cache_dir.iterdir()) == [cache] and cache.stat().st_mtime_ns == mtime
+    for a, b in ((first.train, second.train), (first.val, second.val), (first.test, second.test)):
+        assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y)
+    assert _same_np_state(np_before, np.random.get_state()) and py_before == random.getstate()
+    # Another size is another cache file.
+    mnist1d(root=str(root), num_samples=500, val_size=50, seed=3)
+    assert len(list(cache_dir.iterdir())) == 2
+
+
+# ---------------------------------------------------------------------------- the DataLoader path
+
+
+def _synthetic_pair(num_samples=1000, **kwargs):
+    common = dict(shape=[3, 4, 4], num_samples=num_samples, val_size=100, test_size=60, seed=8)
+    common.update(kwargs)
+    return synthetic(**common), synthetic(**common, in_memory=False, num_workers=0)
+
+
+def test_synthetic_datasets_hold_the_in_memory_samples():
+    memory, datasets = _synthetic_pair()
+    assert not datasets.in_memory and datasets.num_workers == 0
+    for name in ("train", "train_eval", "val", "test"):
+        split, dataset = getattr(memory, name), getattr(datasets, name)
+        assert isinstance(dataset, Dataset) and not isinstance(dataset, TensorSplit)
+        assert len(dataset) == len(split)
+        x, y = all_of(dataset)
+        assert torch.equal(x, split.x) and torch.equal(y, split.y)
+    assert datasets.input_shape == memory.input_shape == (3, 4, 4)
+    assert isinstance(train_batches(datasets, 0, CPU), LoaderBatches)
+    assert isinstance(train_batches(memory, 0, CPU), TensorBatches)
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_loader_batches_equal_tensor_batches(drop_last):
+    memory, datasets = _synthetic_pair()  # 900 train samples
+    in_memory, loader = train_batches(memory, 4, CPU), train_batches(datasets, 4, CPU)
+    # Accumulation with a partial last step (900 = 18 * 48 + 36), then a plan change.
+    for epoch, plan in ((0, make_plan(48, micro_size=16)), (1, make_plan(48, micro_size=16)),
+                        (2, make_plan(128, micro_size=32))):
+        expected = collect(in_memory, epoch, plan, drop_last=drop_last)
+        got = collect(loader, epoch, plan, drop_last=drop_last)
+        assert_same_steps(got, expected)
+        assert sum(samples for _, samples in got) == (len(memory.train) // plan.size * plan.size
+                                                      if drop_last else len(memory.train))
+
+
+def test_loader_batches_equal_tensor_batches_per_rank():
+    memory, datasets = _synthetic_pair(num_samples=430)  # 330 train = 10 * 32 + 10
+    plan = make_plan(32, world_size=2, micro_size=8)
+    in_memory, loader = train_batches(memory, 2, CPU), train_batches(datasets, 2, CPU)
+    for rank in (0, 1):
+        assert_same_steps(collect(loader, 0, plan, rank), collect(in_memory, 0, plan, rank))
+
+
+def test_a_rank_left_without_samples_gets_no_micro_batches():
+    memory, datasets = _synthetic_pair(num_samples=109, shape=[2])  # 9 train = 8 + 1
+    plan = make_plan(8, world_size=2)
+    expected = collect(train_batches(memory, 0, CPU), 0, plan, rank=1)
+    assert_same_steps(collect(train_batches(datasets, 0, CPU), 0, plan, rank=1), expected)
+    assert len(expected) == 2 and len(expected[-1][0]) == 0  # rank 1's share of the last step
+
+
+def test_loader_batches_with_persistent_workers_follow_plan_changes():
+    memory, _ = _synthetic_pair()
+    _, datasets = _synthetic_pair()
+    loader = LoaderBatches(datasets.train, seed=6, device=CPU, num_workers=2)
+    in_memory = train_batches(memory, 6, CPU)
+    for epoch, plan in ((0, make_plan(100, micro_size=50)), (1, make_plan(64)), (2, make_plan(30))):
+        assert_same_steps(collect(loader, epoch, plan), collect(in_memory, epoch, plan))
+
+
+# ---------------------------------------------------------------------------- torchvision, offline
+
+
+@pytest.fixture(scope="module")
+def fake_mnist(data_root):
+    root = data_root / "fake-vision"
+    return root, write_fake_mnist(root, num_train=600, num_test=100)
+
+
+def test_torchvision_mnist_in_memory(fake_mnist):
+    root, written = fake_mnist
+    splits = torchvision_dataset("mnist", root=str(root), val_size=100, augment=False)
+    assert splits.in_memory and splits.augment is None
+    assert splits.input_shape == (1, 28, 28) and splits.num_classes == 10
+    assert (len(splits.train), len(splits.val), len(splits.train_eval), len(splits.test)) == (500, 100, 100, 100)
+
+    # The raw uint8 pixels are the images written, each with its own label.
+    assert splits.train.x.dtype == torch.uint8
+    labels = dict(zip(row_keys(written["train_images"]), written["train_labels"].tolist()))
+    stored = row_keys(torch.cat([splits.train.x, splits.val.x]))
+    assert len(stored) == 600 and set(stored) == set(labels)
+    assert torch.cat([splits.train.y, splits.val.y]).tolist() == [labels[k] for k in stored]
+    assert not set(row_keys(splits.train.x)) & set(row_keys(splits.val.x))
+    assert set(row_keys(splits.train_eval.x)) <= set(row_keys(splits.train.x))
+    assert torch.equal(splits.test.x[:, 0], torch.from_numpy(written["t10k_images"]))
+    assert splits.test.y.tolist() == written["t10k_labels"].tolist()
+
+    # Batches come normalised with the training set's per-channel statistics.
+    x_train, _ = all_of(splits.train)
+    x_all = torch.cat([x_train, all_of(splits.val)[0]]).double()
+    assert x_train.dtype == torch.float32 and x_train.shape == (500, 1, 28, 28)
+    assert abs(x_all.mean().item()) < 1e-4 and abs(x_all.std().item() - 1) < 1e-3
+    assert abs(x_train.mean().item()) < 0.05 and abs(x_train.std().item() - 1) < 0.05
+
+
+def test_torchvision_mnist_dataloader_matches_in_memory(fake_mnist):
+    root, _ = fake_mnist
+    memory = torchvision_dataset("mnist", root=str(root), val_size=100, augment=False)
+    datasets = torchvision_dataset("mnist", root=str(root), val_size=100, augment=False,
+                                   in_memory=False, num_workers=0)
+    assert not datasets.in_memory and datasets.num_workers == 0
+    assert datasets.input_shape == (1, 28, 28) and datasets.num_classes == 10
+    for name in ("train_eval", "val", "test"):
+        x, y = all_of(getattr(datasets, name))
+        x_ref, y_ref = all_of(getattr(memory, name))
+        torch.testing.assert_close(x, x_ref, atol=1e-5, rtol=0)
+        assert torch.equal(y, y_ref)
+    loader, in_memory = train_batches(datasets, 3, CPU), train_batches(memory, 3, CPU)
+    assert isinstance(loader, LoaderBatches) and len(loader) == 500
+    plan = make_plan(64, micro_size=32)  # 500 = 7 * 64 + 52: accumulation and a partial step
+    assert_same_steps(collect(loader, 1, plan), collect(in_memory, 1, plan), atol=1e-5)
+
+
+@pytest.mark.parametrize("exists", [True, False])
+def test_torchvision_without_files_asks_for_download(tmp_path, exists):
+    root = tmp_path / "empty"
+    if exists:
+        root.mkdir()
+    with pytest.raises(ConfigError) as info:
+        torchvision_dataset("mnist", root=str(root))
+    assert info.value.key == "data.download"
+    assert "data.download=true" in str(info.value)
+    assert root.exists() == exists  # nothing is created without download=True
+
+
+def test_torchvision_unknown_set_names_the_valid_ones(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        torchvision_dataset("svhn", root=str(tmp_path))
+    assert info.value.key == "data.name" and "cifar10" in str(info.value)
+
+
+def test_crop_padding_is_black_after_normalisation():
+    # Padding must be what a zero pixel normalises to (-mean/std), as torchvision's RandomCrop
+    # gives when it pads the raw image, not the mean colour (0 after normalising).
+    white = torch.full((64, 1, 8, 8), 255, dtype=torch.uint8)
+    mean, std = torch.full((1, 1, 1, 1), 0.5), torch.full((1, 1, 1, 1), 0.25)
+    split = TensorSplit(white, torch.zeros(64, dtype=torch.long), mean, std)
+    batches = TensorBatches(split, seed=0, augment=Augment(crop_padding=2))
+    [(x, _)], _ = next(batches.steps(0, make_plan(64)))
+    values = set(x.unique().tolist())
+    assert values == {2.0, -2.0}  # white (1 - 0.5) / 0.25 and black (0 - 0.5) / 0.25
+
+
+def test_download_without_a_network_is_a_clear_error(tmp_path, monkeypatch):
+    # The real downloader, pointed at a closed port on this machine (no other address is tried).
+    import torchvision
+
+    monkeypatch.setattr(torchvision.datasets.MNIST, "mirrors", ["http://127.0.0.1:9/"])
+    with pytest.raises(ConfigError) as info:
+        torchvision_dataset("mnist", root=str(tmp_path / "dl"), download=True)
+    assert info.value.key == "data.download" and info.value.value is True
+    assert "could not download mnist" in str(info.value) and "127.0.0.1" in str(info.value)

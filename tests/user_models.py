@@ -1,0 +1,21 @@
+"""A model of the kind a user brings with `_target_`, living outside bsexp."""
+
+import torch
+from torch import nn
+
+
+class TinyNet(nn.Module):
+    """Flatten -> hidden -> classes. `fail_at_step` raises a real error in that training forward."""
+
+    def __init__(self, input_shape, num_classes, hidden: int = 16, fail_at_step: int = 0):
+        super().__init__()
+        width = int(torch.tensor(list(input_shape)).prod())
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(width, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
+        self.fail_at_step, self.calls = fail_at_step, 0
+
+    def forward(self, x):
+        if self.training:
+            self.calls += 1
+            if self.calls == self.fail_at_step:
+                raise RuntimeError(f"TinyNet failed on purpose at training step {self.calls}")
+        return self.net(x)
