@@ -100,6 +100,11 @@ def epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
     return torch.randperm(n, generator=generator)
 
 
+def augment_seed(seed: int, epoch: int, rank: int) -> int:
+    """Crops and flips of an epoch depend only on (seed, epoch, rank), never on earlier draws."""
+    return (seed * 100_003 + epoch) * 1_009 + rank + 1
+
+
 def plan_steps(
     order: torch.Tensor, plan: BatchPlan, rank: int = 0, drop_last: bool = False
 ) -> Iterator[tuple[list[torch.Tensor], int]]:
@@ -113,6 +118,9 @@ def plan_steps(
         step = order[start : start + plan.size]
         if drop_last and len(step) < plan.size:
             return
+        if plan.world_size == 1 and plan.accum_steps == 1:
+            yield [step], len(step)  # the common case, without the splitting below
+            continue
         mine = torch.tensor_split(step, plan.world_size)[rank]
         # A final step smaller than the world leaves some ranks nothing: no micro-batches.
         yield (list(mine.split(plan.micro_size)) if len(mine) else []), len(step)
@@ -134,9 +142,7 @@ class TensorBatches:
     def steps(self, epoch: int, plan: BatchPlan, rank: int = 0, drop_last: bool = False):
         device = self.split.x.device
         order = epoch_order(len(self.split), self.seed, epoch).to(device)
-        # Crops and flips of an epoch depend only on (seed, epoch, rank), never on earlier draws.
-        generator = torch.Generator(device=device).manual_seed(
-            (self.seed * 100_003 + epoch) * 1_009 + rank + 1)
+        generator = torch.Generator(device=device).manual_seed(augment_seed(self.seed, epoch, rank))
         for micro_indices, samples in plan_steps(order, plan, rank, drop_last):
             micro = [self.split.batch(idx) for idx in micro_indices]
             if self.augment is not None:

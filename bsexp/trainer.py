@@ -63,8 +63,11 @@ class Progress:
     records: list[dict[str, Any]] = field(default_factory=list)
 
     def add(self, loss_sum: torch.Tensor, correct: torch.Tensor, samples: int) -> None:
-        self.loss_sum = self.loss_sum + loss_sum
-        self.correct = self.correct + correct
+        if self.samples:
+            self.loss_sum += loss_sum  # in place: no new tensor per step
+            self.correct += correct
+        else:
+            self.loss_sum, self.correct = loss_sum.clone(), correct.clone()
         self.samples += samples
 
     def take_running(self) -> tuple[float, float]:
@@ -82,13 +85,18 @@ def train_step(loop: Loop, micro_batches: list[tuple[torch.Tensor, torch.Tensor]
     """
     model, optimizer, scaler = loop.model, loop.optimizer, loop.scaler
     optimizer.zero_grad(set_to_none=True)
-    loss_sum = correct = 0
+    step_loss = correct = 0
     for x, y in micro_batches:
         with loop.autocast():
             logits = model(x)
-            loss = F.cross_entropy(logits, y, reduction="sum")
-        scaler.scale(loss / step_samples).backward()
-        loss_sum = loss_sum + loss.detach()
+            # This micro-batch's share of the mean loss over the step's samples (all micro-steps,
+            # all ranks); when it is the whole step, that is the plain mean.
+            if len(y) == step_samples:
+                loss = F.cross_entropy(logits, y)
+            else:
+                loss = F.cross_entropy(logits, y, reduction="sum") / step_samples
+        scaler.scale(loss).backward()
+        step_loss = step_loss + loss.detach()
         correct = correct + (logits.detach().argmax(dim=1) == y).sum()
     if loop.clip_grad_norm is not None:
         scaler.unscale_(optimizer)  # clip the true gradient of the whole step
@@ -96,7 +104,7 @@ def train_step(loop: Loop, micro_batches: list[tuple[torch.Tensor, torch.Tensor]
     scaler.step(optimizer)
     scaler.update()
     loop.scheduler.step()
-    return loss_sum, correct
+    return step_loss * step_samples, correct
 
 
 @torch.no_grad()

@@ -23,12 +23,15 @@ What is measured
 
 How it is timed
     Each round is one epoch per side. Within a round the two sides take turns step by step
-    (bsexp, plain, plain, bsexp, ...), each step timed with `time.perf_counter` and summed per
-    side, so a change in the machine's load (other processes on a shared CPU) hits both sides
-    alike instead of whole epochs of one of them. Python's garbage collector is off during a
-    round (as in `timeit`) and run between rounds. After untimed warm-up rounds, the headline is
-    the median over rounds of the per-round ratio bsexp/plain; the goal is <= 1.05 on the CPU.
-    The exit code is 0 whatever the ratio: this is a measurement, not a test.
+    (bsexp, plain, bsexp, plain, ...; the side that starts alternates between rounds), each
+    step timed with `time.perf_counter` and summed per side. So a change in the machine's load
+    (other processes on a shared CPU) hits both sides alike instead of whole epochs of one of
+    them, and every step runs in the same surroundings: right after a step of the other side.
+    Python's garbage collector is off during a round (as in `timeit`) and run between rounds.
+    After untimed warm-up rounds, the headline is the median over rounds of the per-round ratio
+    bsexp/plain; the goal is <= 1.05 on the CPU. bsexp's extra cost is a roughly fixed amount
+    per step, so the ratio grows as the step shrinks (small models, small batches). The exit
+    code is 0 whatever the ratio: this is a measurement, not a test.
 
 How to run (from the repository root, so the MNIST-1D cache in ./data is reused, or with
 $BSEXP_DATA set)::
@@ -41,8 +44,10 @@ $BSEXP_DATA set)::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import gc
+import inspect
 import statistics
 import sys
 import time
@@ -55,7 +60,7 @@ from hydra import compose, initialize_config_dir
 from tqdm import tqdm
 
 from bsexp.config import check, register_configs
-from bsexp.data import TensorBatches, augment_batch, steps_per_epoch
+from bsexp.data import TensorBatches, augment_batch, augment_seed, epoch_order, steps_per_epoch
 from bsexp.errors import exit_on_config_error
 from bsexp.run import build_loop
 from bsexp.runtime import DTYPES
@@ -111,24 +116,28 @@ class Plain:
                    "params": [params[index[id(p)]] for p in group["params"]],
                    "lr": group.get("initial_lr", group["lr"])}
                   for group in loop.optimizer.param_groups]
-        self.opt = type(loop.optimizer)(groups)
+        cls = type(loop.optimizer)  # its defaults too: some (timm's Lamb) read them in `step`
+        accepted = inspect.signature(cls).parameters
+        self.opt = cls(groups, **{k: v for k, v in loop.optimizer.defaults.items() if k in accepted})
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, loop.scheduler.lr_lambdas[0])
         split = loop.batches.split
         self.x, self.y, self.mean, self.std = split.x, split.y, split.mean, split.std
-        self.seed, self.augment = loop.batches.seed, loop.batches.augment
-        self.generator = torch.Generator(device=self.x.device).manual_seed(self.seed)
+        self.seed, self.augment, self.fill = loop.batches.seed, loop.batches.augment, split.black
         self.size, self.micro, self.drop_last = loop.plan.size, loop.plan.micro_size, loop.drop_last
         self.clip = loop.clip_grad_norm
-        self.dtype = DTYPES.get(precision)  # None for fp32
-        self.scaler = torch.amp.GradScaler(self.x.device.type, enabled=precision == "fp16")
-        self.simple = self.dtype is None and self.clip is None and loop.plan.accum_steps == 1
+        dtype, device_type = DTYPES.get(precision), self.x.device.type
+        self.autocast = ((lambda: torch.autocast(device_type, dtype=dtype)) if dtype
+                         else contextlib.nullcontext)
+        self.scaler = torch.amp.GradScaler(device_type) if precision == "fp16" else None
+        self.simple = dtype is None and self.clip is None and loop.plan.accum_steps == 1
 
     def steps(self, epoch: int) -> Iterator[None]:
         model, opt, sched, x_all, y_all = self.model, self.opt, self.sched, self.x, self.y
         n = len(y_all)
-        # A seeded shuffle per epoch; seeded like bsexp's so both sides see the same batches.
-        perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed * 100_003 + epoch))
-        perm = perm.to(x_all.device)
+        # bsexp's seeded shuffle, so that both sides see the same batches.
+        perm = epoch_order(n, self.seed, epoch).to(x_all.device)
+        if self.augment is not None:  # crops and flips drawn like bsexp's, for the same batches
+            generator = torch.Generator(device=x_all.device).manual_seed(augment_seed(self.seed, epoch, 0))
         for start in range(0, n, self.size):
             idx = perm[start:start + self.size]
             if self.drop_last and len(idx) < self.size:
@@ -137,24 +146,29 @@ class Plain:
             if self.mean is not None:  # uint8 images
                 x = (x.float() / 255.0 - self.mean) / self.std
             if self.augment is not None:
-                x = augment_batch(x, self.augment, self.generator)
+                x = augment_batch(x, self.augment, generator, self.fill)
             if self.simple:
                 # The default case: fp32, one micro-batch per step, no clipping.
                 opt.zero_grad()
                 loss = F.cross_entropy(model(x), y)
                 loss.backward()
                 opt.step()
-            else:
+            else:  # accumulation, bf16/fp16 or clipping: the same arithmetic as bsexp's
+                scaler = self.scaler
                 opt.zero_grad()
                 for xm, ym in zip(x.split(self.micro), y.split(self.micro)):
-                    with torch.autocast(x.device.type, dtype=self.dtype, enabled=self.dtype is not None):
+                    with self.autocast():
                         loss = F.cross_entropy(model(xm), ym, reduction="sum") / len(y)
-                    self.scaler.scale(loss).backward()
+                    (scaler.scale(loss) if scaler else loss).backward()
                 if self.clip is not None:
-                    self.scaler.unscale_(opt)
+                    if scaler:
+                        scaler.unscale_(opt)
                     torch.nn.utils.clip_grad_norm_(model.parameters(), self.clip)
-                self.scaler.step(opt)
-                self.scaler.update()
+                if scaler:
+                    scaler.step(opt)
+                    scaler.update()
+                else:
+                    opt.step()
             sched.step()
             yield
 
@@ -175,14 +189,17 @@ def main() -> None:
     per_epoch = steps_per_epoch(n, plan, loop.drop_last)
 
     def round_times(epoch: int) -> tuple[float, float]:
-        """One epoch per side, step by step in turns; the summed step times of each side."""
+        """One epoch per side, step by step in strict turns (so every step of either side runs
+        right after a step of the other), the side that starts alternating between rounds
+        (the first step after a pause runs on cold caches); the summed step times per side."""
         sides = [bsexp_steps(loop, epoch), plain.steps(epoch)]
         spent = [0.0, 0.0]
+        turns = (0, 1) if epoch % 2 == 0 else (1, 0)
         gc.collect()
         gc.disable()
         try:
-            for step in range(per_epoch):
-                for side in ((0, 1) if step % 2 == 0 else (1, 0)):
+            for _ in range(per_epoch):
+                for side in turns:
                     started = time.perf_counter()
                     next(sides[side])
                     sync()
