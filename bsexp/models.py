@@ -61,46 +61,42 @@ def _conv_block(conv: type[nn.Module], dims: int, c_in: int, c_out: int, stride:
     )
 
 
-class CNN1d(nn.Module):
-    """Conv net for sequences (N, C, L) such as MNIST-1D: three stages of two 3-wide convs,
-    doubling the width and halving the length between stages, then global average pooling."""
+class _ConvNet(nn.Module):
+    """Three stages of two 3-wide convs, doubling the width and halving the resolution between
+    stages, then global average pooling and a linear head. `dims` is 1 (sequences) or 2 (images)."""
 
-    def __init__(self, input_shape: Sequence[int], num_classes: int, width: int = 32, norm: str = "batch"):
+    def __init__(self, dims: int, input_shape: Sequence[int], num_classes: int, width: int, norm: str):
         super().__init__()
-        if len(input_shape) != 2:
-            raise ValueError(f"cnn1d needs inputs shaped (channels, length), got {tuple(input_shape)}")
-        c = input_shape[0]
-        widths = (width, 2 * width, 4 * width)
-        blocks: list[nn.Module] = []
-        for stage, w in enumerate(widths):
-            blocks += [_conv_block(nn.Conv1d, 1, c, w, 1 if stage == 0 else 2, norm),
-                       _conv_block(nn.Conv1d, 1, w, w, 1, norm)]
-            c = w
-        self.features = nn.Sequential(*blocks)
-        self.head = nn.Sequential(nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(c, num_classes))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.features(x))
-
-
-class CNN(nn.Module):
-    """Small 2-D conv net for (N, C, H, W) images, same layout as `CNN1d`."""
-
-    def __init__(self, input_shape: Sequence[int], num_classes: int, width: int = 32, norm: str = "batch"):
-        super().__init__()
-        if len(input_shape) != 3:
-            raise ValueError(f"cnn needs inputs shaped (channels, height, width), got {tuple(input_shape)}")
+        conv, pool = ((nn.Conv1d, nn.AdaptiveAvgPool1d), (nn.Conv2d, nn.AdaptiveAvgPool2d))[dims - 1]
         c = input_shape[0]
         blocks: list[nn.Module] = []
         for stage, w in enumerate((width, 2 * width, 4 * width)):
-            blocks += [_conv_block(nn.Conv2d, 2, c, w, 1 if stage == 0 else 2, norm),
-                       _conv_block(nn.Conv2d, 2, w, w, 1, norm)]
+            blocks += [_conv_block(conv, dims, c, w, 1 if stage == 0 else 2, norm),
+                       _conv_block(conv, dims, w, w, 1, norm)]
             c = w
         self.features = nn.Sequential(*blocks)
-        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c, num_classes))
+        self.head = nn.Sequential(pool(1), nn.Flatten(), nn.Linear(c, num_classes))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x))
+
+
+class CNN1d(_ConvNet):
+    """Conv net for sequences (N, C, L) such as MNIST-1D."""
+
+    def __init__(self, input_shape: Sequence[int], num_classes: int, width: int = 32, norm: str = "batch"):
+        if len(input_shape) != 2:
+            raise ValueError(f"cnn1d needs inputs shaped (channels, length), got {tuple(input_shape)}")
+        super().__init__(1, input_shape, num_classes, width, norm)
+
+
+class CNN(_ConvNet):
+    """Small conv net for (N, C, H, W) images."""
+
+    def __init__(self, input_shape: Sequence[int], num_classes: int, width: int = 32, norm: str = "batch"):
+        if len(input_shape) != 3:
+            raise ValueError(f"cnn needs inputs shaped (channels, height, width), got {tuple(input_shape)}")
+        super().__init__(2, input_shape, num_classes, width, norm)
 
 
 def resnet18(input_shape: Sequence[int], num_classes: int, norm: str = "batch", cifar_stem: bool = True):
