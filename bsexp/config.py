@@ -8,6 +8,9 @@ live in `check`, which runs before Hydra writes anything into the output directo
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+import math
 import os
 import pydoc
 from dataclasses import dataclass, field
@@ -17,10 +20,11 @@ from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from hydra.experimental.callback import Callback
-from omegaconf import MISSING, DictConfig
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from bsexp.errors import ConfigError, exit_on_config_error
 from bsexp.plan import BatchPlan, PlanError, make_plan
+from bsexp.scaling import RULES
 
 
 class _Choice(str, Enum):
@@ -32,16 +36,20 @@ class _Choice(str, Enum):
 
 Device = _Choice("Device", {k: k for k in ("auto", "cpu", "cuda")}, module=__name__)
 Precision = _Choice("Precision", {k: k for k in ("fp32", "bf16", "fp16")}, module=__name__)
-Rule = _Choice("Rule", {k: k for k in ("linear", "sqrt", "none")}, module=__name__)
+Rule = _Choice("Rule", {k: k for k in RULES}, module=__name__)
 Unit = _Choice("Unit", {k: k for k in ("epochs", "steps")}, module=__name__)
 WarmupShape = _Choice("WarmupShape", {k: k for k in ("linear", "constant", "none")}, module=__name__)
 MainSchedule = _Choice("MainSchedule", {k: k for k in ("cosine", "step", "constant")}, module=__name__)
-Norm = _Choice("Norm", {k: k for k in ("batch", "group", "layer", "none")}, module=__name__)
+NORMS = ("batch", "group", "layer", "none")
+Norm = _Choice("Norm", {k: k for k in NORMS}, module=__name__)
 Policy = _Choice("Policy", {k: k for k in ("fixed", "accumulation")}, module=__name__)
 DistributedKind = _Choice("DistributedKind", {k: k for k in ("none",)}, module=__name__)
 LoggerKind = _Choice("LoggerKind", {k: k for k in ("wandb", "none")}, module=__name__)
 WandbMode = _Choice("WandbMode", {k: k for k in ("offline", "online", "disabled")}, module=__name__)
-VisionSet = _Choice("VisionSet", {k: k for k in ("mnist", "fashion_mnist", "cifar10", "cifar100")}, module=__name__)
+# The torchvision sets bsexp knows: name -> (torchvision class, number of classes).
+VISION_SETS = {"mnist": ("MNIST", 10), "fashion_mnist": ("FashionMNIST", 10),
+               "cifar10": ("CIFAR10", 10), "cifar100": ("CIFAR100", 100)}
+VisionSet = _Choice("VisionSet", {k: k for k in VISION_SETS}, module=__name__)
 
 DATA_ROOT = "${oc.env:BSEXP_DATA,data}"
 
@@ -199,7 +207,7 @@ class FixedBatch(BatchConfig):
 class AccumulationBatch(BatchConfig):
     policy: Policy = Policy.accumulation
     size: int = 512
-    micro_size: Optional[int] = None  # per rank; give this or accum_steps
+    micro_size: Optional[int] = None  # per rank; give this or accum_steps (or both, consistent)
     accum_steps: Optional[int] = None
 
 
@@ -285,6 +293,7 @@ SCHEMAS = {
     "schema_model_cnn1d": CNN1dModel,
     "schema_model_cnn": CNNModel,
     "schema_model_resnet18": ResNet18Model,
+    "schema_optimizer": OptimizerConfig,  # for optimizers of your own
     "schema_optimizer_sgd": SGDOptimizer,
     "schema_optimizer_adamw": AdamWOptimizer,
     "schema_optimizer_lars": LarsOptimizer,
@@ -305,6 +314,38 @@ def register_configs() -> None:
 
 # ---------------------------------------------------------------------------- checks
 
+# Bounds of the keys bsexp defines, checked wherever the key exists (a user's own model or
+# dataset node may lack them). (low, high, what): low/high None for no bound; NaN never passes.
+BOUNDS: dict[str, tuple[float | None, float | None, str]] = {
+    "seed": (0, None, ">= 0"),
+    "epochs": (1, None, ">= 1"),
+    "scaling.ref_batch": (1, None, ">= 1"),
+    "optimizer.weight_decay": (0, None, ">= 0"),
+    "optimizer.momentum": (0, 1, "in [0, 1]"),
+    "optimizer.eps": (0, None, ">= 0"),
+    "optimizer.trust_coeff": (0, None, ">= 0"),
+    "schedule.warmup": (0, None, ">= 0"),
+    "schedule.start_factor": (0, None, ">= 0"),
+    "schedule.final_factor": (0, 1, "in [0, 1]"),
+    "trainer.eval_every_steps": (0, None, ">= 0"),
+    "trainer.eval_batch_size": (1, None, ">= 1"),
+    "trainer.max_steps": (1, None, ">= 1"),
+    "trainer.threads": (1, None, ">= 1"),
+    "data.val_size": (1, None, ">= 1"),
+    "data.num_samples": (1, None, ">= 1"),
+    "data.test_size": (0, None, ">= 0"),
+    "data.num_classes": (2, None, ">= 2"),
+    "data.noise": (0, None, ">= 0"),
+    "data.num_workers": (0, None, ">= 0"),
+    "data.crop_padding": (0, None, ">= 0"),
+    "model.width": (1, None, ">= 1"),
+    "model.dropout": (0, 0.999999, "in [0, 1)"),
+}
+POSITIVE = ("optimizer.lr", "schedule.factor", "trainer.clip_grad_norm", "data.train_split")
+AT_MOST_ONE = ("schedule.factor",)
+BELOW_ONE = ("data.train_split",)
+POSITIVE_LISTS = ("model.hidden", "data.shape")
+
 
 def world_size(cfg: DictConfig) -> int:
     return 1  # single process until distributed=ddp exists
@@ -313,9 +354,12 @@ def world_size(cfg: DictConfig) -> int:
 def batch_plan(cfg: DictConfig) -> BatchPlan:
     """The plan the batch policy asks for, or a ConfigError naming the key at fault."""
     batch = cfg.batch
-    micro, accum = batch.get("micro_size"), batch.get("accum_steps")  # only accumulation has them
-    if batch.policy == Policy.accumulation and micro is None and accum is None:
-        raise ConfigError("batch.micro_size", None, "batch=accumulation needs batch.micro_size or batch.accum_steps")
+    micro = accum = None
+    if batch.policy == Policy.accumulation:
+        micro, accum = batch.micro_size, batch.accum_steps
+        if micro is None and accum is None:
+            raise ConfigError("batch.micro_size", None,
+                              "batch=accumulation needs batch.micro_size (per rank) or batch.accum_steps")
     try:
         return make_plan(batch.size, world_size(cfg), micro, accum)
     except PlanError as exc:
@@ -324,48 +368,78 @@ def batch_plan(cfg: DictConfig) -> BatchPlan:
 
 def check(cfg: DictConfig) -> BatchPlan:
     """Every check that needs no data: raises ConfigError on the first problem found."""
-    _at_least("epochs", cfg.epochs, 1)
-    _at_least("scaling.ref_batch", cfg.scaling.ref_batch, 1)
-    if "lr" in cfg.optimizer:
-        _positive("optimizer.lr", cfg.optimizer.lr)
-    if "weight_decay" in cfg.optimizer:
-        _at_least("optimizer.weight_decay", cfg.optimizer.weight_decay, 0)
-    if "momentum" in cfg.optimizer:
-        _at_least("optimizer.momentum", cfg.optimizer.momentum, 0)
+    _check_known_keys(cfg)
+    for key in ("lr", "weight_decay", "decay_norm_and_bias"):
+        if key not in cfg.optimizer:
+            raise ConfigError(f"optimizer.{key}", None, "must be set (an optimizer config of your own can "
+                              "start with `defaults: [/schema_optimizer@_here_]`)")
+    for key, (low, high, what) in BOUNDS.items():
+        value = _schema_value(cfg, key)
+        if value is not None and not _within(value, low, high):
+            raise ConfigError(key, value, f"must be {what}")
+    for key in POSITIVE:
+        value = _schema_value(cfg, key)
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ConfigError(key, value, "must be a finite number > 0")
+        if value is not None and key in AT_MOST_ONE and value > 1:
+            raise ConfigError(key, value, "must be in (0, 1]")
+        if value is not None and key in BELOW_ONE and value >= 1:
+            raise ConfigError(key, value, "must be in (0, 1)")
+    for key in POSITIVE_LISTS:
+        value = _schema_value(cfg, key)
+        if value is not None and (len(value) == 0 or min(value) < 1):
+            raise ConfigError(key, list(value), "must be a non-empty list of sizes >= 1")
     if "betas" in cfg.optimizer:
         betas = list(cfg.optimizer.betas)
-        if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
+        if len(betas) != 2 or not all(_within(b, 0, 0.999999) for b in betas):
             raise ConfigError("optimizer.betas", betas, "must be two values in [0, 1), e.g. [0.9,0.999]")
     _check_schedule(cfg.schedule)
-    trainer = cfg.trainer
-    if trainer.clip_grad_norm is not None:
-        _positive("trainer.clip_grad_norm", trainer.clip_grad_norm)
-    _at_least("trainer.eval_every_steps", trainer.eval_every_steps, 0)
-    _at_least("trainer.eval_batch_size", trainer.eval_batch_size, 1)
-    if trainer.max_steps is not None:
-        _at_least("trainer.max_steps", trainer.max_steps, 1)
-    if trainer.threads is not None:
-        _at_least("trainer.threads", trainer.threads, 1)
     if cfg.device == Device.cuda:
         import torch
 
         if not torch.cuda.is_available():
             raise ConfigError("device", "cuda", "CUDA is not available here; valid: auto, cpu")
     for group in ("data", "model", "optimizer"):
-        _check_target(group, cfg[group])
+        locate(group, cfg[group].get("_target_"))
     return batch_plan(cfg)
 
 
+def _schema_value(cfg: DictConfig, key: str) -> Any:
+    """The value at `key` if a bsexp schema defines it there (a user's own node may use the same
+    name for something else), else None."""
+    parent, _, name = key.rpartition(".")
+    node = OmegaConf.select(cfg, parent) if parent else cfg
+    cls = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
+    if not (dataclasses.is_dataclass(cls) and cls.__module__ == __name__) or name not in node:
+        return None
+    return node[name]
+
+
+def _within(value: float, low: float | None, high: float | None) -> bool:
+    """False for NaN and infinities unless a side is unbounded."""
+    if value != value:  # NaN
+        return False
+    return (low is None or value >= low) and (high is None or value <= high)
+
+
+def _check_known_keys(cfg: DictConfig, prefix: str = "") -> None:
+    """Hydra's `+key=value` adds keys past the schema; refuse any a schema does not define."""
+    for key in cfg:
+        if prefix == "" and key == "hydra":
+            continue
+        node = cfg._get_node(key)
+        cls = OmegaConf.get_type(cfg)
+        if dataclasses.is_dataclass(cls) and key not in {f.name for f in dataclasses.fields(cls)}:
+            full = f"{prefix}{key}"
+            valid = ", ".join(f.name for f in dataclasses.fields(cls))
+            raise ConfigError(full, cfg[key], f"not a key of {prefix.rstrip('.') or 'the config'}; valid: {valid}")
+        if isinstance(node, DictConfig) and dataclasses.is_dataclass(OmegaConf.get_type(node)):
+            _check_known_keys(node, f"{prefix}{key}.")
+
+
 def _check_schedule(schedule: DictConfig) -> None:
-    _at_least("schedule.warmup", schedule.warmup, 0)
-    if schedule.start_factor is not None:
-        _at_least("schedule.start_factor", schedule.start_factor, 0)
-    if not 0 < schedule.factor <= 1:
-        raise ConfigError("schedule.factor", schedule.factor, "must be in (0, 1]")
-    if not 0 <= schedule.final_factor <= 1:
-        raise ConfigError("schedule.final_factor", schedule.final_factor, "must be in [0, 1]")
     milestones = list(schedule.milestones)
-    if any(m < 0 for m in milestones) or milestones != sorted(milestones):
+    if any(not _within(m, 0, None) for m in milestones) or milestones != sorted(milestones):
         raise ConfigError("schedule.milestones", milestones, "must be non-negative and increasing")
     if schedule.main == MainSchedule.step and not milestones:
         raise ConfigError("schedule.milestones", milestones, "schedule.main=step needs at least one milestone")
@@ -386,26 +460,42 @@ def locate(group: str, target: Any) -> Any:
     return obj
 
 
-def _check_target(group: str, node: DictConfig) -> None:
-    locate(group, node.get("_target_"))
+def call_target(group: str, node: DictConfig, *args: Any, exclude: tuple[str, ...] = (), **given: Any) -> Any:
+    """Call `node._target_` with the node's keys (less `exclude`) plus `given`, naming any key it
+    rejects. Enum values arrive as plain strings, as a user's callable expects."""
+    kwargs = OmegaConf.to_container(node, resolve=True, enum_to_str=True)
+    target = kwargs.pop("_target_")
+    for key in exclude:
+        kwargs.pop(key, None)
+    fn = locate(group, target)
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # builtins may have no signature: let the call decide
+        params = {}
+    if params and not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        for key, value in kwargs.items():
+            if key not in params:
+                valid = ", ".join(p for p in list(params)[len(args):] if p not in given)
+                raise ConfigError(f"{group}.{key}", value, f"not an option of {target}; valid: {valid}")
+    try:
+        return fn(*args, **kwargs, **given)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        reason = " ".join(str(exc).split())
+        raise ConfigError(f"{group}._target_", target, f"rejected the options in {group}.* ({reason})") from None
 
 
-def _at_least(key: str, value: Any, low: float) -> None:
-    if value < low:
-        raise ConfigError(key, value, f"must be >= {low}")
-
-
-def _positive(key: str, value: Any) -> None:
-    if not value > 0:
-        raise ConfigError(key, value, "must be > 0")
+RESULTS = ("summary.json", "metrics.jsonl")
 
 
 def check_output_dir(key: str, path: str) -> None:
-    """The output directory must be creatable and must not already hold a run's results."""
+    """The output directory (of a run, or of a sweep's jobs) must be creatable and must not
+    already hold a run's results."""
     directory = Path(path)
-    for name in ("summary.json", "metrics.jsonl"):
-        if (directory / name).exists():
-            raise ConfigError(key, path, f"already holds a run's results ({name}); choose a new directory")
+    for name in RESULTS:
+        found = next(iter(directory.glob(f"**/{name}")), None) if directory.is_dir() else None
+        if found is not None:
+            raise ConfigError(key, path, f"already holds a run's results ({found.relative_to(directory)}); "
+                                         f"choose a new directory")
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -427,5 +517,7 @@ class Preflight(Callback):
             check_output_dir("hydra.run.dir", config.hydra.run.dir)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        # The config without the swept values: what is wrong here is wrong for every job.
         with exit_on_config_error():
+            check(config)
             check_output_dir("hydra.sweep.dir", config.hydra.sweep.dir)

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from bsexp.config import VISION_SETS
 from bsexp.errors import ConfigError
 from bsexp.plan import BatchPlan
 
@@ -105,6 +106,18 @@ def augment_seed(seed: int, epoch: int, rank: int) -> int:
     return (seed * 100_003 + epoch) * 1_009 + rank + 1
 
 
+MIN_MICRO = 2  # samples: BatchNorm cannot normalise a single sample in training
+
+
+def final_micro_steps(samples: int, plan: BatchPlan) -> int:
+    """Micro-steps of an epoch's final, smaller step of `samples` (< plan.size): as many as the
+    largest rank share needs, the same on every rank (SyncBatchNorm and DDP expect equal counts);
+    0 if some micro-batch would get fewer than MIN_MICRO samples, and the step is dropped."""
+    largest, smallest = -(-samples // plan.world_size), samples // plan.world_size
+    count = -(-largest // plan.micro_size)
+    return count if smallest >= MIN_MICRO * count else 0
+
+
 def plan_steps(
     order: torch.Tensor, plan: BatchPlan, rank: int = 0, drop_last: bool = False
 ) -> Iterator[tuple[list[torch.Tensor], int]]:
@@ -112,22 +125,27 @@ def plan_steps(
 
     A step takes `plan.size` consecutive indices of the epoch's order, splits them over ranks
     and then into micro-batches of `plan.micro_size`. The final step of an epoch may be smaller
-    (unless `drop_last`); its sample count is what the loss is normalised by.
+    (unless `drop_last`), split into equal micro-batches as `final_micro_steps` says; its sample
+    count is what the loss is normalised by.
     """
+    per_rank = plan.per_rank
     for start in range(0, len(order), plan.size):
         step = order[start : start + plan.size]
-        if drop_last and len(step) < plan.size:
-            return
-        if plan.world_size == 1 and plan.accum_steps == 1:
-            yield [step], len(step)  # the common case, without the splitting below
+        if len(step) == plan.size:
+            if plan.world_size == 1 and plan.accum_steps == 1:
+                yield [step], plan.size  # the common case, without the splitting below
+            else:
+                yield list(step[rank * per_rank : (rank + 1) * per_rank].split(plan.micro_size)), plan.size
             continue
-        mine = torch.tensor_split(step, plan.world_size)[rank]
-        # A final step smaller than the world leaves some ranks nothing: no micro-batches.
-        yield (list(mine.split(plan.micro_size)) if len(mine) else []), len(step)
+        count = 0 if drop_last else final_micro_steps(len(step), plan)
+        if count:
+            mine = torch.tensor_split(step, plan.world_size)[rank]
+            yield list(torch.tensor_split(mine, count)), len(step)
 
 
 def steps_per_epoch(n: int, plan: BatchPlan, drop_last: bool = False) -> int:
-    return n // plan.size if drop_last else -(-n // plan.size)
+    full, rest = divmod(n, plan.size)
+    return full + int(bool(rest) and not drop_last and final_micro_steps(rest, plan) > 0)
 
 
 class TensorBatches:
@@ -236,10 +254,11 @@ def eval_batches(
 
 
 def _split_train(n: int, val_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Deterministic (train, val) index split of n samples, seeded by the data seed."""
-    if not 0 < val_size < n:
+    """Deterministic (train, val) index split of n samples, seeded by the data seed. Val may
+    take at most half, so that train accuracy is measured on as many samples as val accuracy."""
+    if not 0 < val_size <= n // 2:
         raise ConfigError("data.val_size", val_size,
-                          f"must be between 1 and {n - 1} (the data has {n} train samples)")
+                          f"must be between 1 and {n // 2}, half of the {n} training samples")
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     return order[val_size:], order[:val_size]
 
@@ -332,18 +351,10 @@ def digits(val_size: int = 360, seed: int = 42) -> Splits:
 
     bunch = load_digits()
     x = torch.tensor(bunch.images, dtype=torch.float32).unsqueeze(1) / 16.0
-    x = (x - x.mean()) / x.std()
     y = torch.tensor(bunch.target, dtype=torch.long)
-    return _tensor_splits("digits", x, y, None, val_size, seed, 10)
+    train = x[_split_train(len(y), val_size, seed)[0]]  # standardise with the training split's statistics
+    return _tensor_splits("digits", (x - train.mean()) / train.std(), y, None, val_size, seed, 10)
 
-
-VISION_SETS = {
-    # name: (torchvision class, number of classes)
-    "mnist": ("MNIST", 10),
-    "fashion_mnist": ("FashionMNIST", 10),
-    "cifar10": ("CIFAR10", 10),
-    "cifar100": ("CIFAR100", 100),
-}
 
 
 def torchvision_dataset(
@@ -359,7 +370,6 @@ def torchvision_dataset(
     num_workers: int = 2,
 ) -> Splits:
     """A torchvision image set. Files are read from `root`; fetched only with `download=True`."""
-    name = getattr(name, "value", name)
     if name not in VISION_SETS:
         raise ConfigError("data.name", name, f"valid: {', '.join(VISION_SETS)}")
     import torchvision
@@ -382,8 +392,8 @@ def torchvision_dataset(
 
     x, y = _image_tensor(train_set.data), torch.as_tensor(train_set.targets, dtype=torch.long)
     x_test, y_test = _image_tensor(test_set.data), torch.as_tensor(test_set.targets, dtype=torch.long)
-    mean = (x.float() / 255.0).mean(dim=(0, 2, 3)).view(1, -1, 1, 1)
-    std = (x.float() / 255.0).std(dim=(0, 2, 3)).view(1, -1, 1, 1)
+    train = x[_split_train(len(y), val_size, seed)[0]].float() / 255.0  # statistics of the training split
+    mean, std = train.mean(dim=(0, 2, 3)).view(1, -1, 1, 1), train.std(dim=(0, 2, 3)).view(1, -1, 1, 1)
     aug = Augment(crop_padding, hflip) if augment else None
     if in_memory:
         return _tensor_splits(name, x, y, (x_test, y_test), val_size, seed,

@@ -10,11 +10,11 @@ class ConfigError(Exception):
     """A configuration the user can fix. Printed as one line; the process exits with code 2."""
 
     def __init__(self, key: str, value: object, expected: str) -> None:
-        super().__init__(f"{key}={_show(value)}: {expected}")
+        super().__init__(f"{key}={_format_value(value)}: {expected}")
         self.key, self.value, self.expected = key, value, expected
 
 
-def _show(value: object) -> str:
+def _format_value(value: object) -> str:
     if isinstance(value, str):
         return value if value and " " not in value else repr(value)
     if hasattr(value, "name") and type(value).__module__ != "builtins":  # enums
@@ -52,7 +52,7 @@ def _missing_option(exc) -> str:
 def _omegaconf_line(exc) -> str:
     key = getattr(exc, "full_key", None) or getattr(exc, "key", None) or "?"
     message = str(getattr(exc, "msg", None) or exc).strip().splitlines()[0]
-    if "not in struct" in message or message.startswith("Key '") and "not in" in message:
+    if "not in struct" in message or (message.startswith("Key '") and "not in" in message):
         parent = key.rpartition(".")[0]
         known = _known_keys(exc)
         where = f"a key of {parent}" if parent else "a top-level key"

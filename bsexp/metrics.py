@@ -45,7 +45,7 @@ class JsonlSink:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.file = open(path, "a", encoding="utf-8")
+        self.file = open(path, "x", encoding="utf-8")  # never appends to an earlier run's records
 
     def log(self, record: dict[str, Any]) -> None:
         self.file.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")

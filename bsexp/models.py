@@ -8,12 +8,12 @@ from typing import Sequence
 import torch
 from torch import nn
 
-NORMS = ("batch", "group", "layer", "none")
+from bsexp.config import NORMS
+
 
 
 def norm_layer(kind: str, channels: int, dims: int) -> nn.Module:
     """A normalisation over `channels` features for `dims`-D feature maps (0 = flat vectors)."""
-    kind = getattr(kind, "value", kind)
     if kind == "batch":
         return (nn.BatchNorm1d, nn.BatchNorm1d, nn.BatchNorm2d)[dims](channels)
     if kind == "group":  # Wu & He 2018 use 32 groups; fewer when there are fewer channels
@@ -55,7 +55,7 @@ class MLP(nn.Module):
 
 
 def _conv_block(conv: type[nn.Module], dims: int, c_in: int, c_out: int, stride: int, norm: str):
-    bias = getattr(norm, "value", norm) == "none"  # a norm layer's shift makes the bias redundant
+    bias = norm == "none"  # a norm layer's shift makes the bias redundant
     return nn.Sequential(
         conv(c_in, c_out, 3, stride=stride, padding=1, bias=bias), norm_layer(norm, c_out, dims), nn.ReLU()
     )

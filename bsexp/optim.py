@@ -9,22 +9,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch import nn
 
 from bsexp import scaling
-from bsexp.config import locate
-from bsexp.errors import ConfigError
+from bsexp.config import call_target
 from bsexp.plan import BatchPlan
 
-# Not passed to the optimizer class: bsexp applies them itself.
-_OWN_KEYS = ("_target_", "lr", "weight_decay", "decay_norm_and_bias")
+# Given to the optimizer by bsexp, scaled and per parameter group, not as written in the config.
+_APPLIED_BY_BSEXP = ("lr", "weight_decay", "decay_norm_and_bias")
 
 
 @dataclass(frozen=True)
 class ScaledHparams:
     k: float  # batch.size / scaling.ref_batch
-    lr: float  # peak LR used (after warmup)
+    lr: float  # the target LR, reached when warmup ends
+    lr_peak: float  # the highest LR the schedule applies within the run (below lr if warmup never ends)
     weight_decay: float
     warmup_steps: int
     total_steps: int
@@ -34,24 +34,25 @@ class ScaledHparams:
 def scaled_hparams(cfg: DictConfig, plan: BatchPlan, steps_per_epoch: int) -> tuple[ScaledHparams, scaling.LRSchedule]:
     k = scaling.scale_factor(plan.size, cfg.scaling.ref_batch)
     lr = scaling.scaled_lr(cfg.optimizer.lr, k, str(cfg.scaling.lr_rule))
-    wd = scaling.scaled_weight_decay(cfg.optimizer.get("weight_decay", 0.0), k, str(cfg.scaling.wd_rule))
+    wd = scaling.scaled_weight_decay(cfg.optimizer.weight_decay, k, str(cfg.scaling.wd_rule))
     total = cfg.epochs * steps_per_epoch
     if cfg.trainer.max_steps is not None:
         total = min(total, cfg.trainer.max_steps)
-    sched = cfg.schedule
-    unit = str(sched.unit)
-    warmup = 0 if sched.warmup_shape == "none" else scaling.to_steps(sched.warmup, unit, steps_per_epoch)
-    schedule = scaling.LRSchedule(
+    node = cfg.schedule
+    unit = str(node.unit)
+    warmup = 0 if node.warmup_shape == "none" else scaling.to_steps(node.warmup, unit, steps_per_epoch)
+    lr_schedule = scaling.LRSchedule(
         total_steps=total,
         warmup_steps=warmup,
-        warmup_shape=str(sched.warmup_shape),
-        start_factor=scaling.warmup_start_factor(sched.start_factor, k),
-        main=str(sched.main),
-        milestones=tuple(scaling.to_steps(m, unit, steps_per_epoch) for m in sched.milestones),
-        factor=sched.factor,
-        final_factor=sched.final_factor,
+        warmup_shape=str(node.warmup_shape),
+        start_factor=scaling.warmup_start_factor(node.start_factor, k),
+        main=str(node.main),
+        milestones=tuple(scaling.to_steps(m, unit, steps_per_epoch) for m in node.milestones),
+        factor=node.factor,
+        final_factor=node.final_factor,
     )
-    return ScaledHparams(k, lr, wd, warmup, total, steps_per_epoch), schedule
+    peak = lr * max(lr_schedule(step) for step in range(total))
+    return ScaledHparams(k, lr, peak, wd, warmup, total, steps_per_epoch), lr_schedule
 
 
 def param_groups(model: nn.Module, weight_decay: float, decay_norm_and_bias: bool) -> list[dict]:
@@ -70,16 +71,9 @@ def build_optimizer(cfg: DictConfig, model: nn.Module, hp: ScaledHparams) -> tor
     # PyTorch's SGD multiplies by the LR outside its momentum buffer, so Goyal et al.'s
     # momentum correction (remark 2) is not needed when the LR changes.
     node = cfg.optimizer
-    options = {k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k not in _OWN_KEYS}
-    if isinstance(options.get("betas"), list):
-        options["betas"] = tuple(options["betas"])
-    groups = param_groups(model, hp.weight_decay, node.get("decay_norm_and_bias", False))
-    cls = locate("optimizer", node._target_)
-    try:
-        return cls(groups, lr=hp.lr, **options)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError("optimizer", node._target_, f"rejected its options: {exc}") from None
+    groups = param_groups(model, hp.weight_decay, node.decay_norm_and_bias)
+    return call_target("optimizer", node, groups, exclude=_APPLIED_BY_BSEXP, lr=hp.lr)
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, schedule: scaling.LRSchedule):
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+def build_scheduler(optimizer: torch.optim.Optimizer, lr_schedule: scaling.LRSchedule):
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import os
@@ -19,7 +18,7 @@ from bsexp import config as schema
 from bsexp.data import Splits, steps_per_epoch, train_batches
 from bsexp.errors import ConfigError
 from bsexp.metrics import JsonlSink, NullSink, Sinks, WandbSink
-from bsexp.optim import ScaledHparams, build_optimizer, build_scheduler, scaled_hparams
+from bsexp.optim import build_optimizer, build_scheduler, scaled_hparams
 from bsexp.plan import BatchPlan
 from bsexp.runtime import (autocast, grad_scaler, peak_memory_mb, provenance, reset_peak_memory,
                            resolve_device, seed_everything)
@@ -28,45 +27,28 @@ from bsexp.trainer import Loop, Progress, evaluate, train
 log = logging.getLogger(__name__)
 
 
-def _call_target(group: str, node: DictConfig, **given: Any) -> Any:
-    """Call `node._target_` with the node's other keys plus `given`, naming any key it rejects."""
-    kwargs = OmegaConf.to_container(node, resolve=True)
-    target = kwargs.pop("_target_")
-    fn = schema.locate(group, target)
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):  # builtins may have no signature: let the call decide
-        params = {}
-    if params and not any(p.kind == p.VAR_KEYWORD for p in params.values()):
-        for key, value in kwargs.items():
-            if key not in params:
-                valid = ", ".join(p for p in params if p not in given)
-                raise ConfigError(f"{group}.{key}", value, f"not an option of {target}; valid: {valid}")
-    try:
-        return fn(**kwargs, **given)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{group}._target_", target, " ".join(str(exc).split())) from None
-
-
 def build_data(cfg: DictConfig) -> Splits:
-    splits = _call_target("data", cfg.data)
+    splits = schema.call_target("data", cfg.data)
     if not isinstance(splits, Splits):
         raise ConfigError("data._target_", cfg.data._target_, f"must return bsexp.data.Splits, got {type(splits).__name__}")
     return splits
 
 
 def build_model(cfg: DictConfig, splits: Splits) -> nn.Module:
-    model = _call_target("model", cfg.model, input_shape=splits.input_shape, num_classes=splits.num_classes)
+    model = schema.call_target("model", cfg.model, input_shape=splits.input_shape, num_classes=splits.num_classes)
     if not isinstance(model, nn.Module):
         raise ConfigError("model._target_", cfg.model._target_, f"must return a torch.nn.Module, got {type(model).__name__}")
     return model
 
 
-def build_sinks(cfg: DictConfig, run_dir: Path, derived: dict[str, Any]):
-    sinks: list = [JsonlSink(run_dir / "metrics.jsonl")]
+def build_sinks(cfg: DictConfig, run_dir: Path, hparams: dict[str, Any]):
+    try:
+        sinks: list = [JsonlSink(run_dir / "metrics.jsonl")]
+    except FileExistsError:
+        raise ConfigError("hydra.run.dir", str(run_dir), "already holds metrics.jsonl; choose a new directory") from None
     if cfg.logger.kind == schema.LoggerKind.wandb:
         config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-        config["derived"] = derived
+        config["derived"] = hparams
         try:
             sinks.append(WandbSink(cfg.logger.wandb, run_dir, config))
         except Exception as exc:  # W&B is a view of the run, never a reason to lose it
@@ -85,16 +67,16 @@ def build_loop(cfg: DictConfig, plan: BatchPlan) -> Loop:
         raise ConfigError("batch.size", plan.size, f"exceeds the {len(splits.train)} training samples of {splits.name}")
     model = build_model(cfg, splits).to(device)
     per_epoch = steps_per_epoch(len(splits.train), plan, cfg.batch.drop_last)
-    hp, schedule = scaled_hparams(cfg, plan, per_epoch)
+    hp, lr_schedule = scaled_hparams(cfg, plan, per_epoch)
     optimizer = build_optimizer(cfg, model, hp)
     precision = str(cfg.precision)
     return Loop(
-        model=model, optimizer=optimizer, scheduler=build_scheduler(optimizer, schedule),
+        model=model, optimizer=optimizer, scheduler=build_scheduler(optimizer, lr_schedule),
         scaler=grad_scaler(device, precision), autocast=autocast(device, precision),
         batches=train_batches(splits, cfg.seed, device), splits=splits, plan=plan, hp=hp,
         sinks=NullSink(), device=device, epochs=cfg.epochs, clip_grad_norm=cfg.trainer.clip_grad_norm,
         eval_every_steps=cfg.trainer.eval_every_steps, eval_batch_size=cfg.trainer.eval_batch_size,
-        drop_last=cfg.batch.drop_last, progress=cfg.trainer.progress,
+        drop_last=cfg.batch.drop_last, show_progress=cfg.trainer.progress,
     )
 
 
@@ -103,8 +85,9 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     started = time.perf_counter()
     plan = schema.check(cfg)
     loop = build_loop(cfg, plan)
-    _announce(cfg, loop)
-    loop.sinks = build_sinks(cfg, run_dir, derived=_derived(plan, loop.hp))
+    hparams = hyperparameters(cfg, loop)
+    _announce(cfg, loop, hparams)
+    loop.sinks = build_sinks(cfg, run_dir, hparams)
     status, progress, test = "failed", Progress(), None
     reset_peak_memory(loop.device)
     try:
@@ -112,8 +95,11 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             status = train(loop, progress)
         if loop.splits.test is not None and status == "completed":
             test = evaluate(loop, loop.splits.test)
+    except KeyboardInterrupt:
+        status = "preempted"
+        raise
     finally:
-        summary = make_summary(cfg, status, loop, progress, test, time.perf_counter() - started)
+        summary = make_summary(cfg, status, loop, hparams, progress, test, time.perf_counter() - started)
         write_json(run_dir / "summary.json", summary)
         loop.sinks.summary(summary)
         loop.sinks.close(status)
@@ -121,56 +107,49 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     return summary
 
 
-def _derived(plan: BatchPlan, hp: ScaledHparams) -> dict[str, Any]:
-    return {"batch_size": plan.size, "micro_size": plan.micro_size, "accum_steps": plan.accum_steps,
-            "world_size": plan.world_size, "k": hp.k, "lr": hp.lr, "weight_decay": hp.weight_decay,
-            "warmup_steps": hp.warmup_steps, "total_steps": hp.total_steps}
+def hyperparameters(cfg: DictConfig, loop: Loop) -> dict[str, Any]:
+    """What the plan and the scaling rules made of the config: logged, and in summary.json."""
+    plan, hp = loop.plan, loop.hp
+    return {
+        "batch_size": plan.size, "micro_size": plan.micro_size, "accum_steps": plan.accum_steps,
+        "world_size": plan.world_size, "ref_batch": cfg.scaling.ref_batch, "k": hp.k,
+        "lr_rule": str(cfg.scaling.lr_rule), "wd_rule": str(cfg.scaling.wd_rule),
+        "base_lr": cfg.optimizer.lr, "base_weight_decay": cfg.optimizer.weight_decay,
+        "lr": hp.lr, "lr_peak": hp.lr_peak, "weight_decay": hp.weight_decay,
+        "warmup_steps": hp.warmup_steps, "total_steps": hp.total_steps,
+    }
 
 
-def _announce(cfg: DictConfig, loop: Loop) -> None:
-    splits, plan, hp = loop.splits, loop.plan, loop.hp
+def _announce(cfg: DictConfig, loop: Loop, hparams: dict[str, Any]) -> None:
+    splits, h = loop.splits, hparams
     params = sum(p.numel() for p in loop.model.parameters())
     log.info("data %s: %d train / %d val / %s test, input %s, %d classes", splits.name, len(splits.train),
              len(splits.val), len(splits.test) if splits.test is not None else "no", splits.input_shape,
              splits.num_classes)
     log.info("model %s: %s parameters, on %s, %s", cfg.model._target_, f"{params:,}", loop.device, cfg.precision)
-    log.info("batch %d = micro %d x accum %d x world %d; k = %d/%d = %g", plan.size, plan.micro_size,
-             plan.accum_steps, plan.world_size, plan.size, cfg.scaling.ref_batch, hp.k)
+    log.info("batch %d = micro %d x accum %d x world %d; k = %d/%d = %g", h["batch_size"], h["micro_size"],
+             h["accum_steps"], h["world_size"], h["batch_size"], h["ref_batch"], h["k"])
     log.info("lr %.4g (%s rule from %g), weight decay %.4g (%s rule from %g), warmup %d of %d steps",
-             hp.lr, cfg.scaling.lr_rule, cfg.optimizer.lr, hp.weight_decay, cfg.scaling.wd_rule,
-             cfg.optimizer.get("weight_decay", 0.0), hp.warmup_steps, hp.total_steps)
+             h["lr"], h["lr_rule"], h["base_lr"], h["weight_decay"], h["wd_rule"], h["base_weight_decay"],
+             h["warmup_steps"], h["total_steps"])
+    if h["lr_peak"] < h["lr"] * (1 - 1e-9):
+        log.warning("schedule.warmup: the warmup (%d steps) does not end within the run (%d steps): the LR "
+                    "peaks at %.4g, below the target %.4g", h["warmup_steps"], h["total_steps"], h["lr_peak"], h["lr"])
 
 
-def make_summary(cfg: DictConfig, status: str, loop: Loop, progress: Progress,
+def make_summary(cfg: DictConfig, status: str, loop: Loop, hparams: dict[str, Any], progress: Progress,
                  test: tuple[float, float] | None, wall_time_s: float) -> dict[str, Any]:
-    plan, hp = loop.plan, loop.hp
     last = progress.records[-1] if progress.records else {}
     return {
         "status": status,
-        "batch_size": plan.size,
-        "micro_size": plan.micro_size,
-        "accum_steps": plan.accum_steps,
-        "world_size": plan.world_size,
-        "ref_batch": cfg.scaling.ref_batch,
-        "k": hp.k,
-        "lr": hp.lr,
-        "weight_decay": hp.weight_decay,
-        "base_lr": cfg.optimizer.lr,
-        "base_weight_decay": cfg.optimizer.get("weight_decay", 0.0),
-        "lr_rule": str(cfg.scaling.lr_rule),
-        "wd_rule": str(cfg.scaling.wd_rule),
-        "warmup_steps": hp.warmup_steps,
-        "epochs": last.get("epoch", 0),
+        **hparams,
+        "epochs": last.get("epoch", 0),  # completed, as a fraction where the run stopped mid-epoch
         "steps": progress.step,
         "samples_seen": progress.samples_seen,
-        "train_loss": last.get("train_loss"),
-        "train_acc": last.get("train_acc"),
-        "val_loss": last.get("val_loss"),
-        "val_acc": last.get("val_acc"),
+        **{key: last.get(key) for key in ("train_loss", "train_acc", "val_loss", "val_acc", "gen_gap")},
         "best_val_acc": progress.best_val_acc if progress.records else None,
         "test_loss": test[0] if test else None,
         "test_acc": test[1] if test else None,
-        "gen_gap": last.get("gen_gap"),
         "wall_time_s": wall_time_s,
         "train_time_s": progress.train_time_s,
         "samples_per_s": progress.samples_seen / progress.train_time_s if progress.train_time_s else None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import platform
 import random
 import resource
@@ -26,8 +27,10 @@ def seed_everything(seed: int, deterministic: bool) -> None:
     np.random.seed(seed)
     torch.manual_seed(seed)  # also seeds every CUDA device
     if deterministic:
+        # cuBLAS needs a fixed workspace to be deterministic; ops with no deterministic kernel warn.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
         torch.backends.cudnn.benchmark = False
-        torch.backends.cudnn.deterministic = True
 
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}

@@ -1,12 +1,13 @@
 """`python -m bsexp.train [group=option ...] [key=value ...]`: the Hydra entry point.
 
 Configuration errors, from Hydra, OmegaConf or bsexp's own checks, end with one line on stderr
-and exit code 2; nothing is written for them.
+and exit code 2 (see README, "Outputs", for what may already have been written).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import hydra
@@ -25,11 +26,17 @@ def _job(cfg: DictConfig) -> float | None:
     from bsexp.run import run  # torch is imported only once the config is known to be good
 
     hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
     if hydra_cfg.mode == RunMode.MULTIRUN:
         # A bad point raises: Hydra records the failed job and the sweep goes on.
-        return run(cfg, Path(hydra_cfg.runtime.output_dir)).get("val_acc")
-    with exit_on_config_error():
-        return run(cfg, Path(hydra_cfg.runtime.output_dir)).get("val_acc")
+        return run(cfg, run_dir).get("val_acc")
+    try:
+        with exit_on_config_error():
+            return run(cfg, run_dir).get("val_acc")
+    except KeyboardInterrupt:
+        print(f"interrupted: what was measured so far is in {run_dir} (summary.json, metrics.jsonl)",
+              file=sys.stderr, flush=True)
+        sys.exit(130)
 
 
 def main() -> None:

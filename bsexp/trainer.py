@@ -46,7 +46,7 @@ class Loop:
     eval_every_steps: int = 0
     eval_batch_size: int = 1024
     drop_last: bool = False
-    progress: bool = True
+    show_progress: bool = True
 
 
 @dataclass
@@ -57,24 +57,24 @@ class Progress:
     samples_seen: int = 0
     loss_sum: torch.Tensor | float = 0.0  # summed per-sample training loss
     correct: torch.Tensor | float = 0.0
-    samples: int = 0  # since the last evaluation
+    running_samples: int = 0  # this rank's, since the last evaluation
     train_time_s: float = 0.0
     best_val_acc: float = 0.0
     records: list[dict[str, Any]] = field(default_factory=list)
 
     def add(self, loss_sum: torch.Tensor, correct: torch.Tensor, samples: int) -> None:
-        if self.samples:
+        if self.running_samples:
             self.loss_sum += loss_sum  # in place: no new tensor per step
             self.correct += correct
         else:
             self.loss_sum, self.correct = loss_sum.clone(), correct.clone()
-        self.samples += samples
+        self.running_samples += samples
 
     def take_running(self) -> tuple[float, float]:
         """Mean training loss and accuracy over every micro-batch since the last call."""
-        n = max(self.samples, 1)
+        n = max(self.running_samples, 1)
         loss, acc = float(self.loss_sum) / n, float(self.correct) / n
-        self.loss_sum, self.correct, self.samples = 0.0, 0.0, 0
+        self.loss_sum, self.correct, self.running_samples = 0.0, 0.0, 0
         return loss, acc
 
 
@@ -162,7 +162,7 @@ def train(loop: Loop, progress: Progress) -> str:
         if remaining <= 0:
             break
         bar = tqdm(total=min(per_epoch, remaining), desc=f"epoch {epoch + 1}/{loop.epochs}",
-                   unit="step", leave=False, dynamic_ncols=True, disable=None if loop.progress else True)
+                   unit="step", leave=False, dynamic_ncols=True, disable=None if loop.show_progress else True)
         started = time.perf_counter()
         batches = loop.batches.steps(epoch, plan, drop_last=loop.drop_last)
         for in_epoch, (micro_batches, samples) in enumerate(batches, start=1):
@@ -172,7 +172,7 @@ def train(loop: Loop, progress: Progress) -> str:
             progress.samples_seen += samples
             bar.update()
             if not bar.disable and (progress.step % 10 == 0 or bar.n == bar.total):
-                _show(bar, loop, progress, progress.train_time_s + time.perf_counter() - started)
+                _show_postfix(bar, loop, progress, progress.train_time_s + time.perf_counter() - started)
             if _eval_due(loop, progress, at_epoch_end=in_epoch == per_epoch):
                 progress.train_time_s += time.perf_counter() - started
                 status = _log(loop, progress, epoch + in_epoch / per_epoch)
@@ -208,8 +208,8 @@ def _log(loop: Loop, progress: Progress, epoch: float) -> str:
     return "completed" if math.isfinite(record["train_loss"]) else "diverged"
 
 
-def _show(bar: tqdm, loop: Loop, progress: Progress, train_seconds: float) -> None:
-    n = max(progress.samples, 1)
+def _show_postfix(bar: tqdm, loop: Loop, progress: Progress, train_seconds: float) -> None:
+    n = max(progress.running_samples, 1)
     bar.set_postfix(
         loss=f"{float(progress.loss_sum) / n:.4f}",
         acc=f"{float(progress.correct) / n:.3f}",

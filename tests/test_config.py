@@ -78,10 +78,36 @@ def test_every_optimizer_builds_with_scaled_values(make_cfg, name, cls):
     assert optimizer.param_groups[1]["weight_decay"] == 0.0
 
 
-@pytest.mark.parametrize("batch, plan", [("fixed", (128, 128, 1)), ("accumulation", (512, 64, 8))])
-def test_batch_policies_make_their_plans(make_cfg, batch, plan):
-    p = check(make_cfg(f"batch={batch}"))
+@pytest.mark.parametrize(
+    "overrides, plan",
+    [(["batch=fixed"], (128, 128, 1)), (["batch=accumulation", "batch.micro_size=64"], (512, 64, 8)),
+     (["batch=accumulation", "batch.accum_steps=4"], (512, 128, 4))],
+)
+def test_batch_policies_make_their_plans(make_cfg, overrides, plan):
+    p = check(make_cfg(*overrides))
     assert (p.size, p.micro_size, p.accum_steps, p.world_size) == (*plan, 1)
+
+
+def test_accumulation_asks_for_its_micro_batch_or_steps(make_cfg):
+    with pytest.raises(ConfigError) as info:
+        check(make_cfg("batch=accumulation"))
+    assert info.value.key == "batch.micro_size" and "batch.accum_steps" in str(info.value)
+
+
+@pytest.mark.parametrize("override, key", [("+foo=1", "foo"), ("+trainer.max_step=5", "trainer.max_step"),
+                                           ("+model.depth=3", "model.depth")])
+def test_keys_appended_past_the_schema_are_refused(make_cfg, override, key):
+    with pytest.raises(ConfigError) as info:
+        check(make_cfg(override))
+    assert info.value.key == key and "valid:" in str(info.value)
+
+
+def test_weight_decay_on_biases_and_norms_is_an_option(make_cfg):
+    cfg = make_cfg("optimizer.decay_norm_and_bias=true", "data=digits", "model=mlp")
+    hp, _ = scaled_hparams(cfg, check(cfg), steps_per_epoch=3)
+    net = build_model(cfg, build_data(cfg))
+    [group] = build_optimizer(cfg, net, hp).param_groups
+    assert group["weight_decay"] == cfg.optimizer.weight_decay and len(group["params"]) == len(list(net.parameters()))
 
 
 @pytest.mark.parametrize("logger", ["none", "wandb"])

@@ -327,26 +327,29 @@ def test_builders_return_disjoint_deterministic_splits(name, data_root):
             assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y)
 
 
-def test_val_size_must_leave_training_samples():
-    for val_size in (0, 100, 150):
+def test_val_size_is_at_most_half_so_train_accuracy_gets_as_many_samples():
+    for val_size in (0, 51, 100, 150):
         with pytest.raises(ConfigError) as info:
             synthetic(num_samples=100, val_size=val_size)
-        assert info.value.key == "data.val_size"
-    assert len(synthetic(num_samples=100, val_size=99).train) == 1
+        assert info.value.key == "data.val_size" and "between 1 and 50" in str(info.value)
+    splits = synthetic(num_samples=100, val_size=50)
+    assert len(splits.train) == len(splits.val) == len(splits.train_eval) == 50
 
 
-def test_digits_are_sklearn_digits_standardised():
+def test_digits_are_sklearn_digits_standardised_by_the_training_split():
     from sklearn.datasets import load_digits
 
     bunch = load_digits()
-    raw = bunch.images.reshape(len(bunch.images), -1).astype(np.float64)
-    expected = ((raw - raw.mean()) / raw.std()).astype(np.float32)
+    raw = torch.from_numpy(bunch.images.reshape(len(bunch.images), -1)).double()
     splits = digits(val_size=300, seed=1)
+    train = splits.train.x.double()
+    assert abs(train.mean().item()) < 1e-5 and abs(train.std().item() - 1) < 1e-4
     x = torch.cat([splits.train.x, splits.val.x]).reshape(1797, -1).double()
     y = torch.cat([splits.train.y, splits.val.y])
-    assert abs(x.mean().item()) < 1e-5 and abs(x.std().item() - 1) < 1e-3
-    # Match every sample to its sklearn image (rows are unique) and check its label.
-    distance = torch.cdist(x, torch.from_numpy(expected).double())
+    # One affine map of sklearn's pixels for every sample; match each sample to its image.
+    scale = (x.max() - x.min()) / (raw.max() - raw.min())
+    expected = raw * scale + (x.min() - scale * raw.min())
+    distance = torch.cdist(x, expected)
     nearest = distance.argmin(dim=1)
     assert distance.min(dim=1).values.max() < 1e-3
     assert sorted(nearest.tolist()) == list(range(1797))
@@ -476,12 +479,24 @@ def test_loader_batches_equal_tensor_batches_per_rank():
         assert_same_steps(collect(loader, 0, plan, rank), collect(in_memory, 0, plan, rank))
 
 
-def test_a_rank_left_without_samples_gets_no_micro_batches():
-    memory, datasets = _synthetic_pair(num_samples=109, shape=[2])  # 9 train = 8 + 1
+def test_a_final_step_that_would_leave_a_micro_batch_below_two_samples_is_dropped():
+    memory, datasets = _synthetic_pair(num_samples=13, val_size=4, shape=[2])  # 9 train = 8 + 1
     plan = make_plan(8, world_size=2)
-    expected = collect(train_batches(memory, 0, CPU), 0, plan, rank=1)
-    assert_same_steps(collect(train_batches(datasets, 0, CPU), 0, plan, rank=1), expected)
-    assert len(expected) == 2 and len(expected[-1][0]) == 0  # rank 1's share of the last step
+    for rank in (0, 1):
+        expected = collect(train_batches(memory, 0, CPU), 0, plan, rank=rank)
+        assert_same_steps(collect(train_batches(datasets, 0, CPU), 0, plan, rank=rank), expected)
+        assert len(expected) == 1 == steps_per_epoch(9, plan)  # one sample cannot be shared by two ranks
+    assert steps_per_epoch(9, make_plan(8)) == 1 and steps_per_epoch(10, make_plan(8)) == 2
+
+
+def test_a_final_step_gives_every_rank_the_same_number_of_micro_batches():
+    # 33 samples on 2 ranks with micro-batches of 16: shares of 17 and 16, two micro-steps each.
+    order = torch.arange(64 + 33)
+    plan = make_plan(64, world_size=2, micro_size=16)
+    finals = [list(plan_steps(order, plan, rank))[-1] for rank in (0, 1)]
+    assert [[len(m) for m in micro] for micro, _ in finals] == [[9, 8], [8, 8]]
+    assert all(samples == 33 for _, samples in finals)
+    assert sorted(torch.cat([torch.cat(micro) for micro, _ in finals]).tolist()) == list(range(64, 97))
 
 
 def test_loader_batches_with_persistent_workers_follow_plan_changes():

@@ -75,3 +75,14 @@ def test_lengths_in_epochs_become_whole_steps():
     assert scaling.to_steps(5, "epochs", 28) == 140
     assert scaling.to_steps(0.5, "epochs", 7) == 4
     assert scaling.to_steps(12, "steps", 28) == 12
+
+
+def test_a_milestone_inside_warmup_takes_effect_when_warmup_ends():
+    schedule = LRSchedule(total_steps=20, warmup_steps=10, start_factor=0.5, main="step", milestones=(5, 15))
+    assert schedule(4) == pytest.approx(0.5 + 0.5 * 4 / 10)  # still ramping
+    assert schedule(10) == pytest.approx(0.1) and schedule(15) == pytest.approx(0.01)
+
+
+def test_a_one_step_run_uses_the_start_of_its_schedule():
+    assert LRSchedule(total_steps=1, warmup_steps=0, main="cosine")(0) == 1.0
+    assert LRSchedule(total_steps=1, warmup_steps=3, start_factor=0.25, main="cosine")(0) == 0.25

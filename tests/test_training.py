@@ -74,10 +74,22 @@ def test_running_train_loss_is_the_mean_over_every_micro_batch(make_cfg):
 
 
 def test_train_accuracy_is_measured_like_validation(make_cfg):
-    loop, progress = trained(make_cfg, "epochs=2")
-    assert len(loop.splits.train_eval) == len(loop.splits.val)
-    for record in progress.records:
-        assert record["gen_gap"] == pytest.approx(record["train_acc"] - record["val_acc"])
+    # With BatchNorm and heavy dropout, train mode and eval mode disagree; the record's train_acc
+    # must be the eval-mode accuracy of a fixed train sample as large as val, not the running one.
+    loop, progress = trained(make_cfg, "model.norm=batch", "model.dropout=0.5", "epochs=2")
+    assert len(loop.splits.train_eval) == len(loop.splits.val) == 88
+    train_ids = {tuple(row.tolist()) for row in loop.splits.train.x.flatten(1)}
+    assert all(tuple(row.tolist()) in train_ids for row in loop.splits.train_eval.x.flatten(1))
+    loop.model.eval()
+    with torch.no_grad():
+        x, y = loop.splits.train_eval.x, loop.splits.train_eval.y
+        eval_acc = (loop.model(x).argmax(1) == y).float().mean().item()
+        loop.model.train()
+        train_mode_acc = (loop.model(x).argmax(1) == y).float().mean().item()
+    record = progress.records[-1]
+    assert record["train_acc"] == pytest.approx(eval_acc)
+    assert train_mode_acc != pytest.approx(eval_acc)  # the measurement mode matters here
+    assert record["gen_gap"] == pytest.approx(record["train_acc"] - record["val_acc"])
     assert [r["epoch"] for r in progress.records] == [1, 2]
     assert progress.records[-1]["samples_seen"] == 2 * len(loop.splits.train)
 
@@ -121,6 +133,19 @@ def test_gradient_clipping_bounds_the_update(make_cfg):
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_reduced_precision_trains(make_cfg, precision):
     loop, progress = trained(make_cfg, f"precision={precision}", "epochs=3")
+    with loop.autocast():
+        logits = loop.model(loop.splits.val.x[:4])
+    assert logits.dtype == {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    assert loop.scaler.is_enabled() == (precision == "fp16")  # loss scaling only for fp16
     losses = [r["train_loss"] for r in progress.records]
     assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0]
     assert progress.records[-1]["val_acc"] > 0.5  # ten classes: chance is 0.1
+
+
+def test_a_warmup_longer_than_the_run_reports_the_lr_it_reached(make_cfg):
+    # batch 512 at ref 128: target 0.4 from 0.1 over 8 steps, but the run stops after 4.
+    cfg = make_cfg(*TINY, "data.num_samples=3160", "batch.size=512", "schedule.warmup_shape=linear",
+                   "schedule.unit=steps", "schedule.warmup=8", "trainer.max_steps=4")
+    loop = build_loop(cfg, check(cfg))
+    assert loop.hp.lr == pytest.approx(0.4)
+    assert loop.hp.lr_peak == pytest.approx(0.1 + 0.3 * 3 / 8)  # the LR of the last step taken
