@@ -43,7 +43,8 @@ MainSchedule = _Choice("MainSchedule", {k: k for k in ("cosine", "step", "consta
 NORMS = ("batch", "group", "layer", "none")
 Norm = _Choice("Norm", {k: k for k in NORMS}, module=__name__)
 Policy = _Choice("Policy", {k: k for k in ("fixed", "accumulation")}, module=__name__)
-DistributedKind = _Choice("DistributedKind", {k: k for k in ("none",)}, module=__name__)
+DistributedKind = _Choice("DistributedKind", {k: k for k in ("none", "ddp")}, module=__name__)
+Backend = _Choice("Backend", {k: k for k in ("auto", "gloo", "nccl")}, module=__name__)
 LoggerKind = _Choice("LoggerKind", {k: k for k in ("wandb", "none")}, module=__name__)
 WandbMode = _Choice("WandbMode", {k: k for k in ("offline", "online", "disabled")}, module=__name__)
 # The torchvision sets bsexp knows: name -> (torchvision class, number of classes).
@@ -214,6 +215,10 @@ class AccumulationBatch(BatchConfig):
 @dataclass
 class DistributedConfig:
     kind: DistributedKind = DistributedKind.none
+    backend: Backend = Backend.auto  # auto: NCCL on CUDA, gloo on CPU
+    nproc_per_node: int = 1  # workers bsexp launches itself when torchrun did not start it
+    sync_batchnorm: Optional[bool] = None  # null: true when there is more than one rank
+    timeout_s: float = 300.0  # for collectives; a failed rank ends the job sooner (the launcher sees it)
 
 
 @dataclass
@@ -331,6 +336,8 @@ BOUNDS: dict[str, tuple[float | None, float | None, str]] = {
     "trainer.eval_batch_size": (1, None, ">= 1"),
     "trainer.max_steps": (1, None, ">= 1"),
     "trainer.threads": (1, None, ">= 1"),
+    "distributed.nproc_per_node": (1, None, ">= 1"),
+    "distributed.timeout_s": (1, None, ">= 1"),
     "data.val_size": (1, None, ">= 1"),
     "data.num_samples": (1, None, ">= 1"),
     "data.test_size": (0, None, ">= 0"),
@@ -347,8 +354,23 @@ BELOW_ONE = ("data.train_split",)
 POSITIVE_LISTS = ("model.hidden", "data.shape")
 
 
+def under_torchrun() -> bool:
+    """True in a worker that torchrun (or torch's elastic agent) started."""
+    return "TORCHELASTIC_RUN_ID" in os.environ and "RANK" in os.environ
+
+
+def env_rank() -> int:
+    return int(os.environ["RANK"]) if under_torchrun() else 0
+
+
 def world_size(cfg: DictConfig) -> int:
-    return 1  # single process until distributed=ddp exists
+    """Ranks of the run: torchrun's WORLD_SIZE when it started us, else the workers bsexp launches."""
+    if under_torchrun():
+        if cfg.distributed.kind != DistributedKind.ddp:
+            raise ConfigError("distributed", str(cfg.distributed.kind),
+                              f"torchrun started {os.environ['WORLD_SIZE']} ranks; add distributed=ddp")
+        return int(os.environ["WORLD_SIZE"])
+    return cfg.distributed.nproc_per_node if cfg.distributed.kind == DistributedKind.ddp else 1
 
 
 def batch_plan(cfg: DictConfig) -> BatchPlan:
@@ -514,10 +536,14 @@ class Preflight(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         with exit_on_config_error():
             check(config)
-            check_output_dir("hydra.run.dir", config.hydra.run.dir)
+            if env_rank() == 0:  # other ranks of a torchrun job write nothing (see bsexp.train)
+                check_output_dir("hydra.run.dir", config.hydra.run.dir)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         # The config without the swept values: what is wrong here is wrong for every job.
         with exit_on_config_error():
+            if under_torchrun():
+                raise ConfigError("--multirun", True, "under torchrun every rank would run the sweep; sweep "
+                                  "with distributed=ddp distributed.nproc_per_node=N instead")
             check(config)
             check_output_dir("hydra.sweep.dir", config.hydra.sweep.dir)

@@ -235,6 +235,16 @@ def train_batches(splits: Splits, seed: int, device: torch.device):
     return LoaderBatches(splits.train, seed, device, splits.num_workers)
 
 
+def shard(split: Split, rank: int, world_size: int) -> Split:
+    """This rank's contiguous share of a split for evaluation (sizes differ by at most one)."""
+    if world_size == 1:
+        return split
+    idx = torch.tensor_split(torch.arange(len(split)), world_size)[rank]
+    if isinstance(split, TensorSplit):
+        return split.subset(idx.to(split.x.device))
+    return Subset(split, idx.tolist())
+
+
 def eval_batches(
     split: Split, batch_size: int, device: torch.device, num_workers: int = 0
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

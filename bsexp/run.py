@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
@@ -12,16 +13,19 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from bsexp import config as schema
 from bsexp.data import Splits, steps_per_epoch, train_batches
+from bsexp.distributed import GradSync, World, close_world, init_world, sum_gradients_hook
 from bsexp.errors import ConfigError
 from bsexp.metrics import JsonlSink, NullSink, Sinks, WandbSink
 from bsexp.optim import build_optimizer, build_scheduler, scaled_hparams
 from bsexp.plan import BatchPlan
 from bsexp.runtime import (autocast, grad_scaler, peak_memory_mb, provenance, reset_peak_memory,
                            resolve_device, seed_everything)
+from bsexp.syncbn import convert_sync_batchnorm
 from bsexp.trainer import Loop, Progress, evaluate, train
 
 log = logging.getLogger(__name__)
@@ -56,16 +60,31 @@ def build_sinks(cfg: DictConfig, run_dir: Path, hparams: dict[str, Any]):
     return Sinks(*sinks)
 
 
-def build_loop(cfg: DictConfig, plan: BatchPlan) -> Loop:
-    """Seed, then build data, model, optimizer and schedule for `plan` (sinks are set later)."""
-    device = resolve_device(str(cfg.device))
+def build_loop(cfg: DictConfig, plan: BatchPlan, world: World | None = None) -> Loop:
+    """Seed, then build data, model, optimizer and schedule for `plan` on `world` (one process
+    if not given; sinks are set later). Every rank builds the same model from the same seed."""
+    world = world or World(device=resolve_device(str(cfg.device)))
+    device = world.device
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
     seed_everything(cfg.seed, cfg.trainer.deterministic)
     splits = build_data(cfg).to(device)
     if plan.size > len(splits.train):
         raise ConfigError("batch.size", plan.size, f"exceeds the {len(splits.train)} training samples of {splits.name}")
-    model = build_model(cfg, splits).to(device)
+    model = build_model(cfg, splits)
+    if world.distributed:
+        sync_bn = cfg.distributed.sync_batchnorm
+        if sync_bn or sync_bn is None:  # per-rank statistics (Goyal et al.'s recipe) only when asked
+            model = convert_sync_batchnorm(model, device)
+        model = model.to(device)
+        # Buffers are not broadcast at every forward (ranks may do different numbers of forwards
+        # in an epoch's last step); evaluation takes rank 0's (World.sync_buffers).
+        model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                        **_NO_FORWARD_BUFFER_SYNC)
+        grad_sync = GradSync()
+        model.register_comm_hook(grad_sync, sum_gradients_hook)
+    else:
+        model, grad_sync = model.to(device), None
     per_epoch = steps_per_epoch(len(splits.train), plan, cfg.batch.drop_last)
     hp, lr_schedule = scaled_hparams(cfg, plan, per_epoch)
     optimizer = build_optimizer(cfg, model, hp)
@@ -74,20 +93,38 @@ def build_loop(cfg: DictConfig, plan: BatchPlan) -> Loop:
         model=model, optimizer=optimizer, scheduler=build_scheduler(optimizer, lr_schedule),
         scaler=grad_scaler(device, precision), autocast=autocast(device, precision),
         batches=train_batches(splits, cfg.seed, device), splits=splits, plan=plan, hp=hp,
-        sinks=NullSink(), device=device, epochs=cfg.epochs, clip_grad_norm=cfg.trainer.clip_grad_norm,
+        sinks=NullSink(), world=world, epochs=cfg.epochs, clip_grad_norm=cfg.trainer.clip_grad_norm,
         eval_every_steps=cfg.trainer.eval_every_steps, eval_batch_size=cfg.trainer.eval_batch_size,
-        drop_last=cfg.batch.drop_last, show_progress=cfg.trainer.progress,
+        drop_last=cfg.batch.drop_last, show_progress=cfg.trainer.progress, grad_sync=grad_sync,
     )
 
 
+# The name of DDP's switch changed in torch 2.15 (buffers still synchronised once, at wrapping).
+_NO_FORWARD_BUFFER_SYNC = ({"forward_sync_buffers": False}
+                           if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+                           else {"broadcast_buffers": False})
+
+
 def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
-    """The whole job; `summary.json` is written whatever the outcome, W&B always finished."""
+    """The whole job on this rank; rank 0 writes `summary.json` whatever the outcome and always
+    finishes the W&B run."""
     started = time.perf_counter()
     plan = schema.check(cfg)
-    loop = build_loop(cfg, plan)
+    world = init_world(str(cfg.device), str(cfg.distributed.backend), cfg.distributed.timeout_s)
+    run_dir = Path(world.broadcast_object(str(run_dir)))  # rank 0's, where ranks disagree
+    summary = _run_on(world, cfg, plan, run_dir, started)
+    # Only after a clean run: tearing the group down while a failed rank's peers still wait in a
+    # collective aborts the process before its error is reported; the process ends anyway.
+    close_world(world)
+    return summary
+
+
+def _run_on(world: World, cfg: DictConfig, plan: BatchPlan, run_dir: Path, started: float) -> dict[str, Any]:
+    loop = build_loop(cfg, plan, world)
     hparams = hyperparameters(cfg, loop)
-    _announce(cfg, loop, hparams)
-    loop.sinks = build_sinks(cfg, run_dir, hparams)
+    if world.is_main:
+        _announce(cfg, loop, hparams)
+        loop.sinks = build_sinks(cfg, run_dir, hparams)
     status, progress, test = "failed", Progress(), None
     reset_peak_memory(loop.device)
     try:
@@ -100,10 +137,12 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         raise
     finally:
         summary = make_summary(cfg, status, loop, hparams, progress, test, time.perf_counter() - started)
-        write_json(run_dir / "summary.json", summary)
-        loop.sinks.summary(summary)
-        loop.sinks.close(status)
-    print_summary(summary, run_dir)
+        if world.is_main:
+            write_json(run_dir / "summary.json", summary)
+            loop.sinks.summary(summary)
+            loop.sinks.close(status)
+    if world.is_main:
+        print_summary(summary, run_dir)
     return summary
 
 
@@ -153,7 +192,9 @@ def make_summary(cfg: DictConfig, status: str, loop: Loop, hparams: dict[str, An
         "wall_time_s": wall_time_s,
         "train_time_s": progress.train_time_s,
         "samples_per_s": progress.samples_seen / progress.train_time_s if progress.train_time_s else None,
-        "peak_memory_mb": peak_memory_mb(loop.device),
+        # After a failure a collective could meet a peer stuck in another one: this rank's figure.
+        "peak_memory_mb": (peak_memory_mb(loop.device) if status in ("failed", "preempted")
+                           else _max_over_ranks(loop.world, peak_memory_mb(loop.device))),
         "seed": cfg.seed,
         "data": loop.splits.name,
         "model": cfg.model._target_,
@@ -163,6 +204,10 @@ def make_summary(cfg: DictConfig, status: str, loop: Loop, hparams: dict[str, An
         "device": str(loop.device),
         "provenance": provenance(),
     }
+
+
+def _max_over_ranks(world: World, value: float) -> float:
+    return world.all_reduce(torch.tensor([value], dtype=torch.float64, device=world.device), op="max").item()
 
 
 def write_json(path: Path, obj: dict[str, Any]) -> None:

@@ -15,7 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from bsexp.config import register_configs
+from bsexp.config import env_rank, register_configs, under_torchrun
 from bsexp.errors import exit_on_config_error
 
 register_configs()
@@ -27,21 +27,35 @@ def _job(cfg: DictConfig) -> float | None:
 
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
+    job = run
+    if cfg.distributed.kind == "ddp" and not under_torchrun() and cfg.distributed.nproc_per_node > 1:
+        from bsexp.launch import launch_workers as job
     if hydra_cfg.mode == RunMode.MULTIRUN:
         # A bad point raises: Hydra records the failed job and the sweep goes on.
-        return run(cfg, run_dir).get("val_acc")
+        return job(cfg, run_dir).get("val_acc")
     try:
         with exit_on_config_error():
-            return run(cfg, run_dir).get("val_acc")
+            return job(cfg, run_dir).get("val_acc")
     except KeyboardInterrupt:
         print(f"interrupted: what was measured so far is in {run_dir} (summary.json, metrics.jsonl)",
               file=sys.stderr, flush=True)
         sys.exit(130)
+    except Exception as exc:
+        from bsexp.launch import WorkersFailed
+
+        if not isinstance(exc, WorkersFailed):
+            raise
+        print(f"error: {exc} (see above; what was saved is in {run_dir})", file=sys.stderr, flush=True)
+        sys.exit(1)
 
 
 def main() -> None:
     # Let errors reach us unformatted, so that each becomes one line and exit code 2.
     os.environ["HYDRA_FULL_ERROR"] = "1"
+    if env_rank() != 0:
+        # Ranks of a torchrun job share rank 0's output directory (run() hands it round) and write
+        # nothing themselves: no directory of their own, no .hydra/, no log file.
+        sys.argv += ["hydra.run.dir=.", "hydra.output_subdir=null", "hydra/job_logging=bsexp_worker"]
     with exit_on_config_error():
         _job()
 

@@ -7,6 +7,7 @@ step of an epoch is smaller. Evaluation decides its own interval.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -16,9 +17,11 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from bsexp.data import Split, Splits, eval_batches, steps_per_epoch
+from bsexp.data import Split, Splits, eval_batches, shard, steps_per_epoch
+from bsexp.distributed import GradSync, World
 from bsexp.metrics import MetricsSink
 from bsexp.optim import ScaledHparams
 from bsexp.plan import BatchPlan
@@ -40,13 +43,23 @@ class Loop:
     plan: BatchPlan
     hp: ScaledHparams
     sinks: MetricsSink
-    device: torch.device
+    world: World
     epochs: int
     clip_grad_norm: float | None = None
     eval_every_steps: int = 0
     eval_batch_size: int = 1024
     drop_last: bool = False
     show_progress: bool = True
+    grad_sync: GradSync | None = None  # DDP's gradient all-reduce (None in one process)
+
+    @property
+    def device(self) -> torch.device:
+        return self.world.device
+
+    @property
+    def net(self) -> nn.Module:
+        """The model itself, without its DDP wrapper (for evaluation: no collectives)."""
+        return self.model.module if isinstance(self.model, DistributedDataParallel) else self.model
 
 
 @dataclass
@@ -70,12 +83,13 @@ class Progress:
             self.loss_sum, self.correct = loss_sum.clone(), correct.clone()
         self.running_samples += samples
 
-    def take_running(self) -> tuple[float, float]:
-        """Mean training loss and accuracy over every micro-batch since the last call."""
-        n = max(self.running_samples, 1)
-        loss, acc = float(self.loss_sum) / n, float(self.correct) / n
+    def take_running(self, world: World) -> tuple[float, float]:
+        """Mean training loss and accuracy over every micro-batch of every rank since the last call."""
+        sums = world.all_reduce(torch.tensor([float(self.loss_sum), float(self.correct), self.running_samples],
+                                             dtype=torch.float64, device=world.device))
+        n = max(sums[2].item(), 1)
         self.loss_sum, self.correct, self.running_samples = 0.0, 0.0, 0
-        return loss, acc
+        return sums[0].item() / n, sums[1].item() / n
 
 
 def train_step(loop: Loop, micro_batches: list[tuple[torch.Tensor, torch.Tensor]], step_samples: int):
@@ -86,16 +100,20 @@ def train_step(loop: Loop, micro_batches: list[tuple[torch.Tensor, torch.Tensor]
     model, optimizer, scaler = loop.model, loop.optimizer, loop.scaler
     optimizer.zero_grad(set_to_none=True)
     step_loss = correct = 0
-    for x, y in micro_batches:
-        with loop.autocast():
-            logits = model(x)
-            # This micro-batch's share of the mean loss over the step's samples (all micro-steps,
-            # all ranks); when it is the whole step, that is the plain mean.
-            if len(y) == step_samples:
-                loss = F.cross_entropy(logits, y)
-            else:
-                loss = F.cross_entropy(logits, y, reduction="sum") / step_samples
-        scaler.scale(loss).backward()
+    last = len(micro_batches) - 1
+    for i, (x, y) in enumerate(micro_batches):
+        # Under DDP, gradients are all-reduced once per step: in the last micro-step's backward.
+        sync = i == last or not loop.world.distributed
+        with contextlib.nullcontext() if sync else model.no_sync():
+            with loop.autocast():
+                logits = model(x)
+                # This micro-batch's share of the mean loss over the step's samples (all micro-steps,
+                # all ranks); when it is the whole step, that is the plain mean.
+                if len(y) == step_samples:
+                    loss = F.cross_entropy(logits, y)
+                else:
+                    loss = F.cross_entropy(logits, y, reduction="sum") / step_samples
+            scaler.scale(loss).backward()
         step_loss = step_loss + loss.detach()
         correct = correct + (logits.detach().argmax(dim=1) == y).sum()
     if loop.clip_grad_norm is not None:
@@ -109,25 +127,28 @@ def train_step(loop: Loop, micro_batches: list[tuple[torch.Tensor, torch.Tensor]
 
 @torch.no_grad()
 def evaluate(loop: Loop, split: Split) -> tuple[float, float]:
-    """Mean loss and accuracy over a whole split, in eval mode."""
-    was_training = loop.model.training
-    loop.model.eval()
-    loss_sum = torch.zeros((), device=loop.device, dtype=torch.float64)
-    correct = torch.zeros((), device=loop.device, dtype=torch.long)
-    count = 0
-    for x, y in eval_batches(split, loop.eval_batch_size, loop.device, loop.splits.num_workers):
+    """Mean loss and accuracy over a whole split, in eval mode; each rank evaluates its shard
+    and the sums are all-reduced, so every sample counts once, whatever the world size."""
+    net, world = loop.net, loop.world
+    was_training = net.training
+    net.eval()
+    world.sync_buffers(net)  # rank 0's BatchNorm statistics on every rank
+    sums = torch.zeros(3, device=loop.device, dtype=torch.float64)  # loss, correct, count
+    for x, y in eval_batches(shard(split, world.rank, world.size), loop.eval_batch_size, loop.device,
+                             loop.splits.num_workers):
         with loop.autocast():
-            logits = loop.model(x)
-        loss_sum += F.cross_entropy(logits.float(), y, reduction="sum")
-        correct += (logits.argmax(dim=1) == y).sum()
-        count += len(y)
-    loop.model.train(was_training)
-    return float(loss_sum) / count, float(correct) / count
+            logits = net(x)
+        sums[0] += F.cross_entropy(logits.float(), y, reduction="sum")
+        sums[1] += (logits.argmax(dim=1) == y).sum()
+        sums[2] += len(y)
+    net.train(was_training)
+    loss, correct, count = world.all_reduce(sums).tolist()
+    return loss / count, correct / count
 
 
 def eval_record(loop: Loop, progress: Progress, epoch: float) -> dict[str, Any]:
     """One metrics record; train accuracy is measured like val's (eval mode, equal size)."""
-    train_loss, train_batch_acc = progress.take_running()
+    train_loss, train_batch_acc = progress.take_running(loop.world)
     train_eval_loss, train_acc = evaluate(loop, loop.splits.train_eval)
     val_loss, val_acc = evaluate(loop, loop.splits.val)
     progress.best_val_acc = max(progress.best_val_acc, val_acc)
@@ -161,10 +182,11 @@ def train(loop: Loop, progress: Progress) -> str:
         remaining = hp.total_steps - progress.step
         if remaining <= 0:
             break
+        show = loop.show_progress and loop.world.is_main
         bar = tqdm(total=min(per_epoch, remaining), desc=f"epoch {epoch + 1}/{loop.epochs}",
-                   unit="step", leave=False, dynamic_ncols=True, disable=None if loop.show_progress else True)
+                   unit="step", leave=False, dynamic_ncols=True, disable=None if show else True)
         started = time.perf_counter()
-        batches = loop.batches.steps(epoch, plan, drop_last=loop.drop_last)
+        batches = loop.batches.steps(epoch, plan, rank=loop.world.rank, drop_last=loop.drop_last)
         for in_epoch, (micro_batches, samples) in enumerate(batches, start=1):
             loss_sum, correct = train_step(loop, micro_batches, samples)
             progress.add(loss_sum, correct, sum(len(y) for _, y in micro_batches))

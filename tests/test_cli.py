@@ -25,7 +25,7 @@ def test_help_lists_every_group_and_its_options(run_cli):
     assert out.returncode == 0, out.stderr
     for line in ["batch: accumulation, fixed",
                  "data: cifar10, cifar100, digits, fashion_mnist, mnist, mnist1d, synthetic",
-                 "distributed: none", "logger: none, wandb", "model: cnn, cnn1d, mlp, resnet18",
+                 "distributed: ddp, none", "logger: none, wandb", "model: cnn, cnn1d, mlp, resnet18",
                  "optimizer: adamw, lamb, lars, sgd"]:
         assert line in out.stdout
     assert "schema" not in out.stdout.split("== Config ==")[0]  # schemas are not options

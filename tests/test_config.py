@@ -24,7 +24,7 @@ def test_every_group_has_its_options():
     assert options("model") == ["cnn", "cnn1d", "mlp", "resnet18"]
     assert options("optimizer") == ["adamw", "lamb", "lars", "sgd"]
     assert options("batch") == ["accumulation", "fixed"]
-    assert options("distributed") == ["none"]
+    assert options("distributed") == ["ddp", "none"]
     assert options("logger") == ["none", "wandb"]
 
 

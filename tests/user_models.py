@@ -19,3 +19,21 @@ class TinyNet(nn.Module):
             if self.calls == self.fail_at_step:
                 raise RuntimeError(f"TinyNet failed on purpose at training step {self.calls}")
         return self.net(x)
+
+
+class FailsOnRank(TinyNet):
+    """Raises in its `fail_at_step`-th training forward on rank `rank` only; the other ranks wait
+    in the next collective, as a real crash would leave them."""
+
+    def __init__(self, input_shape, num_classes, rank: int = 1, fail_at_step: int = 3):
+        super().__init__(input_shape, num_classes)
+        self.rank, self.fail_at = rank, fail_at_step
+
+    def forward(self, x):
+        import os
+
+        if self.training:
+            self.calls += 1
+            if self.calls == self.fail_at and os.environ.get("RANK") == str(self.rank):
+                raise RuntimeError(f"FailsOnRank: rank {self.rank} crashed at step {self.calls}")
+        return self.net(x)

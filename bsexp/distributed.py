@@ -1,0 +1,94 @@
+"""The world of processes a run trains on: one process, or ranks under torchrun or self-launched.
+
+Every rank check lives here (`World.is_main`). A process group comes from torchrun's environment
+(RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT), whether torchrun itself or bsexp's own
+`launch_workers` (torch's elastic launch API) started the process.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from bsexp.config import under_torchrun
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int = 0
+    local_rank: int = 0
+    size: int = 1
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.size > 1
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """In place over every rank (no-op alone); returns the tensor."""
+        if self.distributed:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+        return tensor
+
+    def broadcast_object(self, obj: Any) -> Any:
+        """Rank 0's `obj`, on every rank."""
+        if not self.distributed:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def sync_buffers(self, module: torch.nn.Module) -> None:
+        """Give every rank rank 0's buffers (BatchNorm running statistics), before evaluating."""
+        if self.distributed:
+            for buffer in module.buffers():
+                dist.broadcast(buffer, src=0)
+
+
+def init_world(device_choice: str, backend: str, timeout_s: float) -> World:
+    """The world of this process: a process group when started by torchrun, else one process."""
+    from bsexp.runtime import resolve_device
+
+    device = resolve_device(device_choice)
+    if not under_torchrun():
+        return World(device=device)
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    size = int(os.environ["WORLD_SIZE"])
+    if device.type == "cuda":
+        device = torch.device("cuda", local_rank)  # one device per local rank
+        torch.cuda.set_device(device)
+    if backend == "auto":
+        backend = "nccl" if device.type == "cuda" else "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    return World(rank=rank, local_rank=local_rank, size=size, device=device)
+
+
+def close_world(world: World) -> None:
+    if world.distributed and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@dataclass
+class GradSync:
+    """State of `sum_gradients_hook`: how many gradient buckets it has all-reduced."""
+
+    buckets_reduced: int = 0
+
+
+def sum_gradients_hook(state, bucket):  # no annotations: DDP checks them, and ours are strings
+    """DDP communication hook: all-reduce by SUM. DDP's own hook averages over ranks, but each
+    rank's loss is already divided by the samples of the whole step on every rank (Goyal et al.
+    remark 3), so the ranks' gradients add up to the global one."""
+    state.buckets_reduced += 1
+    work = dist.all_reduce(bucket.buffer(), async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0])

@@ -1,0 +1,73 @@
+"""Worker functions for tests that start real process groups (gloo, CPU) with torch's elastic
+launch API, as torchrun would. They live in a module so that spawned workers can import them."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+
+def launch(fn, *args, nproc: int = 2):
+    """Run fn(*args) on `nproc` local ranks; the return values by rank."""
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
+                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
+                          monitor_interval=0.2)
+    return elastic_launch(config, fn)(*args)
+
+
+def train_steps(cfg):
+    """Build bsexp's loop on this rank's world, evaluate, train, evaluate; report rank 0's view."""
+    from bsexp.config import check
+    from bsexp.distributed import close_world, init_world
+    from bsexp.run import build_loop
+    from bsexp.trainer import Progress, evaluate, train
+
+    torch.set_num_threads(1)
+    world = init_world("cpu", "gloo", 60)
+    try:
+        loop = build_loop(cfg, check(cfg), world)
+        before = evaluate(loop, loop.splits.val)
+        progress = Progress()
+        status = train(loop, progress)
+        return {
+            "rank": world.rank, "world_size": world.size, "status": status, "val_before": before,
+            "params": {k: v.detach().clone() for k, v in loop.net.state_dict().items()},
+            "records": progress.records, "norms": sorted({type(m).__name__ for m in loop.net.modules()
+                                                           if "Norm" in type(m).__name__}),
+            "steps": progress.step, "buckets_reduced": loop.grad_sync.buckets_reduced,
+        }
+    finally:
+        close_world(world)
+
+
+def sync_batchnorm(x: torch.Tensor, weight: torch.Tensor, dims: int):
+    """This rank's half of `x` through CPUSyncBatchNorm; loss = sum(out * weight) / len(x)."""
+    from bsexp.syncbn import convert_sync_batchnorm
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    try:
+        rank, size = dist.get_rank(), dist.get_world_size()
+        bn = (nn.BatchNorm1d, nn.BatchNorm2d)[dims - 1](x.shape[1], momentum=0.3)
+        with torch.no_grad():
+            bn.weight.copy_(torch.linspace(0.5, 1.5, x.shape[1]))
+            bn.bias.copy_(torch.linspace(-1, 1, x.shape[1]))
+        bn = convert_sync_batchnorm(bn, torch.device("cpu"))
+        mine = x.chunk(size)[rank].clone().requires_grad_(True)
+        out = bn(mine)
+        (out * weight.chunk(size)[rank]).sum().div(len(x)).backward()
+        grads = torch.cat([bn.weight.grad, bn.bias.grad])
+        dist.all_reduce(grads)  # parameter gradients add up over ranks, as DDP's sum hook does
+        return {"rank": rank, "type": type(bn).__name__, "out": out.detach(), "grad_in": mine.grad,
+                "grad_params": grads, "running": torch.cat([bn.running_mean, bn.running_var])}
+    finally:
+        dist.destroy_process_group()
+
+
+def env_rank_is(rank: int) -> bool:
+    return os.environ.get("RANK") == str(rank)
