@@ -42,7 +42,9 @@ WarmupShape = _Choice("WarmupShape", {k: k for k in ("linear", "constant", "none
 MainSchedule = _Choice("MainSchedule", {k: k for k in ("cosine", "step", "constant")}, module=__name__)
 NORMS = ("batch", "group", "layer", "none")
 Norm = _Choice("Norm", {k: k for k in NORMS}, module=__name__)
-Policy = _Choice("Policy", {k: k for k in ("fixed", "accumulation")}, module=__name__)
+Policy = _Choice("Policy", {k: k for k in ("fixed", "accumulation", "finder")}, module=__name__)
+FinderMode = _Choice("FinderMode", {k: k for k in ("fit", "power", "binsearch")}, module=__name__)
+FinderObjective = _Choice("FinderObjective", {k: k for k in ("max", "throughput")}, module=__name__)
 DistributedKind = _Choice("DistributedKind", {k: k for k in ("none", "ddp")}, module=__name__)
 Backend = _Choice("Backend", {k: k for k in ("auto", "gloo", "nccl")}, module=__name__)
 LoggerKind = _Choice("LoggerKind", {k: k for k in ("wandb", "none")}, module=__name__)
@@ -213,6 +215,28 @@ class AccumulationBatch(BatchConfig):
 
 
 @dataclass
+class FinderConfig:
+    mode: FinderMode = FinderMode.fit  # fit: measure memory at two sizes, predict, confirm
+    objective: FinderObjective = FinderObjective.max
+    init: int = 8  # the first micro-batch tried
+    max_trials: int = 12
+    steps_per_trial: int = 2  # training steps per trial (the first one after warm-up allocates)
+    max_size: Optional[int] = None  # largest micro-batch considered (also: the training set per rank)
+    margin: float = 0.05  # headroom: trials run under memory_limit x (1 - margin)
+    memory_limit_gb: Optional[float] = None  # null: the GPU's memory, or what the machine has free
+    throughput_tolerance: float = 0.05  # objective=throughput: within this fraction of the best
+    cache: bool = False  # reuse results for the same model, input, precision, device and limit
+    cache_dir: str = "${oc.env:BSEXP_CACHE,'~/.cache/bsexp'}/finder"
+
+
+@dataclass
+class FinderBatch(BatchConfig):
+    policy: Policy = Policy.finder
+    size: Optional[int] = None  # null: the found micro-batch x world size becomes the global batch
+    finder: FinderConfig = field(default_factory=FinderConfig)
+
+
+@dataclass
 class DistributedConfig:
     kind: DistributedKind = DistributedKind.none
     backend: Backend = Backend.auto  # auto: NCCL on CUDA, gloo on CPU
@@ -269,6 +293,7 @@ class TrainerConfig:
     progress: bool = True  # progress bars (off anyway when output is not a terminal)
     deterministic: bool = True
     threads: Optional[int] = None  # torch CPU threads; null: torch's default
+    memory_limit_gb: Optional[float] = None  # train as on a smaller machine: a real cap on memory
 
 
 @dataclass
@@ -305,6 +330,7 @@ SCHEMAS = {
     "schema_optimizer_lamb": LambOptimizer,
     "schema_batch_fixed": FixedBatch,
     "schema_batch_accumulation": AccumulationBatch,
+    "schema_batch_finder": FinderBatch,
     "schema_distributed": DistributedConfig,
     "schema_logger": LoggerConfig,
 }
@@ -337,6 +363,13 @@ BOUNDS: dict[str, tuple[float | None, float | None, str]] = {
     "trainer.max_steps": (1, None, ">= 1"),
     "trainer.threads": (1, None, ">= 1"),
     "distributed.nproc_per_node": (1, None, ">= 1"),
+    "batch.size": (1, None, ">= 1"),
+    "batch.finder.init": (2, None, ">= 2 (BatchNorm needs two samples)"),
+    "batch.finder.max_trials": (2, None, ">= 2"),
+    "batch.finder.steps_per_trial": (1, None, ">= 1"),
+    "batch.finder.max_size": (2, None, ">= 2"),
+    "batch.finder.margin": (0, 0.9, "in [0, 0.9]"),
+    "batch.finder.throughput_tolerance": (0, 0.5, "in [0, 0.5]"),
     "distributed.timeout_s": (1, None, ">= 1"),
     "data.val_size": (1, None, ">= 1"),
     "data.num_samples": (1, None, ">= 1"),
@@ -348,7 +381,8 @@ BOUNDS: dict[str, tuple[float | None, float | None, str]] = {
     "model.width": (1, None, ">= 1"),
     "model.dropout": (0, 0.999999, "in [0, 1)"),
 }
-POSITIVE = ("optimizer.lr", "schedule.factor", "trainer.clip_grad_norm", "data.train_split")
+POSITIVE = ("optimizer.lr", "schedule.factor", "trainer.clip_grad_norm", "data.train_split",
+            "batch.finder.memory_limit_gb", "trainer.memory_limit_gb")
 AT_MOST_ONE = ("schedule.factor",)
 BELOW_ONE = ("data.train_split",)
 POSITIVE_LISTS = ("model.hidden", "data.shape")
@@ -373,9 +407,14 @@ def world_size(cfg: DictConfig) -> int:
     return cfg.distributed.nproc_per_node if cfg.distributed.kind == DistributedKind.ddp else 1
 
 
-def batch_plan(cfg: DictConfig) -> BatchPlan:
-    """The plan the batch policy asks for, or a ConfigError naming the key at fault."""
+def batch_plan(cfg: DictConfig) -> BatchPlan | None:
+    """The plan the batch policy asks for (None: the finder decides it), or a ConfigError
+    naming the key at fault."""
     batch = cfg.batch
+    if batch.policy == Policy.finder:
+        if batch.size is not None and batch.size % world_size(cfg):
+            raise ConfigError("batch.size", batch.size, f"must be divisible by the world size {world_size(cfg)}")
+        return None
     micro = accum = None
     if batch.policy == Policy.accumulation:
         micro, accum = batch.micro_size, batch.accum_steps
@@ -388,7 +427,7 @@ def batch_plan(cfg: DictConfig) -> BatchPlan:
         raise ConfigError(exc.key, exc.value, exc.expected) from None
 
 
-def check(cfg: DictConfig) -> BatchPlan:
+def check(cfg: DictConfig) -> BatchPlan | None:
     """Every check that needs no data: raises ConfigError on the first problem found."""
     _check_known_keys(cfg)
     for key in ("lr", "weight_decay", "decay_norm_and_bias"):

@@ -19,12 +19,16 @@ log = logging.getLogger(__name__)
 
 class MetricsSink(Protocol):
     def log(self, record: dict[str, Any]) -> None: ...
+    def table(self, name: str, rows: list[dict[str, Any]]) -> None: ...
     def summary(self, summary: dict[str, Any]) -> None: ...
     def close(self, status: str) -> None: ...
 
 
 class NullSink:
     def log(self, record: dict[str, Any]) -> None:
+        pass
+
+    def table(self, name: str, rows: list[dict[str, Any]]) -> None:
         pass
 
     def summary(self, summary: dict[str, Any]) -> None:
@@ -50,6 +54,9 @@ class JsonlSink:
     def log(self, record: dict[str, Any]) -> None:
         self.file.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")
         self.file.flush()
+
+    def table(self, name: str, rows: list[dict[str, Any]]) -> None:
+        pass  # tables have files of their own (finder.json)
 
     def summary(self, summary: dict[str, Any]) -> None:
         pass  # summary.json is written by the trainer, whatever the sinks
@@ -84,8 +91,18 @@ class WandbSink:
     def log(self, record: dict[str, Any]) -> None:
         self.run.log(record)
 
+    def table(self, name: str, rows: list[dict[str, Any]]) -> None:
+        import wandb
+
+        columns = list(rows[0]) if rows else []
+        self.run.log({name: wandb.Table(columns=columns, data=[[row[c] for c in columns] for row in rows])})
+
     def summary(self, summary: dict[str, Any]) -> None:
-        self.run.summary.update({k: v for k, v in summary.items() if not isinstance(v, dict)})
+        flat = {k: v for k, v in summary.items() if not isinstance(v, dict)}
+        for key, value in summary.items():  # one level of nesting, as "finder/micro_size"
+            if isinstance(value, dict) and key != "provenance":
+                flat.update({f"{key}/{k}": v for k, v in value.items() if not isinstance(v, (dict, list))})
+        self.run.summary.update(flat)
 
     def close(self, status: str) -> None:
         sync_dir = getattr(self.run.settings, "sync_dir", None)
@@ -103,6 +120,10 @@ class Sinks:
     def log(self, record: dict[str, Any]) -> None:
         for sink in self.sinks:
             sink.log(record)
+
+    def table(self, name: str, rows: list[dict[str, Any]]) -> None:
+        for sink in self.sinks:
+            sink.table(name, rows)
 
     def summary(self, summary: dict[str, Any]) -> None:
         for sink in self.sinks:

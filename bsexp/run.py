@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import json
+from dataclasses import asdict
 import logging
 import os
 import time
@@ -18,12 +19,13 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from bsexp import config as schema
 from bsexp.data import Splits, steps_per_epoch, train_batches
+from bsexp.finder import find_plan
 from bsexp.distributed import GradSync, World, close_world, init_world, sum_gradients_hook
 from bsexp.errors import ConfigError
 from bsexp.metrics import JsonlSink, NullSink, Sinks, WandbSink
 from bsexp.optim import build_optimizer, build_scheduler, scaled_hparams
 from bsexp.plan import BatchPlan
-from bsexp.runtime import (autocast, grad_scaler, peak_memory_mb, provenance, reset_peak_memory,
+from bsexp.runtime import (autocast, grad_scaler, limit_memory, peak_memory_mb, provenance, reset_peak_memory,
                            resolve_device, seed_everything)
 from bsexp.syncbn import convert_sync_batchnorm
 from bsexp.trainer import Loop, Progress, evaluate, train
@@ -60,18 +62,24 @@ def build_sinks(cfg: DictConfig, run_dir: Path, hparams: dict[str, Any]):
     return Sinks(*sinks)
 
 
-def build_loop(cfg: DictConfig, plan: BatchPlan, world: World | None = None) -> Loop:
+def build_loop(cfg: DictConfig, plan: BatchPlan | None, world: World | None = None) -> Loop:
     """Seed, then build data, model, optimizer and schedule for `plan` on `world` (one process
-    if not given; sinks are set later). Every rank builds the same model from the same seed."""
+    if not given; sinks are set later). Every rank builds the same model from the same seed.
+    With `plan` None the batch finder decides it, leaving every random generator untouched."""
     world = world or World(device=resolve_device(str(cfg.device)))
     device = world.device
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
     seed_everything(cfg.seed, cfg.trainer.deterministic)
     splits = build_data(cfg).to(device)
-    if plan.size > len(splits.train):
-        raise ConfigError("batch.size", plan.size, f"exceeds the {len(splits.train)} training samples of {splits.name}")
+    size = plan.size if plan is not None else cfg.batch.size
+    if size is not None and size > len(splits.train):
+        raise ConfigError("batch.size", size, f"exceeds the {len(splits.train)} training samples of {splits.name}")
     model = build_model(cfg, splits)
+    found = None
+    if plan is None:
+        found = find_plan(cfg, world, splits, model.to(device))
+        plan = found.plan
     if world.distributed:
         sync_bn = cfg.distributed.sync_batchnorm
         if sync_bn or sync_bn is None:  # per-rank statistics (Goyal et al.'s recipe) only when asked
@@ -95,7 +103,7 @@ def build_loop(cfg: DictConfig, plan: BatchPlan, world: World | None = None) -> 
         batches=train_batches(splits, cfg.seed, device), splits=splits, plan=plan, hp=hp,
         sinks=NullSink(), world=world, epochs=cfg.epochs, clip_grad_norm=cfg.trainer.clip_grad_norm,
         eval_every_steps=cfg.trainer.eval_every_steps, eval_batch_size=cfg.trainer.eval_batch_size,
-        drop_last=cfg.batch.drop_last, show_progress=cfg.trainer.progress, grad_sync=grad_sync,
+        drop_last=cfg.batch.drop_last, show_progress=cfg.trainer.progress, grad_sync=grad_sync, finder=found,
     )
 
 
@@ -125,6 +133,12 @@ def _run_on(world: World, cfg: DictConfig, plan: BatchPlan, run_dir: Path, start
     if world.is_main:
         _announce(cfg, loop, hparams)
         loop.sinks = build_sinks(cfg, run_dir, hparams)
+        if loop.finder is not None:
+            log.info(loop.finder.table())
+            write_json(run_dir / "finder.json", loop.finder.to_json())
+            loop.sinks.table("finder/trials", [asdict(t) for t in loop.finder.trials])
+    if cfg.trainer.memory_limit_gb is not None:
+        limit_memory(loop.device, int(cfg.trainer.memory_limit_gb * 2**30))
     status, progress, test = "failed", Progress(), None
     reset_peak_memory(loop.device)
     try:
@@ -202,6 +216,7 @@ def make_summary(cfg: DictConfig, status: str, loop: Loop, hparams: dict[str, An
         "optimizer": cfg.optimizer._target_,
         "precision": str(cfg.precision),
         "device": str(loop.device),
+        "finder": loop.finder.summary() if loop.finder is not None else None,
         "provenance": provenance(),
     }
 

@@ -77,3 +77,16 @@ def provenance() -> dict[str, str]:
         "python": platform.python_version(),
         "torch": torch.__version__,
     }
+
+
+def limit_memory(device: torch.device, limit_bytes: int) -> None:
+    """Train as on a machine with `limit_bytes` of memory: on CUDA a per-process memory fraction,
+    on CPU a cap on the address space (see bsexp.memory), so that exceeding it is a real OOM."""
+    from bsexp import memory
+
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, limit_bytes / total), device)
+    else:
+        memory.return_freed_memory()
+        memory.cap_memory(limit_bytes)

@@ -42,10 +42,16 @@ def _job(cfg: DictConfig) -> float | None:
         sys.exit(130)
     except Exception as exc:
         from bsexp.launch import WorkersFailed
+        from bsexp.memory import is_oom
 
-        if not isinstance(exc, WorkersFailed):
+        if isinstance(exc, WorkersFailed):
+            print(f"error: {exc} (see above; what was saved is in {run_dir})", file=sys.stderr, flush=True)
+        elif is_oom(exc):
+            print(f"error: out of memory ({' '.join(str(exc).split())[:200]}); try batch=finder, a smaller "
+                  f"batch.micro_size with batch=accumulation, or precision=bf16. What was measured is in {run_dir}",
+                  file=sys.stderr, flush=True)
+        else:
             raise
-        print(f"error: {exc} (see above; what was saved is in {run_dir})", file=sys.stderr, flush=True)
         sys.exit(1)
 
 

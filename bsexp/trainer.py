@@ -51,6 +51,7 @@ class Loop:
     drop_last: bool = False
     show_progress: bool = True
     grad_sync: GradSync | None = None  # DDP's gradient all-reduce (None in one process)
+    finder: Any = None  # the batch finder's result (bsexp.finder.FinderResult), when it ran
 
     @property
     def device(self) -> torch.device:

@@ -1,0 +1,113 @@
+"""Memory: what a process holds, caps on it, and how an out-of-memory error is recognised.
+
+On CPU a real allocator failure is produced safely by capping the process's address space
+(RLIMIT_AS) above what it has mapped already: the allocator then raises "DefaultCPUAllocator:
+can't allocate memory" instead of the kernel killing the process.
+"""
+
+from __future__ import annotations
+
+import gc
+import resource
+
+import torch
+
+GIB = 2**30
+MIB = 2**20
+
+# Messages of out-of-memory errors that do not arrive as torch.OutOfMemoryError.
+OOM_MESSAGES = (
+    "CUDA out of memory",
+    "HIP out of memory",
+    "CUDNN_STATUS_ALLOC_FAILED",
+    "CUDNN_STATUS_NOT_ENOUGH_WORKSPACE",
+    "DefaultCPUAllocator: can't allocate memory",
+    "can't allocate memory",
+    "std::bad_alloc",
+)
+
+
+def is_oom(exc: BaseException) -> bool:
+    """True for an out-of-memory error from any device's allocator; False for anything else."""
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    return isinstance(exc, RuntimeError) and any(m in str(exc) for m in OOM_MESSAGES)
+
+
+def _status(field: str) -> int:
+    """A /proc/self/status field in bytes (Linux)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise KeyError(field)
+
+
+def vm_size() -> int:
+    """Bytes of address space the process has mapped now (what RLIMIT_AS limits)."""
+    return _status("VmSize")
+
+
+def rss() -> int:
+    """Bytes resident now."""
+    return _status("VmRSS")
+
+
+def reset_peak_rss() -> None:
+    """Restart the peak resident-set counter (VmHWM), so a trial's own peak can be read."""
+    with open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")
+
+
+def peak_rss() -> int:
+    return _status("VmHWM")
+
+
+def available_memory() -> int:
+    """Bytes the machine can still give (MemAvailable)."""
+    with open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise KeyError("MemAvailable")
+
+
+def cap_memory(limit_bytes: int) -> int:
+    """Cap this process at about `limit_bytes` of memory in all: the address space may grow by
+    what is not yet resident (limit - RSS) beyond what is mapped now. Returns the bytes left.
+
+    Lowers only the soft limit, so it can be lifted again with `lift_memory_cap`."""
+    room = limit_bytes - rss()
+    if room <= 0:
+        raise MemoryError(f"the process already holds {rss() / GIB:.2f} GiB, more than {limit_bytes / GIB:.2f} GiB")
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (vm_size() + room, hard))
+    return room
+
+
+def lift_memory_cap() -> None:
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (hard, hard))
+
+
+def return_freed_memory() -> None:
+    """Make glibc hand every freed block of 128 KiB or more back to the system at once (a fixed
+    mmap threshold instead of its self-raising one). Then the resident and mapped sizes follow
+    the memory in use, so a trial's peak can be read, and a cap limits live memory, not the
+    allocator's cache of freed blocks or per-thread reserves. Used wherever a process is capped:
+    the finder's probe process and `trainer.memory_limit_gb`."""
+    import ctypes
+    import ctypes.util
+
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    m_trim_threshold, m_mmap_threshold, m_arena_max = -1, -3, -8  # from malloc.h
+    libc.mallopt(m_mmap_threshold, 128 * 1024)
+    libc.mallopt(m_trim_threshold, 128 * 1024)
+    libc.mallopt(m_arena_max, 1)  # no 64 MiB address-space reserve per thread that allocates
+
+
+def release(device: torch.device) -> None:
+    """Hand freed memory back before the next attempt: collect garbage, empty the CUDA cache."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()

@@ -1,0 +1,136 @@
+"""How the batch-size finder chooses which micro-batch sizes to try: pure logic, no torch.
+
+A search calls `attempt(size) -> Attempt` and returns the largest size that passed. It never
+returns a size it did not try, never exceeds `max_size`, and stops after `max_trials`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class Attempt:
+    size: int
+    ok: bool
+    peak_bytes: float | None = None  # memory above the baseline at the trial's peak
+    samples_per_s: float | None = None
+
+
+@dataclass
+class Budget:
+    """The trials a search may still run, and those it has run (by size)."""
+
+    max_trials: int
+    attempts: dict[int, Attempt]
+
+    @property
+    def left(self) -> int:
+        return self.max_trials - len(self.attempts)
+
+
+class Searcher:
+    def __init__(self, attempt: Callable[[int], Attempt], max_trials: int, max_size: int) -> None:
+        self._attempt, self.max_size = attempt, max_size
+        self.budget = Budget(max_trials, {})
+
+    def attempt(self, size: int, counted: bool = True) -> Attempt:
+        """Try `size` once (a size tried before is not tried again). An attempt that is not
+        `counted` (confirming a final answer) does not use up the search's trials."""
+        size = min(size, self.max_size)
+        if size not in self.budget.attempts:
+            self.budget.attempts[size] = self._attempt(size)
+            if not counted:
+                self.budget.max_trials += 1
+        return self.budget.attempts[size]
+
+    def best(self) -> int | None:
+        passed = [a.size for a in self.budget.attempts.values() if a.ok]
+        return max(passed) if passed else None
+
+    def smallest_failure(self) -> int | None:
+        failed = [a.size for a in self.budget.attempts.values() if not a.ok]
+        return min(failed) if failed else None
+
+    # ------------------------------------------------------------------ strategies
+
+    def power(self, init: int) -> int | None:
+        """Double from `init` until the first failure (or max_size, which is tried itself)."""
+        size = min(init, self.max_size)
+        while self.budget.left > 0:
+            if not self.attempt(size).ok or size >= self.max_size:
+                break
+            size = min(2 * size, self.max_size)
+        return self.best()
+
+    def bisect(self, tolerance: float = 0.0) -> int | None:
+        """Between the largest pass and the smallest failure, until they are adjacent (or within
+        `tolerance` of each other, as a fraction)."""
+        while self.budget.left > 0:
+            low, high = self.best(), self.smallest_failure()
+            if low is None or high is None or high - low <= max(1, math.floor(low * tolerance)):
+                break
+            self.attempt((low + high) // 2)
+        return self.best()
+
+    def binsearch(self, init: int) -> int | None:
+        self.power(init)
+        return self.bisect()
+
+    def fit(self, init: int, budget_bytes: float, tolerance: float = 0.02) -> int | None:
+        """Probe two sizes, fit memory as fixed + per-sample x size, try the largest size the
+        fit allows under `budget_bytes`, then settle the boundary around it by bisection."""
+        small = self.attempt(init)
+        if not small.ok or small.size >= self.max_size:
+            return self.best()
+        large = self.attempt(4 * init)
+        # At small sizes fixed costs hide the per-sample cost: grow until the peak is a tenth of
+        # the budget, so that the line is fitted over a range that matters.
+        while (large.ok and large.size < self.max_size and self.budget.left > 2
+               and (large.peak_bytes or 0) < 0.1 * budget_bytes):
+            large = self.attempt(4 * large.size)
+        if not large.ok:
+            return self.bisect(tolerance)
+        predicted = predict_size(small, large, budget_bytes)
+        if predicted is None or predicted <= large.size:
+            self.power(2 * large.size)  # no usable fit: fall back to doubling
+        elif self.attempt(predicted).ok:
+            # The fit was cautious: climb in growing steps until the first failure.
+            size, step = min(predicted, self.max_size), 2 * tolerance
+            while self.budget.left > 0 and size < self.max_size:
+                size, step = min(math.ceil(size * (1 + step)), self.max_size), 2 * step
+                if not self.attempt(size).ok:
+                    break
+        return self.bisect(tolerance)
+
+
+def predict_size(a: Attempt, b: Attempt, budget_bytes: float) -> int | None:
+    """The largest size whose peak, on the line through two measured (size, peak) points,
+    stays within `budget_bytes`; None when the points give no positive per-sample cost."""
+    if a.peak_bytes is None or b.peak_bytes is None or b.size == a.size:
+        return None
+    per_sample = (b.peak_bytes - a.peak_bytes) / (b.size - a.size)
+    if per_sample <= 0:
+        return None
+    fixed = a.peak_bytes - per_sample * a.size
+    return max(1, int((budget_bytes - fixed) / per_sample))
+
+
+def throughput_choice(attempts: list[Attempt], tolerance: float) -> int | None:
+    """The smallest passing size within `tolerance` (a fraction) of the best samples/s measured:
+    the maximum is not the optimum when a smaller batch runs as fast."""
+    timed = [a for a in attempts if a.ok and a.samples_per_s]
+    if not timed:
+        return None
+    best = max(a.samples_per_s for a in timed)
+    return min(a.size for a in timed if a.samples_per_s >= (1 - tolerance) * best)
+
+
+def largest_divisor_at_most(n: int, cap: int) -> int:
+    """The largest divisor of n that is <= cap (1 at least)."""
+    for d in range(min(n, cap), 0, -1):
+        if n % d == 0:
+            return d
+    return 1
