@@ -13,6 +13,9 @@ class ConfigError(Exception):
         super().__init__(f"{key}={_format_value(value)}: {expected}")
         self.key, self.value, self.expected = key, value, expected
 
+    def __reduce__(self):  # crosses process boundaries (the finder's probe, spawned workers)
+        return ConfigError, (self.key, self.value, self.expected)
+
 
 def _format_value(value: object) -> str:
     if isinstance(value, str):

@@ -123,18 +123,13 @@ class TrialRunner:
         self.cfg, self.device = cfg, device
         self.steps = cfg.batch.finder.steps_per_trial
         self.eval_size = min(cfg.trainer.eval_batch_size, max(len(splits.val), len(splits.train_eval)))
+        self.process_group = process_group
         if process_group is not None:  # the same modules as training, in a world of one rank
-            from torch.nn.parallel import DistributedDataParallel
-
-            from bsexp.distributed import GradSync, sum_gradients_hook
-
             sync_bn = cfg.distributed.sync_batchnorm
             if sync_bn or sync_bn is None:
                 model = (torch.nn.SyncBatchNorm.convert_sync_batchnorm(model, process_group) if device.type == "cuda"
                          else convert_sync_batchnorm(model, device))
-            model = DistributedDataParallel(model.to(device), device_ids=[device.index] if device.type == "cuda"
-                                            else None, process_group=process_group)
-            model.register_comm_hook(GradSync(), sum_gradients_hook)
+            model = self._wrap(model.to(device))
         self.model = model.to(device)
         hp = ScaledHparams(1.0, cfg.optimizer.lr, cfg.optimizer.lr, cfg.optimizer.weight_decay, 0, 1, 1)
         self.optimizer = build_optimizer(cfg, self.model, hp)
@@ -145,7 +140,21 @@ class TrialRunner:
         self.augment = splits.augment if isinstance(splits.train, TensorSplit) else None
         self.fill = splits.train.black if self.augment is not None else 0.0
         self.generator = torch.Generator(device=device).manual_seed(0)
+        before = memory.rss() if device.type == "cpu" else torch.cuda.memory_allocated(device)
         self._train_step(MIN_MICRO)  # creates the optimizer's state: part of every trial's baseline
+        self.optimizer.zero_grad(set_to_none=True)
+        after = memory.rss() if device.type == "cpu" else torch.cuda.memory_allocated(device)
+        self.state_bytes = max(0, after - before)  # what the run will add before its first step
+
+    def _wrap(self, module: torch.nn.Module) -> torch.nn.Module:
+        from torch.nn.parallel import DistributedDataParallel
+
+        from bsexp.distributed import GradSync, sum_gradients_hook
+
+        ddp = DistributedDataParallel(module, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                                      process_group=self.process_group)
+        ddp.register_comm_hook(GradSync(), sum_gradients_hook)
+        return ddp
 
     def _batch(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
         idx = torch.arange(size, device=self.device) % len(self.y)
@@ -187,6 +196,8 @@ class TrialRunner:
             if not memory.is_oom(exc):
                 raise
             ok = False
+            if self.process_group is not None:  # DDP's reducer expects the step it never saw end
+                self.model = self._wrap(self.model.module)
         finally:
             getattr(self.model, "module", self.model).train()
             self.optimizer.zero_grad(set_to_none=True)
@@ -235,7 +246,8 @@ class ChildProber:
     the parent's memory, model and random state untouched."""
 
     def __init__(self, cfg: DictConfig, limit_bytes: int, distributed: bool) -> None:
-        self.args = (cfg, limit_bytes, distributed, torch.get_num_threads())
+        # The room the training process itself will have: the limit less what it holds now.
+        self.args = (cfg, limit_bytes, memory.rss(), distributed, torch.get_num_threads())
         self.context = multiprocessing.get_context("spawn")
         self.budget_bytes = self._start()
 
@@ -280,7 +292,7 @@ class ChildDied(RuntimeError):
         super().__init__(f"exit code {process.exitcode}")
 
 
-def _child_main(conn, cfg: DictConfig, limit_bytes: int, distributed: bool, threads: int) -> None:
+def _child_main(conn, cfg: DictConfig, limit_bytes: int, parent_rss: int, distributed: bool, threads: int) -> None:
     try:
         import torch.distributed as dist
 
@@ -296,7 +308,13 @@ def _child_main(conn, cfg: DictConfig, limit_bytes: int, distributed: bool, thre
             dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
             group = dist.group.WORLD
         runner = TrialRunner(cfg, splits, torch.device("cpu"), build_model(cfg, splits), group)
-        budget = memory.cap_memory(limit_bytes)
+        # Trials get the room the training process will have once it holds its optimizer state
+        # too: what the limit leaves beside the parent's memory, not beside this process's.
+        budget = limit_bytes - parent_rss - runner.state_bytes
+        if budget <= 0:
+            raise ConfigError("batch.finder.memory_limit_gb", round(limit_bytes / memory.GIB, 3),
+                              str(memory.CapBelowUse(parent_rss + runner.state_bytes, limit_bytes)))
+        memory.cap_room(budget)
         conn.send(("ready", budget))
         while True:
             kind, size = conn.recv()
@@ -381,7 +399,7 @@ def find_plan(cfg: DictConfig, world: World, splits: Splits, model: torch.nn.Mod
     limit = limit_bytes if limit_bytes is not None else memory_limit(cfg, world.device)
     per_rank = None if cfg.batch.size is None else cfg.batch.size // world.size
     max_size = min(node.max_size or math.inf, len(splits.train) // world.size, per_rank or math.inf)
-    key = _cache_key(cfg, world, splits, limit)
+    key = _cache_key(cfg, world, splits)
     cached = _cache_load(cfg, key)
     if cached is not None:
         trials = [Trial(**t) for t in cached["trials"]]
@@ -488,13 +506,15 @@ def _loader_rate(splits: Splits, cfg: DictConfig, plan: BatchPlan, world: World,
 # ---------------------------------------------------------------------------- cache
 
 
-def _cache_key(cfg: DictConfig, world: World, splits: Splits, limit: int) -> str:
+def _cache_key(cfg: DictConfig, world: World, splits: Splits) -> str:
     parts = {
         "model": OmegaConf.to_container(cfg.model, resolve=True, enum_to_str=True),
         "optimizer": OmegaConf.to_container(cfg.optimizer, resolve=True, enum_to_str=True),
         "finder": OmegaConf.to_container(cfg.batch.finder, resolve=True, enum_to_str=True),
         "batch_size": cfg.batch.size, "input_shape": list(splits.input_shape), "classes": splits.num_classes,
-        "train": len(splits.train), "precision": str(cfg.precision), "world": world.size, "limit": limit,
+        "train": len(splits.train), "precision": str(cfg.precision), "world": world.size,
+        # A limit of the machine's own varies with what else runs; the machine identifies it.
+        "limit": cfg.batch.finder.memory_limit_gb or f"auto:{memory.total_memory()}",
         "device": torch.cuda.get_device_name(world.device) if world.device.type == "cuda" else "cpu",
         "eval_batch_size": cfg.trainer.eval_batch_size, "sync_batchnorm": cfg.distributed.sync_batchnorm,
     }

@@ -63,6 +63,12 @@ def peak_rss() -> int:
     return _status("VmHWM")
 
 
+def total_memory() -> int:
+    """Bytes of memory the machine has (MemTotal)."""
+    with open("/proc/meminfo") as meminfo:
+        return int(meminfo.readline().split()[1]) * 1024
+
+
 def available_memory() -> int:
     """Bytes the machine can still give (MemAvailable)."""
     with open("/proc/meminfo") as meminfo:
@@ -79,10 +85,24 @@ def cap_memory(limit_bytes: int) -> int:
     Lowers only the soft limit, so it can be lifted again with `lift_memory_cap`."""
     room = limit_bytes - rss()
     if room <= 0:
-        raise MemoryError(f"the process already holds {rss() / GIB:.2f} GiB, more than {limit_bytes / GIB:.2f} GiB")
+        raise CapBelowUse(rss(), limit_bytes)
+    return cap_room(room)
+
+
+def cap_room(room_bytes: int) -> int:
+    """Let the address space grow by `room_bytes` beyond what is mapped now, and no further."""
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
-    resource.setrlimit(resource.RLIMIT_AS, (vm_size() + room, hard))
-    return room
+    resource.setrlimit(resource.RLIMIT_AS, (vm_size() + room_bytes, hard))
+    return room_bytes
+
+
+class CapBelowUse(ValueError):
+    """A memory cap below what the process holds already."""
+
+    def __init__(self, held: int, limit: int) -> None:
+        super().__init__(f"{limit / GIB:.2f} GB is less than the {held / GIB:.2f} GB the process holds already "
+                         f"(torch, the model and the data)")
+        self.held, self.limit = held, limit
 
 
 def lift_memory_cap() -> None:
@@ -104,6 +124,7 @@ def return_freed_memory() -> None:
     libc.mallopt(m_mmap_threshold, 128 * 1024)
     libc.mallopt(m_trim_threshold, 128 * 1024)
     libc.mallopt(m_arena_max, 1)  # no 64 MiB address-space reserve per thread that allocates
+    libc.malloc_trim(0)  # and give back what is free already
 
 
 def release(device: torch.device) -> None:

@@ -16,6 +16,9 @@ class PlanError(ValueError):
         super().__init__(f"{key}={value}: {expected}")
         self.key, self.value, self.expected = key, value, expected
 
+    def __reduce__(self):
+        return PlanError, (self.key, self.value, self.expected)
+
 
 @dataclass(frozen=True)
 class BatchPlan:

@@ -89,4 +89,9 @@ def limit_memory(device: torch.device, limit_bytes: int) -> None:
         torch.cuda.set_per_process_memory_fraction(min(1.0, limit_bytes / total), device)
     else:
         memory.return_freed_memory()
-        memory.cap_memory(limit_bytes)
+        try:
+            memory.cap_memory(limit_bytes)
+        except memory.CapBelowUse as exc:
+            from bsexp.errors import ConfigError
+
+            raise ConfigError("trainer.memory_limit_gb", round(limit_bytes / 2**30, 3), str(exc)) from None

@@ -80,8 +80,9 @@ class Searcher:
         return self.bisect()
 
     def fit(self, init: int, budget_bytes: float, tolerance: float = 0.02) -> int | None:
-        """Probe two sizes, fit memory as fixed + per-sample x size, try the largest size the
-        fit allows under `budget_bytes`, then settle the boundary around it by bisection."""
+        """Probe sizes from `init` up (x4) until memory clearly grows, fit it as fixed +
+        per-sample x size, try the largest size the fit allows under `budget_bytes`, then settle
+        the boundary around it to `tolerance` by bisection."""
         small = self.attempt(init)
         if not small.ok or small.size >= self.max_size:
             return self.best()
@@ -93,7 +94,9 @@ class Searcher:
             large = self.attempt(4 * large.size)
         if not large.ok:
             return self.bisect(tolerance)
-        predicted = predict_size(small, large, budget_bytes)
+        # The line through the two largest sizes that fit: furthest from small-size fixed costs.
+        fitted = sorted((a for a in self.budget.attempts.values() if a.ok), key=lambda a: a.size)[-2:]
+        predicted = predict_size(fitted[0], fitted[1], budget_bytes)
         if predicted is None or predicted <= large.size:
             self.power(2 * large.size)  # no usable fit: fall back to doubling
         elif self.attempt(predicted).ok:

@@ -21,7 +21,9 @@ class CPUSyncBatchNorm(_BatchNorm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input_dim(x)
-        if not self.training or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        # With a process group, even of one rank (the batch finder's probe), the synchronised
+        # path runs, so its memory is what training will use.
+        if not self.training or not (dist.is_available() and dist.is_initialized()):
             return super().forward(x)
         dims = [0, *range(2, x.dim())]
         shape = [1, -1] + [1] * (x.dim() - 2)

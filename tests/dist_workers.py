@@ -71,3 +71,25 @@ def sync_batchnorm(x: torch.Tensor, weight: torch.Tensor, dims: int):
 
 def env_rank_is(rank: int) -> bool:
     return os.environ.get("RANK") == str(rank)
+
+
+def find_and_train(cfg, limits_gb):
+    """Each rank probes under its own memory limit (as on machines of different sizes), the ranks
+    agree, and each then trains under its own limit."""
+    from bsexp.config import check
+    from bsexp.distributed import close_world, init_world
+    from bsexp.run import build_loop
+    from bsexp.runtime import limit_memory
+    from bsexp.trainer import Progress, train
+
+    torch.set_num_threads(1)
+    world = init_world("cpu", "gloo", 120)
+    try:
+        cfg.batch.finder.memory_limit_gb = limits_gb[world.rank]
+        loop = build_loop(cfg, check(cfg), world)
+        limit_memory(world.device, int(limits_gb[world.rank] * 2**30))
+        status = train(loop, Progress())
+        return {"rank": world.rank, "plan": loop.plan, "status": status,
+                "tried": {t.size: t.ok for t in loop.finder.trials}}
+    finally:
+        close_world(world)

@@ -37,3 +37,16 @@ class FailsOnRank(TinyNet):
             if self.calls == self.fail_at and os.environ.get("RANK") == str(self.rank):
                 raise RuntimeError(f"FailsOnRank: rank {self.rank} crashed at step {self.calls}")
         return self.net(x)
+
+
+class RaisesAbove(TinyNet):
+    """A model with a bug that only large batches reach: a non-OOM error the finder must not hide."""
+
+    def __init__(self, input_shape, num_classes, above: int = 100):
+        super().__init__(input_shape, num_classes)
+        self.above = above
+
+    def forward(self, x):
+        if len(x) > self.above:
+            raise ValueError(f"RaisesAbove: batch of {len(x)} > {self.above}")
+        return self.net(x)
