@@ -81,11 +81,12 @@ class FinderResult:
     step_samples_per_s: float | None = None
     cached: bool = False
     world_size: int = 1
+    seconds: float = 0.0  # spent probing, start of the probe process included
 
     def summary(self) -> dict[str, Any]:
         """The short form for summary.json (finder.json holds every trial)."""
         keys = ("mode", "objective", "limit_gb", "margin", "budget_mb", "micro_size", "note",
-                "loader_samples_per_s", "step_samples_per_s", "cached")
+                "loader_samples_per_s", "step_samples_per_s", "cached", "seconds")
         return {**{k: getattr(self, k) for k in keys}, "trials": len(self.trials),
                 "batch_size": self.plan.size, "accum_steps": self.plan.accum_steps}
 
@@ -94,8 +95,8 @@ class FinderResult:
 
     def table(self) -> str:
         lines = [f"finder ({self.mode}, objective {self.objective}, limit {self.limit_gb:.2f} GB, margin "
-                 f"{100 * self.margin:.0f} %, budget above baseline {self.budget_mb:,.0f} MB"
-                 f"{', from cache' if self.cached else ''}):",
+                 f"{100 * self.margin:.0f} %, budget above baseline {self.budget_mb:,.0f} MB, "
+                 f"{self.seconds:.1f} s{', from cache' if self.cached else ''}):",
                  f"  {'size':>6}  {'result':<10}  {'peak MB':>9}  {'reserved MB':>11}  {'retries':>7}  "
                  f"{'seconds':>7}  {'samples/s':>9}"]
         for t in sorted(self.trials, key=lambda t: t.size):
@@ -246,7 +247,9 @@ class ChildProber:
     the parent's memory, model and random state untouched."""
 
     def __init__(self, cfg: DictConfig, limit_bytes: int, distributed: bool) -> None:
-        # The room the training process itself will have: the limit less what it holds now.
+        # The room the training process itself will have: the limit less what it holds now
+        # (not counting memory freed while the data and model were built).
+        memory.trim_freed_memory()
         self.args = (cfg, limit_bytes, memory.rss(), distributed, torch.get_num_threads())
         self.context = multiprocessing.get_context("spawn")
         self.budget_bytes = self._start()
@@ -406,6 +409,7 @@ def find_plan(cfg: DictConfig, world: World, splits: Splits, model: torch.nn.Mod
         result = _result(cfg, world, trials, cached["micro_size"], limit, cached["budget_mb"], per_rank, True)
         log.info("finder: micro-batch %d from the cache (%s)", result.micro_size, node.cache_dir)
         return result
+    started = time.perf_counter()
     with preserved_rng():
         prober = (InProcessProber(cfg, splits, model, world, limit) if world.device.type == "cuda"
                   else ChildProber(cfg, limit, world.distributed))
@@ -448,6 +452,7 @@ def find_plan(cfg: DictConfig, world: World, splits: Splits, model: torch.nn.Mod
         finally:
             prober.close()
         result = _result(cfg, world, list(trials.values()), chosen, limit, budget / memory.MIB, per_rank, False)
+        result.seconds = time.perf_counter() - started
         result.loader_samples_per_s = _loader_rate(splits, cfg, result.plan, world)
     if result.loader_samples_per_s and result.step_samples_per_s and result.loader_samples_per_s < result.step_samples_per_s:
         result.note += (f" The input pipeline ({result.loader_samples_per_s:,.0f} samples/s) is slower than the "

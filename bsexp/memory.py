@@ -110,16 +110,25 @@ def lift_memory_cap() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (hard, hard))
 
 
+def _libc():
+    import ctypes
+    import ctypes.util
+
+    return ctypes.CDLL(ctypes.util.find_library("c"))
+
+
+def trim_freed_memory() -> None:
+    """Give memory that is free but still held by glibc back to the system (malloc_trim)."""
+    _libc().malloc_trim(0)
+
+
 def return_freed_memory() -> None:
     """Make glibc hand every freed block of 128 KiB or more back to the system at once (a fixed
     mmap threshold instead of its self-raising one). Then the resident and mapped sizes follow
     the memory in use, so a trial's peak can be read, and a cap limits live memory, not the
     allocator's cache of freed blocks or per-thread reserves. Used wherever a process is capped:
     the finder's probe process and `trainer.memory_limit_gb`."""
-    import ctypes
-    import ctypes.util
-
-    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    libc = _libc()
     m_trim_threshold, m_mmap_threshold, m_arena_max = -1, -3, -8  # from malloc.h
     libc.mallopt(m_mmap_threshold, 128 * 1024)
     libc.mallopt(m_trim_threshold, 128 * 1024)

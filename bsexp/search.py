@@ -79,7 +79,7 @@ class Searcher:
         self.power(init)
         return self.bisect()
 
-    def fit(self, init: int, budget_bytes: float, tolerance: float = 0.02) -> int | None:
+    def fit(self, init: int, budget_bytes: float, tolerance: float = 0.01) -> int | None:
         """Probe sizes from `init` up (x4) until memory clearly grows, fit it as fixed +
         per-sample x size, try the largest size the fit allows under `budget_bytes`, then settle
         the boundary around it to `tolerance` by bisection."""
