@@ -42,7 +42,8 @@ WarmupShape = _Choice("WarmupShape", {k: k for k in ("linear", "constant", "none
 MainSchedule = _Choice("MainSchedule", {k: k for k in ("cosine", "step", "constant")}, module=__name__)
 NORMS = ("batch", "group", "layer", "none")
 Norm = _Choice("Norm", {k: k for k in NORMS}, module=__name__)
-Policy = _Choice("Policy", {k: k for k in ("fixed", "accumulation", "finder")}, module=__name__)
+Policy = _Choice("Policy", {k: k for k in ("fixed", "accumulation", "finder", "scheduled")}, module=__name__)
+ScheduleKind = _Choice("ScheduleKind", {k: k for k in ("step", "linear", "exponential", "list")}, module=__name__)
 FinderMode = _Choice("FinderMode", {k: k for k in ("fit", "power", "binsearch")}, module=__name__)
 FinderObjective = _Choice("FinderObjective", {k: k for k in ("max", "throughput")}, module=__name__)
 DistributedKind = _Choice("DistributedKind", {k: k for k in ("none", "ddp")}, module=__name__)
@@ -237,6 +238,29 @@ class FinderBatch(BatchConfig):
 
 
 @dataclass
+class BatchScheduleConfig:
+    kind: ScheduleKind = ScheduleKind.step
+    unit: Unit = Unit.epochs  # of `milestones`
+    milestones: List[float] = field(default_factory=lambda: [8.0, 14.0])  # step: batch x factor at each
+    factor: float = 5.0  # step (Smith et al. 2018 grow the batch x5 where the LR would drop /5)
+    end: Optional[int] = None  # linear / exponential: the batch of the last epoch
+    points: List[List[int]] = field(default_factory=list)  # list: [[epoch, batch], ...] from epoch 0
+    round_to: int = 8  # linear / exponential: batches are multiples of round_to x world size
+    couple_lr: bool = True  # the LR follows the batch through scaling.lr_rule; false: held fixed
+    ramp_steps: int = 0  # ramp an LR change over this many steps
+
+
+@dataclass
+class ScheduledBatch(BatchConfig):
+    policy: Policy = Policy.scheduled
+    size: int = 32  # the global batch the schedule starts from
+    micro_size: Optional[int] = None  # per rank: larger scheduled batches accumulate micro-batches
+    find_micro_size: bool = False  # run the batch finder for the micro-batch that fits
+    finder: FinderConfig = field(default_factory=FinderConfig)
+    schedule: BatchScheduleConfig = field(default_factory=BatchScheduleConfig)
+
+
+@dataclass
 class DistributedConfig:
     kind: DistributedKind = DistributedKind.none
     backend: Backend = Backend.auto  # auto: NCCL on CUDA, gloo on CPU
@@ -294,6 +318,7 @@ class TrainerConfig:
     deterministic: bool = True
     threads: Optional[int] = None  # torch CPU threads; null: torch's default
     memory_limit_gb: Optional[float] = None  # train as on a smaller machine: a real cap on memory
+    oom_recovery: bool = True  # on OOM: halve the micro-batch, accumulate, retry the same data
 
 
 @dataclass
@@ -331,6 +356,7 @@ SCHEMAS = {
     "schema_batch_fixed": FixedBatch,
     "schema_batch_accumulation": AccumulationBatch,
     "schema_batch_finder": FinderBatch,
+    "schema_batch_scheduled": ScheduledBatch,
     "schema_distributed": DistributedConfig,
     "schema_logger": LoggerConfig,
 }
@@ -370,6 +396,10 @@ BOUNDS: dict[str, tuple[float | None, float | None, str]] = {
     "batch.finder.max_size": (2, None, ">= 2"),
     "batch.finder.margin": (0, 0.9, "in [0, 0.9]"),
     "batch.finder.throughput_tolerance": (0, 0.5, "in [0, 0.5]"),
+    "batch.micro_size": (1, None, ">= 1"),
+    "batch.schedule.round_to": (1, None, ">= 1"),
+    "batch.schedule.ramp_steps": (0, None, ">= 0"),
+    "batch.schedule.end": (1, None, ">= 1"),
     "distributed.timeout_s": (1, None, ">= 1"),
     "data.val_size": (1, None, ">= 1"),
     "data.num_samples": (1, None, ">= 1"),
@@ -381,7 +411,7 @@ BOUNDS: dict[str, tuple[float | None, float | None, str]] = {
     "model.width": (1, None, ">= 1"),
     "model.dropout": (0, 0.999999, "in [0, 1)"),
 }
-POSITIVE = ("optimizer.lr", "schedule.factor", "trainer.clip_grad_norm", "data.train_split",
+POSITIVE = ("optimizer.lr", "schedule.factor", "trainer.clip_grad_norm", "data.train_split", "batch.schedule.factor",
             "batch.finder.memory_limit_gb", "trainer.memory_limit_gb")
 AT_MOST_ONE = ("schedule.factor",)
 BELOW_ONE = ("data.train_split",)
@@ -415,6 +445,8 @@ def batch_plan(cfg: DictConfig) -> BatchPlan | None:
         if batch.size is not None and batch.size % world_size(cfg):
             raise ConfigError("batch.size", batch.size, f"must be divisible by the world size {world_size(cfg)}")
         return None
+    if batch.policy == Policy.scheduled:
+        return _scheduled_plan(cfg)
     micro = accum = None
     if batch.policy == Policy.accumulation:
         micro, accum = batch.micro_size, batch.accum_steps
@@ -423,6 +455,54 @@ def batch_plan(cfg: DictConfig) -> BatchPlan | None:
                               "batch=accumulation needs batch.micro_size (per rank) or batch.accum_steps")
     try:
         return make_plan(batch.size, world_size(cfg), micro, accum)
+    except PlanError as exc:
+        raise ConfigError(exc.key, exc.value, exc.expected) from None
+
+
+def batch_schedule(cfg: DictConfig, start: int | None = None) -> "BatchSchedule":
+    """The run's batch schedule: the `batch=scheduled` settings, or a constant batch."""
+    from bsexp.batch_schedule import BatchSchedule
+
+    world = world_size(cfg)
+    if cfg.batch.policy != Policy.scheduled:
+        return BatchSchedule(start=start, world_size=world)
+    node = cfg.batch.schedule
+    return BatchSchedule(
+        start=cfg.batch.size, world_size=world, kind=str(node.kind), unit=str(node.unit),
+        milestones=tuple(node.milestones), factor=node.factor, end=node.end, epochs=cfg.epochs,
+        points=tuple((p[0], p[1]) for p in node.points), round_to=node.round_to,
+    )
+
+
+def _scheduled_plan(cfg: DictConfig) -> BatchPlan:
+    """Every batch the schedule reaches must split over the ranks; the plan for the first."""
+    from bsexp.batch_schedule import MIN_MICRO, plan_for
+
+    node, world = cfg.batch.schedule, world_size(cfg)
+    milestones = list(node.milestones)
+    if milestones != sorted(milestones) or any(not _within(m, 0, None) for m in milestones):
+        raise ConfigError("batch.schedule.milestones", milestones, "must be non-negative and increasing")
+    if node.kind in (ScheduleKind.linear, ScheduleKind.exponential) and node.end is None:
+        raise ConfigError("batch.schedule.end", None, f"batch.schedule.kind={node.kind} needs the final batch")
+    if node.kind == ScheduleKind.list:
+        points = [list(p) for p in node.points]
+        if not points or any(len(p) != 2 for p in points) or points[0][0] != 0 or \
+                [p[0] for p in points] != sorted(p[0] for p in points):
+            raise ConfigError("batch.schedule.points", points, "must be [[0, batch], [epoch, batch], ...] in epoch order")
+        if points[0][1] != cfg.batch.size:
+            raise ConfigError("batch.schedule.points", points, f"must start at batch.size ([0, {cfg.batch.size}])")
+    try:
+        sizes = batch_schedule(cfg).sizes(cfg.epochs)
+    except PlanError as exc:
+        raise ConfigError(exc.key, exc.value, exc.expected) from None
+    for size in sizes:
+        if size < world * MIN_MICRO or size % world:
+            key = "batch.schedule" if size != cfg.batch.size else "batch.size"
+            raise ConfigError(key, size, f"every scheduled batch must be a multiple of the world size {world} and "
+                                         f"at least {world * MIN_MICRO} ({MIN_MICRO} samples a rank); the schedule "
+                                         f"reaches {sizes}")
+    try:
+        return plan_for(cfg.batch.size, world, cfg.batch.micro_size)
     except PlanError as exc:
         raise ConfigError(exc.key, exc.value, exc.expected) from None
 

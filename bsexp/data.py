@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from bsexp.config import VISION_SETS
 from bsexp.errors import ConfigError
-from bsexp.plan import BatchPlan
+from bsexp.batch_schedule import keep_final
 
 
 @dataclass
@@ -106,50 +106,28 @@ def augment_seed(seed: int, epoch: int, rank: int) -> int:
     return (seed * 100_003 + epoch) * 1_009 + rank + 1
 
 
-MIN_MICRO = 2  # samples: BatchNorm cannot normalise a single sample in training
+def step_spans(n: int, sizes, world_size: int, drop_last: bool) -> Iterator[tuple[int, int]]:
+    """(start, stop) of each optimizer step within an epoch's order of `n` samples: consecutive
+    chunks of the given global batch sizes. The last, smaller chunk follows `keep_final`."""
+    start = 0
+    for size in sizes:
+        if start >= n:
+            return
+        stop = min(start + size, n)
+        if stop - start < size and not keep_final(stop - start, world_size, drop_last):
+            return
+        yield start, stop
+        start = stop
 
 
-def final_micro_steps(samples: int, plan: BatchPlan) -> int:
-    """Micro-steps of an epoch's final, smaller step of `samples` (< plan.size): as many as the
-    largest rank share needs, the same on every rank (SyncBatchNorm and DDP expect equal counts);
-    0 if some micro-batch would get fewer than MIN_MICRO samples, and the step is dropped."""
-    largest, smallest = -(-samples // plan.world_size), samples // plan.world_size
-    count = -(-largest // plan.micro_size)
-    return count if smallest >= MIN_MICRO * count else 0
-
-
-def plan_steps(
-    order: torch.Tensor, plan: BatchPlan, rank: int = 0, drop_last: bool = False
-) -> Iterator[tuple[list[torch.Tensor], int]]:
-    """Per optimizer step: this rank's micro-batches of indices and the step's global samples.
-
-    A step takes `plan.size` consecutive indices of the epoch's order, splits them over ranks
-    and then into micro-batches of `plan.micro_size`. The final step of an epoch may be smaller
-    (unless `drop_last`), split into equal micro-batches as `final_micro_steps` says; its sample
-    count is what the loss is normalised by.
-    """
-    per_rank = plan.per_rank
-    for start in range(0, len(order), plan.size):
-        step = order[start : start + plan.size]
-        if len(step) == plan.size:
-            if plan.world_size == 1 and plan.accum_steps == 1:
-                yield [step], plan.size  # the common case, without the splitting below
-            else:
-                yield list(step[rank * per_rank : (rank + 1) * per_rank].split(plan.micro_size)), plan.size
-            continue
-        count = 0 if drop_last else final_micro_steps(len(step), plan)
-        if count:
-            mine = torch.tensor_split(step, plan.world_size)[rank]
-            yield list(torch.tensor_split(mine, count)), len(step)
-
-
-def steps_per_epoch(n: int, plan: BatchPlan, drop_last: bool = False) -> int:
-    full, rest = divmod(n, plan.size)
-    return full + int(bool(rest) and not drop_last and final_micro_steps(rest, plan) > 0)
+def rank_share(step: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    """This rank's contiguous share of a step's indices (sizes differ by at most one)."""
+    return step if world_size == 1 else torch.tensor_split(step, world_size)[rank]
 
 
 class TensorBatches:
-    """Optimizer steps of in-memory micro-batches, gathered by index on the data's device."""
+    """Optimizer steps of in-memory samples, gathered by index on the data's device: per step,
+    this rank's share of the step, which the trainer splits into micro-batches."""
 
     def __init__(self, split: TensorSplit, seed: int, augment: Augment | None = None) -> None:
         self.split, self.seed, self.augment = split, seed, augment
@@ -157,15 +135,18 @@ class TensorBatches:
     def __len__(self) -> int:
         return len(self.split)
 
-    def steps(self, epoch: int, plan: BatchPlan, rank: int = 0, drop_last: bool = False):
+    def steps(self, epoch: int, sizes, rank: int = 0, world_size: int = 1, drop_last: bool = False):
+        """(x, y, global samples of the step) for each step of `sizes` (global batches)."""
         device = self.split.x.device
         order = epoch_order(len(self.split), self.seed, epoch).to(device)
-        generator = torch.Generator(device=device).manual_seed(augment_seed(self.seed, epoch, rank))
-        for micro_indices, samples in plan_steps(order, plan, rank, drop_last):
-            micro = [self.split.batch(idx) for idx in micro_indices]
+        generator = torch.Generator(device=device)
+        for index, (start, stop) in enumerate(step_spans(len(order), sizes, world_size, drop_last)):
+            x, y = self.split.batch(rank_share(order[start:stop], rank, world_size))
             if self.augment is not None:
-                micro = [(augment_batch(x, self.augment, generator, self.split.black), y) for x, y in micro]
-            yield micro, samples
+                # Each step's crops and flips depend only on (seed, epoch, step, rank).
+                generator.manual_seed(augment_seed(self.seed, epoch, rank) * 1_000_003 + index)
+                x = augment_batch(x, self.augment, generator, self.split.black)
+            yield x, y, stop - start
 
 
 def augment_batch(x: torch.Tensor, augment: Augment, generator: torch.Generator,
@@ -188,8 +169,8 @@ def augment_batch(x: torch.Tensor, augment: Augment, generator: torch.Generator,
     return x
 
 
-class _IndexBatches:
-    """A batch sampler that replays a precomputed list of micro-batches of indices."""
+class _StepIndices:
+    """A batch sampler that replays a precomputed list of per-step index lists."""
 
     def __init__(self) -> None:
         self.batches: list[list[int]] = []
@@ -202,11 +183,12 @@ class _IndexBatches:
 
 
 class LoaderBatches:
-    """Optimizer steps read through a `DataLoader` with workers, for data that is not in memory."""
+    """Optimizer steps read through a `DataLoader` with workers, for data that is not in memory:
+    per step, this rank's share, loaded as one batch."""
 
     def __init__(self, dataset: Dataset, seed: int, device: torch.device, num_workers: int) -> None:
         self.dataset, self.seed, self.device = dataset, seed, device
-        self.sampler = _IndexBatches()
+        self.sampler = _StepIndices()
         self.loader = DataLoader(
             dataset,
             batch_sampler=self.sampler,
@@ -218,15 +200,13 @@ class LoaderBatches:
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def steps(self, epoch: int, plan: BatchPlan, rank: int = 0, drop_last: bool = False):
+    def steps(self, epoch: int, sizes, rank: int = 0, world_size: int = 1, drop_last: bool = False):
         order = epoch_order(len(self.dataset), self.seed, epoch)
-        steps = list(plan_steps(order, plan, rank, drop_last))
-        # The sampler lives in this process, so the micro-batches can change every epoch.
-        self.sampler.batches = [idx.tolist() for micro, _ in steps for idx in micro]
-        batches = iter(self.loader)
-        for micro_indices, samples in steps:
-            micro = [next(batches) for _ in micro_indices]
-            yield [(x.to(self.device, non_blocking=True), y.to(self.device)) for x, y in micro], samples
+        spans = list(step_spans(len(order), sizes, world_size, drop_last))
+        # The sampler lives in this process, so the steps can change every epoch.
+        self.sampler.batches = [rank_share(order[a:b], rank, world_size).tolist() for a, b in spans]
+        for (start, stop), (x, y) in zip(spans, self.loader):
+            yield x.to(self.device, non_blocking=True), y.to(self.device), stop - start
 
 
 def train_batches(splits: Splits, seed: int, device: torch.device):

@@ -47,6 +47,22 @@ class World:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
+    def all_reduce_gradients(self, parameters, grad_sync: "GradSync | None" = None) -> None:
+        """Sum every parameter's gradient over the ranks, in one flat buffer (see
+        `sum_gradients_hook` for why a sum)."""
+        params = [p for p in parameters if p.requires_grad]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        dist.all_reduce(flat)
+        offset = 0
+        for p in params:
+            p.grad.copy_(flat[offset : offset + p.numel()].view_as(p.grad))
+            offset += p.numel()
+        if grad_sync is not None:
+            grad_sync.buckets_reduced += 1
+
     def sync_buffers(self, module: torch.nn.Module) -> None:
         """Give every rank rank 0's buffers (BatchNorm running statistics), before evaluating."""
         if self.distributed:

@@ -38,7 +38,8 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 
 from bsexp import memory
-from bsexp.data import MIN_MICRO, Splits, TensorSplit, augment_batch, train_batches
+from bsexp.batch_schedule import MIN_MICRO
+from bsexp.data import Splits, TensorSplit, augment_batch, train_batches
 from bsexp.distributed import World
 from bsexp.errors import ConfigError
 from bsexp.plan import BatchPlan, make_plan
@@ -132,7 +133,7 @@ class TrialRunner:
                          else convert_sync_batchnorm(model, device))
             model = self._wrap(model.to(device))
         self.model = model.to(device)
-        hp = ScaledHparams(1.0, cfg.optimizer.lr, cfg.optimizer.lr, cfg.optimizer.weight_decay, 0, 1, 1)
+        hp = ScaledHparams(1.0, cfg.optimizer.lr, cfg.optimizer.lr, cfg.optimizer.weight_decay, 0, 1)
         self.optimizer = build_optimizer(cfg, self.model, hp)
         self.scaler = grad_scaler(device, str(cfg.precision))
         self.autocast = autocast(device, str(cfg.precision))
@@ -396,17 +397,20 @@ def memory_limit(cfg: DictConfig, device: torch.device) -> int:
 
 
 def find_plan(cfg: DictConfig, world: World, splits: Splits, model: torch.nn.Module,
-              limit_bytes: int | None = None) -> FinderResult:
-    """Search, agree over the ranks, and turn the chosen micro-batch into the run's plan."""
+              limit_bytes: int | None = None, keep_size: int | None = None, largest: int | None = None) -> FinderResult:
+    """Search, agree over the ranks, and turn the chosen micro-batch into a plan: for
+    `keep_size` (a global batch kept through accumulation), else the found size x ranks.
+    `largest` caps the micro-batches tried (besides batch.finder.max_size and the data)."""
     node = cfg.batch.finder
     limit = limit_bytes if limit_bytes is not None else memory_limit(cfg, world.device)
-    per_rank = None if cfg.batch.size is None else cfg.batch.size // world.size
-    max_size = min(node.max_size or math.inf, len(splits.train) // world.size, per_rank or math.inf)
+    per_rank = None if keep_size is None else keep_size // world.size
+    max_size = min(node.max_size or math.inf, len(splits.train) // world.size, per_rank or math.inf,
+                   largest or math.inf)
     key = _cache_key(cfg, world, splits)
     cached = _cache_load(cfg, key)
     if cached is not None:
         trials = [Trial(**t) for t in cached["trials"]]
-        result = _result(cfg, world, trials, cached["micro_size"], limit, cached["budget_mb"], per_rank, True)
+        result = _result(cfg, world, trials, cached["micro_size"], limit, cached["budget_mb"], keep_size, True)
         log.info("finder: micro-batch %d from the cache (%s)", result.micro_size, node.cache_dir)
         return result
     started = time.perf_counter()
@@ -451,7 +455,7 @@ def find_plan(cfg: DictConfig, world: World, splits: Splits, model: torch.nn.Mod
                           else math.floor(chosen * (1 - node.margin)))
         finally:
             prober.close()
-        result = _result(cfg, world, list(trials.values()), chosen, limit, budget / memory.MIB, per_rank, False)
+        result = _result(cfg, world, list(trials.values()), chosen, limit, budget / memory.MIB, keep_size, False)
         result.seconds = time.perf_counter() - started
         result.loader_samples_per_s = _loader_rate(splits, cfg, result.plan, world)
     if result.loader_samples_per_s and result.step_samples_per_s and result.loader_samples_per_s < result.step_samples_per_s:
@@ -482,10 +486,10 @@ def _agree(world: World, trial: Trial) -> Trial:
 
 
 def _result(cfg: DictConfig, world: World, trials: list[Trial], micro: int, limit: int, budget_mb: float,
-            per_rank: int | None, cached: bool) -> FinderResult:
+            keep_size: int | None, cached: bool) -> FinderResult:
     node = cfg.batch.finder
-    plan = make_plan(micro * world.size, world.size) if per_rank is None else make_plan(
-        cfg.batch.size, world.size, micro_size=micro)
+    plan = (make_plan(micro * world.size, world.size) if keep_size is None
+            else make_plan(keep_size, world.size, micro_size=micro))
     chosen = next((t for t in trials if t.size == micro), None)
     note = ""
     if str(node.objective) == "throughput":
@@ -500,8 +504,9 @@ def _loader_rate(splits: Splits, cfg: DictConfig, plan: BatchPlan, world: World,
     """Samples/s the training batches arrive at, with no training: the input pipeline's own rate."""
     batches = train_batches(splits, cfg.seed, world.device)
     count, started = 0, time.perf_counter()
-    for micro, _ in batches.steps(0, plan, rank=world.rank, drop_last=cfg.batch.drop_last):
-        count += sum(len(y) for _, y in micro)
+    sizes = [plan.size] * -(-len(batches) // plan.size)
+    for _, y, _ in batches.steps(0, sizes, world.rank, world.size, cfg.batch.drop_last):
+        count += len(y)
         if time.perf_counter() - started > seconds:
             break
     elapsed = time.perf_counter() - started
@@ -516,7 +521,7 @@ def _cache_key(cfg: DictConfig, world: World, splits: Splits) -> str:
         "model": OmegaConf.to_container(cfg.model, resolve=True, enum_to_str=True),
         "optimizer": OmegaConf.to_container(cfg.optimizer, resolve=True, enum_to_str=True),
         "finder": OmegaConf.to_container(cfg.batch.finder, resolve=True, enum_to_str=True),
-        "batch_size": cfg.batch.size, "input_shape": list(splits.input_shape), "classes": splits.num_classes,
+        "input_shape": list(splits.input_shape), "classes": splits.num_classes,
         "train": len(splits.train), "precision": str(cfg.precision), "world": world.size,
         # A limit of the machine's own varies with what else runs; the machine identifies it.
         "limit": cfg.batch.finder.memory_limit_gb or f"auto:{memory.total_memory()}",

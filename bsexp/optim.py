@@ -14,6 +14,7 @@ from torch import nn
 
 from bsexp import scaling
 from bsexp.config import call_target
+from bsexp.batch_schedule import RunSteps, lr_coupling
 from bsexp.plan import BatchPlan
 
 # Given to the optimizer by bsexp, scaled and per parameter group, not as written in the config.
@@ -22,37 +23,52 @@ _APPLIED_BY_BSEXP = ("lr", "weight_decay", "decay_norm_and_bias")
 
 @dataclass(frozen=True)
 class ScaledHparams:
-    k: float  # batch.size / scaling.ref_batch
-    lr: float  # the target LR, reached when warmup ends
-    lr_peak: float  # the highest LR the schedule applies within the run (below lr if warmup never ends)
+    k: float  # batch.size / scaling.ref_batch, at the first step
+    lr: float  # the target LR at the first step's batch, reached when warmup ends
+    lr_peak: float  # the highest LR applied within the run (below lr if warmup never ends)
     weight_decay: float
     warmup_steps: int
     total_steps: int
-    steps_per_epoch: int
 
 
-def scaled_hparams(cfg: DictConfig, plan: BatchPlan, steps_per_epoch: int) -> tuple[ScaledHparams, scaling.LRSchedule]:
+@dataclass(frozen=True)
+class LRFactors:
+    """The multiplier of the first step's LR at each step: warmup and main schedule, times the
+    coupling of the LR to a scheduled batch (1 when the batch is constant)."""
+
+    schedule: scaling.LRSchedule
+    coupling: tuple[float, ...] = ()
+
+    def __call__(self, step: int) -> float:
+        couple = self.coupling[min(step, len(self.coupling) - 1)] if self.coupling else 1.0
+        return self.schedule(step) * couple
+
+
+def scaled_hparams(cfg: DictConfig, plan: BatchPlan, run: RunSteps) -> tuple[ScaledHparams, LRFactors]:
     k = scaling.scale_factor(plan.size, cfg.scaling.ref_batch)
     lr = scaling.scaled_lr(cfg.optimizer.lr, k, str(cfg.scaling.lr_rule))
     wd = scaling.scaled_weight_decay(cfg.optimizer.weight_decay, k, str(cfg.scaling.wd_rule))
-    total = cfg.epochs * steps_per_epoch
-    if cfg.trainer.max_steps is not None:
-        total = min(total, cfg.trainer.max_steps)
     node = cfg.schedule
-    unit = str(node.unit)
-    warmup = 0 if node.warmup_shape == "none" else scaling.to_steps(node.warmup, unit, steps_per_epoch)
+    in_steps = (lambda length: int(round(length))) if node.unit == "steps" else run.steps_at
+    warmup = 0 if node.warmup_shape == "none" else in_steps(node.warmup)
     lr_schedule = scaling.LRSchedule(
-        total_steps=total,
+        total_steps=run.total,
         warmup_steps=warmup,
         warmup_shape=str(node.warmup_shape),
         start_factor=scaling.warmup_start_factor(node.start_factor, k),
         main=str(node.main),
-        milestones=tuple(scaling.to_steps(m, unit, steps_per_epoch) for m in node.milestones),
+        milestones=tuple(in_steps(m) for m in node.milestones),
         factor=node.factor,
         final_factor=node.final_factor,
     )
-    peak = lr * max(lr_schedule(step) for step in range(total))
-    return ScaledHparams(k, lr, peak, wd, warmup, total, steps_per_epoch), lr_schedule
+    coupling = ()
+    if "schedule" in cfg.batch:  # batch=scheduled: the LR follows the batch
+        bs = cfg.batch.schedule
+        coupling = tuple(lr_coupling(run.sizes, cfg.scaling.ref_batch, str(cfg.scaling.lr_rule), bs.couple_lr,
+                                     bs.ramp_steps))
+    factors = LRFactors(lr_schedule, coupling)
+    peak = lr * max((factors(step) for step in range(run.total)), default=1.0)
+    return ScaledHparams(k, lr, peak, wd, warmup, run.total), factors
 
 
 def param_groups(model: nn.Module, weight_decay: float, decay_norm_and_bias: bool) -> list[dict]:
@@ -75,5 +91,5 @@ def build_optimizer(cfg: DictConfig, model: nn.Module, hp: ScaledHparams) -> tor
     return call_target("optimizer", node, groups, exclude=_APPLIED_BY_BSEXP, lr=hp.lr)
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, lr_schedule: scaling.LRSchedule):
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule)
+def build_scheduler(optimizer: torch.optim.Optimizer, factors: LRFactors):
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factors)

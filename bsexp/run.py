@@ -18,7 +18,8 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from bsexp import config as schema
-from bsexp.data import Splits, steps_per_epoch, train_batches
+from bsexp.batch_schedule import plan_for
+from bsexp.data import Splits, train_batches
 from bsexp.finder import find_plan
 from bsexp.distributed import GradSync, World, close_world, init_world, sum_gradients_hook
 from bsexp.errors import ConfigError
@@ -76,10 +77,21 @@ def build_loop(cfg: DictConfig, plan: BatchPlan | None, world: World | None = No
     if size is not None and size > len(splits.train):
         raise ConfigError("batch.size", size, f"exceeds the {len(splits.train)} training samples of {splits.name}")
     model = build_model(cfg, splits)
-    found = None
-    if plan is None:
-        found = find_plan(cfg, world, splits, model.to(device))
-        plan = found.plan
+    found, micro_cap = None, None if plan is None else plan.micro_size
+    if plan is None:  # batch=finder
+        found = find_plan(cfg, world, splits, model.to(device), keep_size=cfg.batch.size)
+        plan, micro_cap = found.plan, found.plan.micro_size
+    schedule = schema.batch_schedule(cfg, start=plan.size)
+    if max(schedule.sizes(cfg.epochs)) > len(splits.train):
+        raise ConfigError("batch.schedule", schedule.sizes(cfg.epochs),
+                          f"grows past the {len(splits.train)} training samples of {splits.name}")
+    if cfg.batch.policy == schema.Policy.scheduled:
+        micro_cap = cfg.batch.micro_size
+        if cfg.batch.find_micro_size:  # the largest micro-batch that fits bounds them all
+            largest = max(schedule.sizes(cfg.epochs)) // world.size
+            found = find_plan(cfg, world, splits, model.to(device), largest=largest)
+            micro_cap = found.micro_size if micro_cap is None else min(micro_cap, found.micro_size)
+        plan = plan_for(plan.size, world.size, micro_cap)
     if world.distributed:
         sync_bn = cfg.distributed.sync_batchnorm
         if sync_bn or sync_bn is None:  # per-rank statistics (Goyal et al.'s recipe) only when asked
@@ -93,17 +105,19 @@ def build_loop(cfg: DictConfig, plan: BatchPlan | None, world: World | None = No
         model.register_comm_hook(grad_sync, sum_gradients_hook)
     else:
         model, grad_sync = model.to(device), None
-    per_epoch = steps_per_epoch(len(splits.train), plan, cfg.batch.drop_last)
-    hp, lr_schedule = scaled_hparams(cfg, plan, per_epoch)
+    run_steps = schedule.run_steps(cfg.epochs, len(splits.train), cfg.batch.drop_last, cfg.trainer.max_steps)
+    hp, lr_factors = scaled_hparams(cfg, plan, run_steps)
     optimizer = build_optimizer(cfg, model, hp)
     precision = str(cfg.precision)
     return Loop(
-        model=model, optimizer=optimizer, scheduler=build_scheduler(optimizer, lr_schedule),
+        model=model, optimizer=optimizer, scheduler=build_scheduler(optimizer, lr_factors),
         scaler=grad_scaler(device, precision), autocast=autocast(device, precision),
-        batches=train_batches(splits, cfg.seed, device), splits=splits, plan=plan, hp=hp,
+        batches=train_batches(splits, cfg.seed, device), splits=splits, plan=plan, run_steps=run_steps, hp=hp,
         sinks=NullSink(), world=world, epochs=cfg.epochs, clip_grad_norm=cfg.trainer.clip_grad_norm,
         eval_every_steps=cfg.trainer.eval_every_steps, eval_batch_size=cfg.trainer.eval_batch_size,
         drop_last=cfg.batch.drop_last, show_progress=cfg.trainer.progress, grad_sync=grad_sync, finder=found,
+        micro_cap=micro_cap, oom_recovery=cfg.trainer.oom_recovery,
+        sync_batchnorm=world.distributed and cfg.distributed.sync_batchnorm is not False,
     )
 
 
@@ -196,6 +210,9 @@ def make_summary(cfg: DictConfig, status: str, loop: Loop, hparams: dict[str, An
     return {
         "status": status,
         **hparams,
+        "final_batch_size": loop.plan.size,  # where a batch schedule ended
+        "final_micro_size": loop.plan.micro_size,  # after any OOM recovery
+        "oom_recoveries": loop.oom_recoveries,
         "epochs": last.get("epoch", 0),  # completed, as a fraction where the run stopped mid-epoch
         "steps": progress.step,
         "samples_seen": progress.samples_seen,
@@ -231,6 +248,16 @@ def write_json(path: Path, obj: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def _changes(summary: dict[str, Any]) -> str:
+    """How the batch moved during the run: the schedule's last batch, OOM recoveries."""
+    notes = []
+    if summary["final_batch_size"] != summary["batch_size"]:
+        notes.append(f"grew to {summary['final_batch_size']}")
+    if summary["oom_recoveries"]:
+        notes.append(f"{summary['oom_recoveries']} OOM recoveries, final micro {summary['final_micro_size']}")
+    return f" ({'; '.join(notes)})" if notes else ""
+
+
 def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
     pct = lambda v: "-" if v is None else f"{100 * v:.2f} %"  # noqa: E731
     rows = [
@@ -238,7 +265,7 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
         ("data / model", f"{summary['data']} / {summary['model'].rsplit('.', 1)[-1]} "
                          f"({summary['parameters']:,} parameters)"),
         ("batch", f"{summary['batch_size']} = {summary['micro_size']} micro x {summary['accum_steps']} "
-                  f"accum x {summary['world_size']} ranks"),
+                  f"accum x {summary['world_size']} ranks" + _changes(summary)),
         ("lr / weight decay", f"{summary['lr']:.4g} ({summary['lr_rule']}, k={summary['k']:g}) / "
                               f"{summary['weight_decay']:.4g} ({summary['wd_rule']})"),
         ("epochs / steps", f"{summary['epochs']:g} / {summary['steps']}"),

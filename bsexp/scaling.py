@@ -71,13 +71,6 @@ class LRSchedule:
         return 1.0
 
 
-def to_steps(length: float, unit: str, steps_per_epoch: int) -> int:
-    """A length in `epochs` or `steps` as a whole number of optimizer steps."""
-    if unit == "steps":
-        return int(round(length))
-    return int(round(length * steps_per_epoch))
-
-
 def warmup_start_factor(start_factor: float | None, k: float) -> float:
     """None means Goyal's choice: begin at the unscaled LR (1/k of the target), never above it."""
     if start_factor is None:

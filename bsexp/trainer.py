@@ -2,7 +2,10 @@
 
 Every loss is summed per sample and divided by the samples of the whole optimizer step (all
 micro-steps; all ranks once there are several), so accumulation is exact even when the last
-step of an epoch is smaller. Evaluation decides its own interval.
+step of an epoch is smaller. Each step's global batch comes from the run's batch schedule and
+is split into micro-batches by the plan in force, which an out-of-memory error may change
+(halving the micro-batch, doubling the accumulation: the same global batch, LR and weight
+decay). Evaluation decides its own interval.
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from bsexp.data import Split, Splits, eval_batches, shard, steps_per_epoch
+from bsexp.batch_schedule import RunSteps, micro_sizes, plan_for
+from bsexp.data import Split, Splits, eval_batches, shard
 from bsexp.distributed import GradSync, World
+from bsexp.memory import is_oom, release
 from bsexp.metrics import MetricsSink
 from bsexp.optim import ScaledHparams
 from bsexp.plan import BatchPlan
@@ -40,7 +45,8 @@ class Loop:
     autocast: Callable[[], Any]
     batches: Any  # TensorBatches or LoaderBatches
     splits: Splits
-    plan: BatchPlan
+    plan: BatchPlan  # in force for the current step
+    run_steps: RunSteps  # the scheduled global batch of every step of the run
     hp: ScaledHparams
     sinks: MetricsSink
     world: World
@@ -52,6 +58,16 @@ class Loop:
     show_progress: bool = True
     grad_sync: GradSync | None = None  # DDP's gradient all-reduce (None in one process)
     finder: Any = None  # the batch finder's result (bsexp.finder.FinderResult), when it ran
+    micro_cap: int | None = None  # the largest micro-batch per rank known to fit (None: any)
+    oom_recovery: bool = True
+    oom_recoveries: int = 0
+    sync_batchnorm: bool = False
+
+    @property
+    def norm_batch(self) -> int:
+        """Samples a BatchNorm layer normalises over in one forward: the micro-batch, over all
+        ranks with SyncBatchNorm."""
+        return self.plan.micro_size * (self.plan.world_size if self.sync_batchnorm else 1)
 
     @property
     def device(self) -> torch.device:
@@ -74,6 +90,7 @@ class Progress:
     running_samples: int = 0  # this rank's, since the last evaluation
     train_time_s: float = 0.0
     best_val_acc: float = 0.0
+    lr: float = 0.0  # the LR of the last step taken
     records: list[dict[str, Any]] = field(default_factory=list)
 
     def add(self, loss_sum: torch.Tensor, correct: torch.Tensor, samples: int) -> None:
@@ -93,37 +110,84 @@ class Progress:
         return sums[0].item() / n, sums[1].item() / n
 
 
-def train_step(loop: Loop, micro_batches: list[tuple[torch.Tensor, torch.Tensor]], step_samples: int):
-    """Forward and backward over every micro-batch, then one optimizer step.
+def train_step(loop: Loop, x: torch.Tensor, y: torch.Tensor, step_samples: int):
+    """One optimizer step on this rank's share (x, y) of a step of `step_samples` samples,
+    in micro-batches of the plan in force; on an out-of-memory error in a forward or backward
+    (every rank agreeing under DDP), the same data again in micro-batches half as large.
 
     Returns the summed loss and correct count of the step's samples on this rank (detached).
     """
-    model, optimizer, scaler = loop.model, loop.optimizer, loop.scaler
-    optimizer.zero_grad(set_to_none=True)
-    step_loss = correct = 0
-    last = len(micro_batches) - 1
-    for i, (x, y) in enumerate(micro_batches):
-        # Under DDP, gradients are all-reduced once per step: in the last micro-step's backward.
-        sync = i == last or not loop.world.distributed
-        with contextlib.nullcontext() if sync else model.no_sync():
-            with loop.autocast():
-                logits = model(x)
-                # This micro-batch's share of the mean loss over the step's samples (all micro-steps,
-                # all ranks); when it is the whole step, that is the plain mean.
-                if len(y) == step_samples:
-                    loss = F.cross_entropy(logits, y)
-                else:
-                    loss = F.cross_entropy(logits, y, reduction="sum") / step_samples
-            scaler.scale(loss).backward()
-        step_loss = step_loss + loss.detach()
-        correct = correct + (logits.detach().argmax(dim=1) == y).sum()
+    agree = loop.world.distributed and loop.oom_recovery
+    while True:
+        outcome = _forward_backward(loop, x, y, step_samples)
+        failed = outcome is None
+        if agree:  # every rank learns of an OOM anywhere, so none waits in a collective alone
+            failed = bool(loop.world.all_reduce(torch.tensor([float(failed)], device=loop.device), op="max"))
+        if not failed:
+            break
+        _recover_from_oom(loop)
+    optimizer, scaler = loop.optimizer, loop.scaler
+    if agree:  # gradients were kept local (no_sync) until every rank had passed
+        loop.world.all_reduce_gradients(loop.model.parameters(), loop.grad_sync)
     if loop.clip_grad_norm is not None:
         scaler.unscale_(optimizer)  # clip the true gradient of the whole step
-        nn.utils.clip_grad_norm_(model.parameters(), loop.clip_grad_norm)
+        nn.utils.clip_grad_norm_(loop.model.parameters(), loop.clip_grad_norm)
     scaler.step(optimizer)
     scaler.update()
     loop.scheduler.step()
+    return outcome
+
+
+def _forward_backward(loop: Loop, x: torch.Tensor, y: torch.Tensor, step_samples: int):
+    """Forward and backward over the micro-batches; None after an OOM (when recovering)."""
+    model = loop.model
+    loop.optimizer.zero_grad(set_to_none=True)
+    sizes = micro_sizes(len(y), step_samples, loop.plan)
+    # Under DDP, gradients are all-reduced once per step: in the last micro-step's backward, or,
+    # when recovering from OOMs, after every rank has finished its micro-steps.
+    local = loop.world.distributed and loop.oom_recovery
+    step_loss = correct = 0
+    try:
+        for i, (xm, ym) in enumerate(zip(x.split(sizes), y.split(sizes))):
+            sync = not loop.world.distributed or (i == len(sizes) - 1 and not local)
+            with contextlib.nullcontext() if sync else model.no_sync():
+                with loop.autocast():
+                    logits = model(xm)
+                    # This micro-batch's share of the mean loss over the step's samples (all
+                    # micro-steps, all ranks); when it is the whole step, that is the plain mean.
+                    if len(ym) == step_samples:
+                        loss = F.cross_entropy(logits, ym)
+                    else:
+                        loss = F.cross_entropy(logits, ym, reduction="sum") / step_samples
+                loop.scaler.scale(loss).backward()
+            step_loss = step_loss + loss.detach()
+            correct = correct + (logits.detach().argmax(dim=1) == ym).sum()
+    except Exception as exc:
+        if not (loop.oom_recovery and is_oom(exc)):
+            raise
+        return None
     return step_loss * step_samples, correct
+
+
+def _recover_from_oom(loop: Loop) -> None:
+    """Abandon the step (gradients, partial outputs, the loss scaler's step state) and halve the
+    micro-batch; the global batch, and so the LR and weight decay, stay as they were."""
+    plan = loop.plan
+    loop.optimizer.zero_grad(set_to_none=True)
+    release(loop.device)
+    state = loop.scaler.state_dict()
+    loop.scaler = torch.amp.GradScaler(loop.device.type, enabled=loop.scaler.is_enabled())
+    if state:
+        loop.scaler.load_state_dict(state)
+    if plan.micro_size == 1:
+        raise torch.OutOfMemoryError(f"even a micro-batch of 1 sample per rank does not fit (global batch "
+                                     f"{plan.size}): nothing left to halve")
+    loop.micro_cap = plan.micro_size // 2
+    loop.plan = plan_for(plan.size, plan.world_size, loop.micro_cap)
+    loop.oom_recoveries += 1
+    log.warning("out of memory at micro-batch %d: micro-batch %d x %d accumulation steps x %d ranks from now "
+                "on (global batch %d, LR and weight decay unchanged)", plan.micro_size, loop.plan.micro_size,
+                loop.plan.accum_steps, plan.world_size, plan.size)
 
 
 @torch.no_grad()
@@ -164,46 +228,48 @@ def eval_record(loop: Loop, progress: Progress, epoch: float) -> dict[str, Any]:
         "val_loss": val_loss,
         "val_acc": val_acc,
         "gen_gap": train_acc - val_acc,
-        "lr": loop.optimizer.param_groups[0]["lr"],
+        "lr": progress.lr,  # with the batch and plan below: what the last step used
         "batch_size": loop.plan.size,
         "micro_size": loop.plan.micro_size,
         "accum_steps": loop.plan.accum_steps,
+        "norm_batch": loop.norm_batch,
+        "oom_recoveries": loop.oom_recoveries,
         "samples_per_s": progress.samples_seen / max(progress.train_time_s, 1e-9),
     }
 
 
 def train(loop: Loop, progress: Progress) -> str:
-    """Train for `loop.epochs` epochs or `hp.total_steps` steps, counting in `progress` (which
+    """Train for the run's scheduled steps (`loop.run_steps`), counting in `progress` (which
     stays valid if a step raises); returns the status."""
-    plan, hp = loop.plan, loop.hp
-    per_epoch = steps_per_epoch(len(loop.batches), plan, loop.drop_last)
+    world, run = loop.world, loop.run_steps
     status = "completed"
     loop.model.train()
     for epoch in range(loop.epochs):
-        remaining = hp.total_steps - progress.step
-        if remaining <= 0:
+        sizes = run.epoch(epoch)
+        if not sizes:
             break
-        show = loop.show_progress and loop.world.is_main
-        bar = tqdm(total=min(per_epoch, remaining), desc=f"epoch {epoch + 1}/{loop.epochs}",
-                   unit="step", leave=False, dynamic_ncols=True, disable=None if show else True)
+        show = loop.show_progress and world.is_main
+        bar = tqdm(total=len(sizes), desc=f"epoch {epoch + 1}/{loop.epochs}", unit="step", leave=False,
+                   dynamic_ncols=True, disable=None if show else True)
         started = time.perf_counter()
-        batches = loop.batches.steps(epoch, plan, rank=loop.world.rank, drop_last=loop.drop_last)
-        for in_epoch, (micro_batches, samples) in enumerate(batches, start=1):
-            loss_sum, correct = train_step(loop, micro_batches, samples)
-            progress.add(loss_sum, correct, sum(len(y) for _, y in micro_batches))
+        batches = loop.batches.steps(epoch, sizes, world.rank, world.size, loop.drop_last)
+        for in_epoch, (x, y, samples) in enumerate(batches, start=1):
+            if loop.plan.size != run.sizes[progress.step]:  # the schedule moved on
+                loop.plan = plan_for(run.sizes[progress.step], world.size, loop.micro_cap)
+            progress.lr = loop.optimizer.param_groups[0]["lr"]
+            loss_sum, correct = train_step(loop, x, y, samples)
+            progress.add(loss_sum, correct, len(y))
             progress.step += 1
             progress.samples_seen += samples
             bar.update()
             if not bar.disable and (progress.step % 10 == 0 or bar.n == bar.total):
                 _show_postfix(bar, loop, progress, progress.train_time_s + time.perf_counter() - started)
-            if _eval_due(loop, progress, at_epoch_end=in_epoch == per_epoch):
+            if _eval_due(loop, progress, at_epoch_end=in_epoch == len(sizes)):
                 progress.train_time_s += time.perf_counter() - started
-                status = _log(loop, progress, epoch + in_epoch / per_epoch)
+                status = _log(loop, progress, epoch + in_epoch / len(sizes))
                 started = time.perf_counter()
                 if status != "completed":
                     break
-            if progress.step >= hp.total_steps:
-                break
         progress.train_time_s += time.perf_counter() - started
         bar.close()
         if status != "completed":
@@ -212,7 +278,7 @@ def train(loop: Loop, progress: Progress) -> str:
 
 
 def _eval_due(loop: Loop, progress: Progress, at_epoch_end: bool) -> bool:
-    if progress.step >= loop.hp.total_steps:
+    if progress.step >= loop.run_steps.total:
         return True
     if loop.eval_every_steps:
         return progress.step % loop.eval_every_steps == 0
@@ -236,7 +302,7 @@ def _show_postfix(bar: tqdm, loop: Loop, progress: Progress, train_seconds: floa
     bar.set_postfix(
         loss=f"{float(progress.loss_sum) / n:.4f}",
         acc=f"{float(progress.correct) / n:.3f}",
-        lr=f"{loop.optimizer.param_groups[0]['lr']:.3g}",
+        lr=f"{progress.lr:.3g}",
         samples_s=f"{progress.samples_seen / max(train_seconds, 1e-9):.0f}",
         refresh=False,
     )

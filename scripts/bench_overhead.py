@@ -5,10 +5,10 @@ What is measured
     settings, the same in-memory training tensors and the same per-epoch batch order are
     trained two ways, interleaved in one process:
 
-    bsexp  `loop.batches.steps(epoch, loop.plan)` and `bsexp.trainer.train_step(loop, micro,
+    bsexp  `loop.batches.steps(epoch, sizes)` and `bsexp.trainer.train_step(loop, x, y,
            samples)` per optimizer step, with `loop` built by `bsexp.run.build_loop` from the
-           real Hydra config. Includes bsexp's batching (the epoch's seeded shuffle, the index
-           plan, one index gather per micro-batch), its summed-loss normalisation, the detached
+           real Hydra config. Includes bsexp's batching (the epoch's seeded shuffle, the step
+           spans, one index gather per step), its micro-batch split and loss normalisation, the detached
            loss and correct count it returns, the GradScaler calls (pass-through in fp32) and
            the LR scheduler step.
     plain  What a person writes by hand: a seeded `torch.randperm` per epoch, `x[idx], y[idx]`
@@ -60,7 +60,7 @@ from hydra import compose, initialize_config_dir
 from tqdm import tqdm
 
 from bsexp.config import check, register_configs
-from bsexp.data import TensorBatches, augment_batch, augment_seed, epoch_order, steps_per_epoch
+from bsexp.data import TensorBatches, augment_batch, augment_seed, epoch_order
 from bsexp.errors import exit_on_config_error
 from bsexp.run import build_loop
 from bsexp.runtime import DTYPES
@@ -99,8 +99,8 @@ def build(overrides: list[str], epochs: int) -> tuple[Loop, str]:
 
 def bsexp_steps(loop: Loop, epoch: int) -> Iterator[None]:
     """One epoch of bsexp's own steps, pausing after each (the same `yield` as `Plain.steps`)."""
-    for micro, samples in loop.batches.steps(epoch, loop.plan, drop_last=loop.drop_last):
-        train_step(loop, micro, samples)
+    for x, y, samples in loop.batches.steps(epoch, loop.run_steps.epoch(epoch), drop_last=loop.drop_last):
+        train_step(loop, x, y, samples)
         yield
 
 
@@ -136,16 +136,16 @@ class Plain:
         n = len(y_all)
         # bsexp's seeded shuffle, so that both sides see the same batches.
         perm = epoch_order(n, self.seed, epoch).to(x_all.device)
-        if self.augment is not None:  # crops and flips drawn like bsexp's, for the same batches
-            generator = torch.Generator(device=x_all.device).manual_seed(augment_seed(self.seed, epoch, 0))
-        for start in range(0, n, self.size):
+        generator = torch.Generator(device=x_all.device)
+        for index, start in enumerate(range(0, n, self.size)):
             idx = perm[start:start + self.size]
             if self.drop_last and len(idx) < self.size:
                 return
             x, y = x_all[idx], y_all[idx]
             if self.mean is not None:  # uint8 images
                 x = (x.float() / 255.0 - self.mean) / self.std
-            if self.augment is not None:
+            if self.augment is not None:  # crops and flips drawn like bsexp's, for the same batches
+                generator.manual_seed(augment_seed(self.seed, epoch, 0) * 1_000_003 + index)
                 x = augment_batch(x, self.augment, generator, self.fill)
             if self.simple:
                 # The default case: fp32, one micro-batch per step, no clipping.
@@ -186,7 +186,7 @@ def main() -> None:
     plain.model.train()
     sync = torch.cuda.synchronize if loop.device.type == "cuda" else (lambda: None)
     n, plan = len(loop.batches), loop.plan
-    per_epoch = steps_per_epoch(n, plan, loop.drop_last)
+    per_epoch = len(loop.run_steps.epoch(0))
 
     def round_times(epoch: int) -> tuple[float, float]:
         """One epoch per side, step by step in strict turns (so every step of either side runs

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -53,3 +54,20 @@ def run_cli(data_root, tmp_path):
                               env=cli_env(data_root), timeout=timeout, **options)
 
     return run
+
+
+def limit_for_size(data_root: Path, tmp: Path, overrides: list[str], size: float) -> float:
+    """A memory limit (GB) under which the finder's largest fitting micro-batch is about `size`:
+    measured with the finder under 1 GB, then moved by the measured memory per sample. Not
+    guessed: the fixed memory of torch and the model differ between machines."""
+    finder = [] if "batch=finder" in overrides else ["batch=finder"]
+    out = subprocess.run([sys.executable, "-m", "bsexp.train", *overrides, *finder, "logger=none",
+                          "batch.finder.margin=0", "batch.finder.memory_limit_gb=1.0", "trainer.max_steps=1",
+                          f"hydra.run.dir={tmp / 'run'}"],
+                         cwd=tmp, env=cli_env(data_root), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    finder = json.loads((tmp / "run" / "finder.json").read_text())
+    fitted = sorted((t for t in finder["trials"] if t["ok"]), key=lambda t: t["size"])
+    a, b = fitted[-2], fitted[-1]
+    mb_per_sample = (b["train_peak_mb"] - a["train_peak_mb"]) / (b["size"] - a["size"])
+    return 1.0 + (size - finder["micro_size"]) * mb_per_sample / 1024

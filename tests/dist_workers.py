@@ -93,3 +93,26 @@ def find_and_train(cfg, limits_gb):
                 "tried": {t.size: t.ok for t in loop.finder.trials}}
     finally:
         close_world(world)
+
+
+def train_with_room(cfg, rooms_mb):
+    """Each rank trains with its own room in memory above what it holds after building the run
+    (0: no cap), so an OOM happens on some ranks only; returns what each rank ended with."""
+    from bsexp import memory
+    from bsexp.config import check
+    from bsexp.distributed import close_world, init_world
+    from bsexp.run import build_loop
+    from bsexp.trainer import Progress, train
+
+    torch.set_num_threads(1)
+    world = init_world("cpu", "gloo", 120)
+    try:
+        loop = build_loop(cfg, check(cfg), world)
+        if rooms_mb[world.rank]:
+            memory.return_freed_memory()
+            memory.cap_memory(memory.rss() + rooms_mb[world.rank] * memory.MIB)
+        status = train(loop, Progress())
+        return {"rank": world.rank, "status": status, "plan": loop.plan, "oom_recoveries": loop.oom_recoveries,
+                "params": {k: v.detach().clone() for k, v in loop.net.state_dict().items()}}
+    finally:
+        close_world(world)

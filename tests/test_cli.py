@@ -23,7 +23,7 @@ RECORD_KEYS = {"epoch", "step", "samples_seen", "train_loss", "train_acc", "val_
 def test_help_lists_every_group_and_its_options(run_cli):
     out = run_cli("--help")
     assert out.returncode == 0, out.stderr
-    for line in ["batch: accumulation, finder, fixed",
+    for line in ["batch: accumulation, finder, fixed, scheduled",
                  "data: cifar10, cifar100, digits, fashion_mnist, mnist, mnist1d, synthetic",
                  "distributed: ddp, none", "logger: none, wandb", "model: cnn, cnn1d, mlp, resnet18",
                  "optimizer: adamw, lamb, lars, sgd"]:

@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 from bsexp.config import check
 from bsexp.errors import ConfigError, one_line
 from bsexp.run import build_data, build_model
+from bsexp.batch_schedule import BatchSchedule
 from bsexp.optim import build_optimizer, scaled_hparams
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
@@ -23,7 +24,7 @@ def test_every_group_has_its_options():
     assert options("data") == ["cifar10", "cifar100", "digits", "fashion_mnist", "mnist", "mnist1d", "synthetic"]
     assert options("model") == ["cnn", "cnn1d", "mlp", "resnet18"]
     assert options("optimizer") == ["adamw", "lamb", "lars", "sgd"]
-    assert options("batch") == ["accumulation", "finder", "fixed"]
+    assert options("batch") == ["accumulation", "finder", "fixed", "scheduled"]
     assert options("distributed") == ["ddp", "none"]
     assert options("logger") == ["none", "wandb"]
 
@@ -69,7 +70,7 @@ def test_every_model_builds_for_its_data(make_cfg, model, data):
 def test_every_optimizer_builds_with_scaled_values(make_cfg, name, cls):
     cfg = make_cfg(f"optimizer={name}", "batch.size=512", "data=digits", "model=mlp")
     plan = check(cfg)
-    hp, _ = scaled_hparams(cfg, plan, steps_per_epoch=3)
+    hp, _ = scaled_hparams(cfg, plan, BatchSchedule(plan.size).run_steps(cfg.epochs, 1437, False))
     net = build_model(cfg, build_data(cfg))
     optimizer = build_optimizer(cfg, net, hp)
     assert type(optimizer).__name__ == cls
@@ -104,7 +105,7 @@ def test_keys_appended_past_the_schema_are_refused(make_cfg, override, key):
 
 def test_weight_decay_on_biases_and_norms_is_an_option(make_cfg):
     cfg = make_cfg("optimizer.decay_norm_and_bias=true", "data=digits", "model=mlp")
-    hp, _ = scaled_hparams(cfg, check(cfg), steps_per_epoch=3)
+    hp, _ = scaled_hparams(cfg, check(cfg), BatchSchedule(128).run_steps(cfg.epochs, 1437, False))
     net = build_model(cfg, build_data(cfg))
     [group] = build_optimizer(cfg, net, hp).param_groups
     assert group["weight_decay"] == cfg.optimizer.weight_decay and len(group["params"]) == len(list(net.parameters()))

@@ -31,14 +31,19 @@ def single(make_cfg, *overrides):
     return loop, before, progress
 
 
-@pytest.mark.parametrize("batch", [["batch.size=64"], ["batch=accumulation", "batch.size=64", "batch.micro_size=16"]])
+ACCUMULATION = ["batch=accumulation", "batch.size=64", "batch.micro_size=16"]
+
+
+# With OOM recovery on (the default) gradients are all-reduced after the last micro-step; off,
+# inside its backward, through DDP's communication hook.
+@pytest.mark.parametrize("batch", [["batch.size=64"], ACCUMULATION, [*ACCUMULATION, "trainer.oom_recovery=false"]])
 def test_two_ranks_equal_one_process_and_evaluate_identically(make_cfg, batch):
     loop, before, progress = single(make_cfg, *batch)
     cfg = make_cfg(*TINY, *batch, "distributed=ddp", "distributed.nproc_per_node=2")
     results = dist_workers.launch(dist_workers.train_steps, cfg)
     ranks = results[0], results[1]
     assert [r["world_size"] for r in ranks] == [2, 2] and all(r["status"] == "completed" for r in ranks)
-    assert (loop.plan.micro_size, loop.plan.accum_steps) == ((64, 1) if len(batch) == 1 else (16, 4))
+    assert (loop.plan.micro_size, loop.plan.accum_steps) == ((64, 1) if batch == ["batch.size=64"] else (16, 4))
     for rank in ranks:  # 2 ranks x 32 (or 2 x 2 micro-steps x 16) against 1 x 64, after 5 steps
         for key, value in loop.net.state_dict().items():
             assert torch.allclose(rank["params"][key], value, atol=1e-5, rtol=0), key

@@ -14,6 +14,7 @@ from bsexp.errors import ConfigError
 from bsexp.finder import find_plan
 from bsexp.run import build_data, build_loop, build_model
 from bsexp.trainer import Progress, train
+from conftest import limit_for_size
 
 # Memory grows fast with the batch and compute does not: one wide hidden layer on 40 inputs.
 WIDE = ["data=synthetic", "data.shape=[1,40]", "data.num_samples=8000", "data.val_size=200",
@@ -26,7 +27,7 @@ def find(make_cfg, *overrides, limit_gb=None, base=WIDE):
     check(cfg)
     splits = build_data(cfg)
     limit = None if limit_gb is None else int(limit_gb * GIB)
-    return find_plan(cfg, World(), splits, build_model(cfg, splits), limit)
+    return find_plan(cfg, World(), splits, build_model(cfg, splits), limit, keep_size=cfg.batch.size)
 
 
 def test_a_real_cpu_oom_is_recognised_and_other_errors_are_not():
@@ -59,22 +60,8 @@ def finder_run(run_cli, run_dir, *overrides):
 @pytest.fixture(scope="module")
 def calibrated_limit_gb(data_root, tmp_path_factory):
     """A memory limit under which the largest batch that fits lies between 2048 and 2048 x 1.15,
-    so that doubling ends close to it too (2048 fits, 4096 does not). Measured, not guessed: the
-    fixed memory of torch and the model differ between machines."""
-    import os
-
-    from conftest import cli_env
-
-    tmp = tmp_path_factory.mktemp("calibration")
-    out = subprocess.run([sys.executable, "-m", "bsexp.train", *WIDE, "logger=none", "batch.finder.margin=0",
-                          "batch.finder.memory_limit_gb=1.0", "trainer.max_steps=1", f"hydra.run.dir={tmp / 'run'}"],
-                         cwd=tmp, env=cli_env(data_root), capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    finder = json.loads((tmp / "run" / "finder.json").read_text())
-    fitted = sorted((t for t in finder["trials"] if t["ok"]), key=lambda t: t["size"])
-    a, b = fitted[-2], fitted[-1]
-    mb_per_sample = (b["train_peak_mb"] - a["train_peak_mb"]) / (b["size"] - a["size"])
-    return 1.0 + (2048 * 1.08 - finder["micro_size"]) * mb_per_sample / 1024
+    so that doubling ends close to it too (2048 fits, 4096 does not)."""
+    return limit_for_size(data_root, tmp_path_factory.mktemp("calibration"), WIDE, 2048 * 1.08)
 
 
 @pytest.mark.parametrize("mode", ["fit", "power", "binsearch"])
@@ -91,7 +78,7 @@ def test_each_mode_finds_a_size_that_trains_under_the_cap_and_close_to_it(run_cl
     assert summary["status"] == "completed" and summary["batch_size"] == size
     # 25 % more does not fit: the finder is near the limit, not far below it.
     bigger = run_cli(*[o for o in WIDE if o != "batch=finder"], "logger=none", f"batch.size={int(size * 1.25)}",
-                     f"trainer.memory_limit_gb={limit}", f"hydra.run.dir={tmp_path / 'bigger'}")
+                     f"trainer.memory_limit_gb={limit}", "trainer.oom_recovery=false", f"hydra.run.dir={tmp_path / 'bigger'}")
     assert bigger.returncode == 1 and "out of memory" in bigger.stderr
 
 

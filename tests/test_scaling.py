@@ -71,12 +71,6 @@ def test_step_schedule_multiplies_at_each_milestone():
     assert [schedule(s) for s in (0, 29, 30, 59, 60, 99)] == pytest.approx([1, 1, 0.1, 0.1, 0.01, 0.01])
 
 
-def test_lengths_in_epochs_become_whole_steps():
-    assert scaling.to_steps(5, "epochs", 28) == 140
-    assert scaling.to_steps(0.5, "epochs", 7) == 4
-    assert scaling.to_steps(12, "steps", 28) == 12
-
-
 def test_a_milestone_inside_warmup_takes_effect_when_warmup_ends():
     schedule = LRSchedule(total_steps=20, warmup_steps=10, start_factor=0.5, main="step", milestones=(5, 15))
     assert schedule(4) == pytest.approx(0.5 + 0.5 * 4 / 10)  # still ramping

@@ -111,9 +111,9 @@ def test_scaled_lr_warmup_and_weight_decay_reach_the_optimizer(make_cfg):
     assert decay["weight_decay"] == pytest.approx(1e-3) and no_decay["weight_decay"] == 0.0
     assert all(p.ndim == 1 for p in no_decay["params"]) and all(p.ndim > 1 for p in decay["params"])
     seen = []
-    for step, (micro, samples) in enumerate(loop.batches.steps(0, loop.plan)):
+    for step, (x, y, samples) in enumerate(loop.batches.steps(0, loop.run_steps.epoch(0))):
         seen.append(loop.optimizer.param_groups[0]["lr"])
-        train_step(loop, micro, samples)
+        train_step(loop, x, y, samples)
         if step == 5:
             break
     assert seen == pytest.approx([0.1, 0.175, 0.25, 0.325, 0.4, 0.4])

@@ -50,3 +50,19 @@ class RaisesAbove(TinyNet):
         if len(x) > self.above:
             raise ValueError(f"RaisesAbove: batch of {len(x)} > {self.above}")
         return self.net(x)
+
+
+class HeavyPerSample(TinyNet):
+    """Needs `mb_per_sample` MB of real memory per training sample (a scratch activation), so that
+    under a memory cap every micro-batch above some size fails in the allocator."""
+
+    def __init__(self, input_shape, num_classes, mb_per_sample: float = 1.0):
+        super().__init__(input_shape, num_classes)
+        self.floats = int(mb_per_sample * 2**18)  # float32s in mb_per_sample MB
+
+    def forward(self, x):
+        out = self.net(x)
+        if self.training:
+            scratch = torch.ones(len(x), self.floats, device=x.device)
+            out = out + 0 * scratch.mean()
+        return out
