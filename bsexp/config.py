@@ -45,9 +45,10 @@ Norm = _Choice("Norm", {k: k for k in NORMS}, module=__name__)
 Policy = _Choice("Policy", {k: k for k in ("fixed", "accumulation", "finder", "scheduled")}, module=__name__)
 ScheduleKind = _Choice("ScheduleKind", {k: k for k in ("step", "linear", "exponential", "list")}, module=__name__)
 FinderMode = _Choice("FinderMode", {k: k for k in ("fit", "power", "binsearch")}, module=__name__)
-FinderObjective = _Choice("FinderObjective", {k: k for k in ("max", "throughput")}, module=__name__)
+FinderObjective = _Choice("FinderObjective", {k: k for k in ("max", "throughput", "noise_scale")}, module=__name__)
 DistributedKind = _Choice("DistributedKind", {k: k for k in ("none", "ddp")}, module=__name__)
 Backend = _Choice("Backend", {k: k for k in ("auto", "gloo", "nccl")}, module=__name__)
+NoiseMode = _Choice("NoiseMode", {k: k for k in ("auto", "off", "always")}, module=__name__)
 LoggerKind = _Choice("LoggerKind", {k: k for k in ("wandb", "none")}, module=__name__)
 WandbMode = _Choice("WandbMode", {k: k for k in ("offline", "online", "disabled")}, module=__name__)
 # The torchvision sets bsexp knows: name -> (torchvision class, number of classes).
@@ -226,6 +227,8 @@ class FinderConfig:
     margin: float = 0.05  # headroom: trials run under memory_limit x (1 - margin)
     memory_limit_gb: Optional[float] = None  # null: the GPU's memory, or what the machine has free
     throughput_tolerance: float = 0.05  # objective=throughput: within this fraction of the best
+    noise_steps: int = 100  # objective=noise_scale: training steps that measure the gradient noise scale
+    noise_batch: int = 256  # objective=noise_scale: the batch they use (at most what fits)
     cache: bool = False  # reuse results for the same model, input, precision, device and limit
     cache_dir: str = "${oc.env:BSEXP_CACHE,'~/.cache/bsexp'}/finder"
 
@@ -319,6 +322,10 @@ class TrainerConfig:
     threads: Optional[int] = None  # torch CPU threads; null: torch's default
     memory_limit_gb: Optional[float] = None  # train as on a smaller machine: a real cap on memory
     oom_recovery: bool = True  # on OOM: halve the micro-batch, accumulate, retry the same data
+    # Gradient noise scale: auto measures it where it is free (accumulation, several ranks);
+    # always also splits a single micro-batch in two to measure it; off never.
+    noise_scale: NoiseMode = NoiseMode.auto
+    noise_decay: float = 0.99  # of the moving averages of |G|^2 and tr(Sigma)
 
 
 @dataclass
@@ -364,9 +371,12 @@ SCHEMAS = {
 
 def register_configs() -> None:
     """Schemas are stored outside any group, so `--help` lists only the real options."""
+    from bsexp.sweep import register_resolvers
+
     store = ConfigStore.instance()
     for name, node in SCHEMAS.items():
         store.store(name=name, node=node)
+    register_resolvers()  # ${bsexp_job_dir:}, the name of a sweep point's directory
 
 
 # ---------------------------------------------------------------------------- checks
@@ -396,7 +406,10 @@ BOUNDS: dict[str, tuple[float | None, float | None, str]] = {
     "batch.finder.max_size": (2, None, ">= 2"),
     "batch.finder.margin": (0, 0.9, "in [0, 0.9]"),
     "batch.finder.throughput_tolerance": (0, 0.5, "in [0, 0.5]"),
+    "batch.finder.noise_steps": (1, None, ">= 1"),
+    "batch.finder.noise_batch": (4, None, ">= 4"),
     "batch.micro_size": (1, None, ">= 1"),
+    "trainer.noise_decay": (0, 0.999999, "in [0, 1)"),
     "batch.schedule.round_to": (1, None, ">= 1"),
     "batch.schedule.ramp_steps": (0, None, ">= 0"),
     "batch.schedule.end": (1, None, ">= 1"),
@@ -526,10 +539,11 @@ def check(cfg: DictConfig) -> BatchPlan | None:
             raise ConfigError(key, value, "must be in (0, 1]")
         if value is not None and key in BELOW_ONE and value >= 1:
             raise ConfigError(key, value, "must be in (0, 1)")
-    for key in POSITIVE_LISTS:
+    for key in POSITIVE_LISTS:  # model.hidden may be empty: a linear (logistic regression) model
         value = _schema_value(cfg, key)
-        if value is not None and (len(value) == 0 or min(value) < 1):
-            raise ConfigError(key, list(value), "must be a non-empty list of sizes >= 1")
+        empty_ok = key == "model.hidden"
+        if value is not None and ((len(value) == 0 and not empty_ok) or min(value, default=1) < 1):
+            raise ConfigError(key, list(value), f"must be a {'' if empty_ok else 'non-empty '}list of sizes >= 1")
     if "betas" in cfg.optimizer:
         betas = list(cfg.optimizer.betas)
         if len(betas) != 2 or not all(_within(b, 0, 0.999999) for b in betas):

@@ -55,6 +55,8 @@ class World:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         flat = torch.cat([p.grad.reshape(-1) for p in params])
+        if grad_sync is not None and grad_sync.measure:
+            grad_sync.local_sq = flat.double().pow(2).sum()
         dist.all_reduce(flat)
         offset = 0
         for p in params:
@@ -99,6 +101,8 @@ class GradSync:
     """State of `sum_gradients_hook`: how many gradient buckets it has all-reduced."""
 
     buckets_reduced: int = 0
+    measure: bool = False  # keep the squared norm of this rank's gradient before the all-reduce
+    local_sq: Any = None  # (for the gradient noise scale), summed over buckets
 
 
 def sum_gradients_hook(state, bucket):  # no annotations: DDP checks them, and ours are strings
@@ -106,5 +110,8 @@ def sum_gradients_hook(state, bucket):  # no annotations: DDP checks them, and o
     rank's loss is already divided by the samples of the whole step on every rank (Goyal et al.
     remark 3), so the ranks' gradients add up to the global one."""
     state.buckets_reduced += 1
+    if state.measure:
+        local = bucket.buffer().double().pow(2).sum()
+        state.local_sq = local if state.local_sq is None else state.local_sq + local
     work = dist.all_reduce(bucket.buffer(), async_op=True)
     return work.get_future().then(lambda fut: fut.value()[0])

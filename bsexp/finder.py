@@ -83,11 +83,12 @@ class FinderResult:
     cached: bool = False
     world_size: int = 1
     seconds: float = 0.0  # spent probing, start of the probe process included
+    noise_b_simple: float | None = None  # objective=noise_scale: the measured gradient noise scale
 
     def summary(self) -> dict[str, Any]:
         """The short form for summary.json (finder.json holds every trial)."""
         keys = ("mode", "objective", "limit_gb", "margin", "budget_mb", "micro_size", "note",
-                "loader_samples_per_s", "step_samples_per_s", "cached", "seconds")
+                "loader_samples_per_s", "step_samples_per_s", "cached", "seconds", "noise_b_simple")
         return {**{k: getattr(self, k) for k in keys}, "trials": len(self.trials),
                 "batch_size": self.plan.size, "accum_steps": self.plan.accum_steps}
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import inspect
 import json
+import math
 from dataclasses import asdict
 import logging
 import os
@@ -12,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm.contrib.logging import logging_redirect_tqdm
@@ -24,8 +26,9 @@ from bsexp.finder import find_plan
 from bsexp.distributed import GradSync, World, close_world, init_world, sum_gradients_hook
 from bsexp.errors import ConfigError
 from bsexp.metrics import JsonlSink, NullSink, Sinks, WandbSink
+from bsexp.noise import NoiseScale
 from bsexp.optim import build_optimizer, build_scheduler, scaled_hparams
-from bsexp.plan import BatchPlan
+from bsexp.plan import BatchPlan, make_plan
 from bsexp.runtime import (autocast, grad_scaler, limit_memory, peak_memory_mb, provenance, reset_peak_memory,
                            resolve_device, seed_everything)
 from bsexp.syncbn import convert_sync_batchnorm
@@ -81,6 +84,8 @@ def build_loop(cfg: DictConfig, plan: BatchPlan | None, world: World | None = No
     if plan is None:  # batch=finder
         found = find_plan(cfg, world, splits, model.to(device), keep_size=cfg.batch.size)
         plan, micro_cap = found.plan, found.plan.micro_size
+        if str(cfg.batch.finder.objective) == "noise_scale":
+            plan = noise_scale_plan(cfg, world, found, len(splits.train))
     schedule = schema.batch_schedule(cfg, start=plan.size)
     if max(schedule.sizes(cfg.epochs)) > len(splits.train):
         raise ConfigError("batch.schedule", schedule.sizes(cfg.epochs),
@@ -109,6 +114,9 @@ def build_loop(cfg: DictConfig, plan: BatchPlan | None, world: World | None = No
     hp, lr_factors = scaled_hparams(cfg, plan, run_steps)
     optimizer = build_optimizer(cfg, model, hp)
     precision = str(cfg.precision)
+    noise_mode = str(cfg.trainer.noise_scale)
+    if grad_sync is not None:
+        grad_sync.measure = noise_mode != "off"
     return Loop(
         model=model, optimizer=optimizer, scheduler=build_scheduler(optimizer, lr_factors),
         scaler=grad_scaler(device, precision), autocast=autocast(device, precision),
@@ -118,7 +126,48 @@ def build_loop(cfg: DictConfig, plan: BatchPlan | None, world: World | None = No
         drop_last=cfg.batch.drop_last, show_progress=cfg.trainer.progress, grad_sync=grad_sync, finder=found,
         micro_cap=micro_cap, oom_recovery=cfg.trainer.oom_recovery,
         sync_batchnorm=world.distributed and cfg.distributed.sync_batchnorm is not False,
+        noise=None if noise_mode == "off" else NoiseScale(decay=cfg.trainer.noise_decay),
+        noise_split=noise_mode == "always",
     )
+
+
+def noise_scale_plan(cfg: DictConfig, world: World, found, n_train: int) -> BatchPlan:
+    """batch.finder.objective=noise_scale: train a copy of the run for batch.finder.noise_steps
+    steps at batch.finder.noise_batch (at most what fits), measuring the gradient noise scale
+    B_simple (McCandlish et al. 2018), then take the batch nearest it that fits in memory and
+    divides over the ranks. Every random generator is as before: the run then trains exactly as
+    batch=fixed at that batch would."""
+    from bsexp.batch_schedule import MIN_MICRO
+    from bsexp.finder import preserved_rng
+
+    node, quantum = cfg.batch.finder, 2 * world.size  # two halves on every rank
+    fits = found.micro_size * world.size
+    measure = max(quantum * MIN_MICRO, min(node.noise_batch, fits, n_train) // quantum * quantum)
+    probe = copy.deepcopy(cfg)
+    with open_dict(probe):
+        probe.batch.policy, probe.batch.size = schema.Policy.fixed, measure
+        probe.trainer.max_steps, probe.trainer.noise_scale = node.noise_steps, schema.NoiseMode.always
+        probe.trainer.progress, probe.trainer.eval_every_steps = False, 0
+        probe.epochs = max(cfg.epochs, math.ceil(node.noise_steps * measure / n_train))
+    with preserved_rng():
+        loop = build_loop(probe, schema.batch_plan(probe), world)
+        train(loop, Progress())
+    b_simple = loop.noise.summary()["noise_b_simple"]
+    if b_simple is None:
+        raise ConfigError("batch.finder.noise_steps", node.noise_steps, "too few to estimate the gradient noise "
+                          "scale (|G|^2 not yet positive); measure for more steps")
+    target = min(max(b_simple, world.size * MIN_MICRO), fits, n_train)
+    size = max(world.size * MIN_MICRO, round(target / world.size) * world.size)
+    if size > fits:
+        size -= world.size
+    found.noise_b_simple = b_simple
+    found.note = (f"Noise-scale objective: B_simple = {b_simple:,.0f} measured over {node.noise_steps} steps at "
+                  f"batch {measure}; the nearest batch that fits (at most {fits}) and divides over {world.size} "
+                  f"rank(s) is {size}.")
+    found.plan = make_plan(size, world.size)
+    log.info("gradient noise scale B_simple = %.0f (measured over %d steps at batch %d): training at batch %d",
+             b_simple, node.noise_steps, measure, size)
+    return found.plan
 
 
 # The name of DDP's switch changed in torch 2.15 (buffers still synchronised once, at wrapping).
@@ -233,7 +282,9 @@ def make_summary(cfg: DictConfig, status: str, loop: Loop, hparams: dict[str, An
         "optimizer": cfg.optimizer._target_,
         "precision": str(cfg.precision),
         "device": str(loop.device),
+        "threads": torch.get_num_threads(),
         "finder": loop.finder.summary() if loop.finder is not None else None,
+        **(loop.noise or NoiseScale()).summary(),
         "provenance": provenance(),
     }
 

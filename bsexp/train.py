@@ -6,6 +6,7 @@ and exit code 2 (see README, "Outputs", for what may already have been written).
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
@@ -16,9 +17,11 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from bsexp.config import env_rank, register_configs, under_torchrun
-from bsexp.errors import exit_on_config_error
+from bsexp.errors import ConfigError, exit_on_config_error, one_line
+from bsexp.sweep import apply_wandb_identity
 
 register_configs()
+log = logging.getLogger(__name__)
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
@@ -30,9 +33,16 @@ def _job(cfg: DictConfig) -> float | None:
     job = run
     if cfg.distributed.kind == "ddp" and not under_torchrun() and cfg.distributed.nproc_per_node > 1:
         from bsexp.launch import launch_workers as job
+    apply_wandb_identity(cfg)
+    _share_cores(cfg, hydra_cfg)
     if hydra_cfg.mode == RunMode.MULTIRUN:
-        # A bad point raises: Hydra records the failed job and the sweep goes on.
-        return job(cfg, run_dir).get("val_acc")
+        # A failing point raises: Hydra records it as failed (so does jobs.jsonl) and runs the
+        # others; main() reports it once the sweep has ended.
+        try:
+            return job(cfg, run_dir).get("val_acc")
+        except Exception as exc:
+            log.error("point %d failed: %s", hydra_cfg.job.num, one_line(exc))
+            raise
     try:
         with exit_on_config_error():
             return job(cfg, run_dir).get("val_acc")
@@ -55,6 +65,19 @@ def _job(cfg: DictConfig) -> float | None:
         sys.exit(1)
 
 
+def _share_cores(cfg: DictConfig, hydra_cfg: DictConfig) -> None:
+    """Points run side by side (Hydra's joblib launcher) split the cores between them, rather
+    than each taking them all (torch's default): trainer.threads, unless set."""
+    launcher = hydra_cfg.launcher
+    if cfg.trainer.threads is not None or "JoblibLauncher" not in str(launcher.get("_target_", "")):
+        return
+    cores = len(os.sched_getaffinity(0))
+    n_jobs = int(launcher.get("n_jobs") or -1)
+    side_by_side = n_jobs if n_jobs > 0 else max(1, cores + 1 + n_jobs)  # joblib: -1 is every core
+    ranks = cfg.distributed.nproc_per_node if cfg.distributed.kind == "ddp" else 1
+    cfg.trainer.threads = max(1, cores // (side_by_side * ranks))
+
+
 def main() -> None:
     # Let errors reach us unformatted, so that each becomes one line and exit code 2.
     os.environ["HYDRA_FULL_ERROR"] = "1"
@@ -63,7 +86,19 @@ def main() -> None:
         # nothing themselves: no directory of their own, no .hydra/, no log file.
         sys.argv += ["hydra.run.dir=.", "hydra.output_subdir=null", "hydra/job_logging=bsexp_worker"]
     with exit_on_config_error():
-        _job()
+        try:
+            _job()
+        except Exception as exc:
+            if not _multirun_requested():
+                raise
+            # Hydra re-raises the first failed point's error after running every point.
+            print(f"error: a sweep point failed ({one_line(exc)}); the others ran: each point's outcome is in "
+                  f"jobs.jsonl in the sweep directory", file=sys.stderr, flush=True)
+            sys.exit(2 if isinstance(exc, ConfigError) else 1)
+
+
+def _multirun_requested() -> bool:
+    return any(arg in ("-m", "--multirun") for arg in sys.argv[1:])
 
 
 if __name__ == "__main__":

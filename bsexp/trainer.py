@@ -23,11 +23,12 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from bsexp.batch_schedule import RunSteps, micro_sizes, plan_for
+from bsexp.batch_schedule import MIN_MICRO, RunSteps, micro_sizes, plan_for
 from bsexp.data import Split, Splits, eval_batches, shard
 from bsexp.distributed import GradSync, World
 from bsexp.memory import is_oom, release
 from bsexp.metrics import MetricsSink
+from bsexp.noise import NoiseScale, squared_norm
 from bsexp.optim import ScaledHparams
 from bsexp.plan import BatchPlan
 
@@ -62,6 +63,8 @@ class Loop:
     oom_recovery: bool = True
     oom_recoveries: int = 0
     sync_batchnorm: bool = False
+    noise: NoiseScale | None = None  # the gradient noise scale, when measured (trainer.noise_scale)
+    noise_split: bool = False  # split a step of one micro-batch in two to measure it (always)
 
     @property
     def norm_batch(self) -> int:
@@ -129,13 +132,15 @@ def train_step(loop: Loop, x: torch.Tensor, y: torch.Tensor, step_samples: int):
     optimizer, scaler = loop.optimizer, loop.scaler
     if agree:  # gradients were kept local (no_sync) until every rank had passed
         loop.world.all_reduce_gradients(loop.model.parameters(), loop.grad_sync)
+    if loop.noise is not None:
+        _measure_noise(loop, len(y), step_samples, outcome[2])
     if loop.clip_grad_norm is not None:
         scaler.unscale_(optimizer)  # clip the true gradient of the whole step
         nn.utils.clip_grad_norm_(loop.model.parameters(), loop.clip_grad_norm)
     scaler.step(optimizer)
     scaler.update()
     loop.scheduler.step()
-    return outcome
+    return outcome[:2]
 
 
 def _forward_backward(loop: Loop, x: torch.Tensor, y: torch.Tensor, step_samples: int):
@@ -143,6 +148,11 @@ def _forward_backward(loop: Loop, x: torch.Tensor, y: torch.Tensor, step_samples
     model = loop.model
     loop.optimizer.zero_grad(set_to_none=True)
     sizes = micro_sizes(len(y), step_samples, loop.plan)
+    if loop.noise_split and len(sizes) == 1 and sizes[0] >= 2 * MIN_MICRO and not loop.world.distributed:
+        sizes = [sizes[0] // 2, sizes[0] - sizes[0] // 2]  # two halves: a small and a big gradient
+    small = None  # squared norm of the first micro-batch's own mean gradient, and its size
+    if loop.grad_sync is not None:
+        loop.grad_sync.local_sq = None
     # Under DDP, gradients are all-reduced once per step: in the last micro-step's backward, or,
     # when recovering from OOMs, after every rank has finished its micro-steps.
     local = loop.world.distributed and loop.oom_recovery
@@ -160,13 +170,42 @@ def _forward_backward(loop: Loop, x: torch.Tensor, y: torch.Tensor, step_samples
                     else:
                         loss = F.cross_entropy(logits, ym, reduction="sum") / step_samples
                 loop.scaler.scale(loss).backward()
+            if loop.noise is not None and i == 0 and len(sizes) > 1:
+                # The gradient so far is this micro-batch's mean gradient x len / step_samples
+                # (and still this rank's own: no_sync). No extra backward pass.
+                small = (_grad_sq(loop) * (step_samples / len(ym)) ** 2, len(ym))
             step_loss = step_loss + loss.detach()
             correct = correct + (logits.detach().argmax(dim=1) == ym).sum()
     except Exception as exc:
         if not (loop.oom_recovery and is_oom(exc)):
             raise
         return None
-    return step_loss * step_samples, correct
+    return step_loss * step_samples, correct, small
+
+
+def _grad_sq(loop: Loop) -> torch.Tensor:
+    """Squared norm of the gradients now held, undoing a loss scaler's factor."""
+    grads = [p.grad for p in loop.model.parameters() if p.grad is not None]
+    scale = loop.scaler.get_scale() if loop.scaler.is_enabled() else 1.0
+    return squared_norm(grads) / scale**2
+
+
+def _measure_noise(loop: Loop, local: int, step_samples: int, small) -> None:
+    """One noise-scale measurement from this step's gradients: the first micro-batch's (or, with
+    one micro-batch a rank, this rank's share before the all-reduce, which the gradient sync kept)
+    against the whole step's. Under DDP the small figure is averaged over the ranks."""
+    world = loop.world
+    if small is None and loop.grad_sync is not None and loop.grad_sync.local_sq is not None and world.size > 1:
+        scale = loop.scaler.get_scale() if loop.scaler.is_enabled() else 1.0
+        small = (loop.grad_sync.local_sq / scale**2 * (step_samples / local) ** 2, local)
+    if small is None:
+        return
+    small_sq, b_small = small
+    if world.distributed:
+        both = world.all_reduce(torch.stack([small_sq.double(), torch.tensor(float(b_small), dtype=torch.float64,
+                                                                              device=small_sq.device)]))
+        small_sq, b_small = both[0] / world.size, both[1].item() / world.size
+    loop.noise.update(small_sq, b_small, _grad_sq(loop), step_samples)
 
 
 def _recover_from_oom(loop: Loop) -> None:
@@ -235,6 +274,7 @@ def eval_record(loop: Loop, progress: Progress, epoch: float) -> dict[str, Any]:
         "norm_batch": loop.norm_batch,
         "oom_recoveries": loop.oom_recoveries,
         "samples_per_s": progress.samples_seen / max(progress.train_time_s, 1e-9),
+        **(loop.noise.record() if loop.noise is not None else {}),
     }
 
 

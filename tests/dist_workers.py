@@ -32,6 +32,8 @@ def train_steps(cfg):
     try:
         loop = build_loop(cfg, check(cfg), world)
         before = evaluate(loop, loop.splits.val)
+        backwards = [0]
+        loop.net.register_full_backward_hook(lambda *args: backwards.__setitem__(0, backwards[0] + 1))
         progress = Progress()
         status = train(loop, progress)
         return {
@@ -39,7 +41,8 @@ def train_steps(cfg):
             "params": {k: v.detach().clone() for k, v in loop.net.state_dict().items()},
             "records": progress.records, "norms": sorted({type(m).__name__ for m in loop.net.modules()
                                                            if "Norm" in type(m).__name__}),
-            "steps": progress.step, "buckets_reduced": loop.grad_sync.buckets_reduced,
+            "steps": progress.step, "buckets_reduced": loop.grad_sync.buckets_reduced, "backwards": backwards[0],
+            "noise": loop.noise.summary() if loop.noise is not None else None,
         }
     finally:
         close_world(world)

@@ -1,0 +1,126 @@
+"""Multirun sweeps: each point's directory named by its overrides, its W&B identity (group = the
+sweep, name = batch and seed), and a sweep-level index of points, failures included.
+
+The index, `jobs.jsonl` in the sweep directory, gets one line per point as it ends (a Hydra
+callback, so it is written however the points are launched: one after another, side by side
+with the joblib launcher, or as SLURM jobs).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger(__name__)
+
+INDEX = "jobs.jsonl"
+# Overrides that say how a point is run or shown, not what it computes: left out of its name.
+_NOT_IN_NAMES = ("logger", "trainer.progress", "trainer.threads", "hydra", "experiment")
+_MAX_NAME = 120
+_SUMMARY_KEYS = ("status", "batch_size", "seed", "val_acc", "test_acc", "steps", "wall_time_s")
+
+
+def naming_overrides(overrides: list[str]) -> list[str]:
+    """The overrides that tell a point apart, with group paths shortened to their last part
+    (`experiment/increase_batch=hybrid` -> `increase_batch=hybrid`)."""
+    kept = []
+    for override in overrides:
+        key, _, value = override.lstrip("+~").partition("=")
+        if any(key == n or key.startswith(n + ".") for n in _NOT_IN_NAMES):
+            continue
+        kept.append(f"{key.split('/')[-1]}={value}")
+    return kept
+
+
+def job_dirname() -> str:
+    """`<job number>_<overrides>`: the OmegaConf resolver behind `hydra.sweep.subdir`."""
+    hydra_cfg = HydraConfig.get()
+    name = ",".join(naming_overrides(list(hydra_cfg.overrides.task)))
+    name = re.sub(r"[^A-Za-z0-9._=,+\-\[\]]", "_", name)[:_MAX_NAME]
+    return f"{hydra_cfg.job.num}_{name}" if name else str(hydra_cfg.job.num)
+
+
+def register_resolvers() -> None:
+    OmegaConf.register_new_resolver("bsexp_job_dir", job_dirname, replace=True)
+
+
+def in_multirun() -> bool:
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def sweep_name(sweep_dir: str | Path) -> str:
+    """A sweep's name for W&B groups: its directory below outputs/multirun/ (or its last parts)."""
+    parts = Path(sweep_dir).parts
+    if "multirun" in parts:
+        return "/".join(parts[parts.index("multirun") + 1:])
+    return "/".join(parts[-2:])
+
+
+def apply_wandb_identity(cfg: DictConfig) -> None:
+    """In a multirun, the W&B group is the sweep, the name the arm, batch and seed, and the tags
+    the experiment and its arm; values the user set are kept."""
+    if not in_multirun():
+        return
+    hydra_cfg = HydraConfig.get()
+    choices = hydra_cfg.runtime.choices
+    arms = [str(v) for k, v in choices.items() if str(k).startswith("experiment/") and v is not None]
+    experiment = [str(choices["experiment"])] if choices.get("experiment") else []
+    batch = cfg.batch.size if cfg.batch.size is not None else str(cfg.batch.policy)
+    node = cfg.logger.wandb
+    node.group = node.group or sweep_name(Path(hydra_cfg.runtime.output_dir).parent)
+    node.name = node.name or "-".join([*arms, f"bs{batch}", f"seed{cfg.seed}"])
+    node.tags = list(node.tags) + [t for t in experiment + arms if t not in node.tags]
+
+
+class SweepIndex(Callback):
+    """Appends each point's outcome to `jobs.jsonl` in the sweep directory, and says at the end
+    of the sweep how many points completed, failed or diverged."""
+
+    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
+        if config.hydra.mode != RunMode.MULTIRUN:
+            return
+        job_dir = Path(config.hydra.runtime.output_dir)
+        entry = {"num": config.hydra.job.num, "dir": job_dir.name,
+                 "overrides": list(config.hydra.overrides.task)}
+        summary_path = job_dir / "summary.json"
+        summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+        entry.update({key: summary.get(key) for key in _SUMMARY_KEYS})
+        if getattr(job_return.status, "name", "") == "FAILED":
+            entry["status"] = "failed"
+            entry["error"] = " ".join(str(job_return._return_value).split())[:300]
+        entry["status"] = entry["status"] or "missing"
+        with open(job_dir.parent / INDEX, "a") as index:  # one short line: appends do not interleave
+            index.write(json.dumps(entry) + "\n")
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        entries = read_index(sweep_dir)
+        counts: dict[str, int] = {}
+        for entry in entries.values():
+            counts[entry["status"]] = counts.get(entry["status"], 0) + 1
+        told = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+        log.info("sweep: %d points (%s); index %s; report: python -m bsexp.report %s", len(entries), told,
+                 sweep_dir / INDEX, sweep_dir)
+
+
+def read_index(sweep_dir: Path) -> dict[str, dict[str, Any]]:
+    """The sweep's index by job directory name (the last line for a point that ran twice)."""
+    path = Path(sweep_dir) / INDEX
+    if not path.exists():
+        return {}
+    entries = {}
+    for line in path.read_text().splitlines():
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:  # a line cut short by a killed job
+            continue
+        entries[entry["dir"]] = entry
+    return entries
