@@ -329,6 +329,14 @@ class TrainerConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    every_steps: int = 0  # 0: only at epoch ends (every_epoch)
+    every_epoch: bool = True
+    keep: int = 2  # the newest K are kept
+    allow_mismatch: bool = False  # resume from a checkpoint of another model or global batch anyway
+
+
+@dataclass
 class Config:
     data: Any = MISSING
     model: Any = MISSING
@@ -343,6 +351,8 @@ class Config:
     scaling: ScalingConfig = field(default_factory=ScalingConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    resume: Optional[str] = None  # auto: the newest readable checkpoint of the run directory; or a path
 
 
 SCHEMAS = {
@@ -410,6 +420,8 @@ BOUNDS: dict[str, tuple[float | None, float | None, str]] = {
     "batch.finder.noise_batch": (4, None, ">= 4"),
     "batch.micro_size": (1, None, ">= 1"),
     "trainer.noise_decay": (0, 0.999999, "in [0, 1)"),
+    "checkpoint.every_steps": (0, None, ">= 0"),
+    "checkpoint.keep": (1, None, ">= 1"),
     "batch.schedule.round_to": (1, None, ">= 1"),
     "batch.schedule.ramp_steps": (0, None, ">= 0"),
     "batch.schedule.end": (1, None, ">= 1"),
@@ -669,7 +681,10 @@ class Preflight(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         with exit_on_config_error():
             check(config)
-            if env_rank() == 0:  # other ranks of a torchrun job write nothing (see bsexp.train)
+            from bsexp.checkpoint import restarted
+
+            resuming = config.get("resume") is not None or restarted()  # into the directory it left
+            if env_rank() == 0 and not resuming:  # other ranks of a torchrun job write nothing (bsexp.train)
                 check_output_dir("hydra.run.dir", config.hydra.run.dir)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:

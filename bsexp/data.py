@@ -135,12 +135,15 @@ class TensorBatches:
     def __len__(self) -> int:
         return len(self.split)
 
-    def steps(self, epoch: int, sizes, rank: int = 0, world_size: int = 1, drop_last: bool = False):
-        """(x, y, global samples of the step) for each step of `sizes` (global batches)."""
+    def steps(self, epoch: int, sizes, rank: int = 0, world_size: int = 1, drop_last: bool = False, skip: int = 0):
+        """(x, y, global samples of the step) for each step of `sizes` (global batches), from the
+        step `skip` of the epoch on (a resumed run continues mid-epoch with the same data)."""
         device = self.split.x.device
         order = epoch_order(len(self.split), self.seed, epoch).to(device)
         generator = torch.Generator(device=device)
         for index, (start, stop) in enumerate(step_spans(len(order), sizes, world_size, drop_last)):
+            if index < skip:
+                continue
             x, y = self.split.batch(rank_share(order[start:stop], rank, world_size))
             if self.augment is not None:
                 # Each step's crops and flips depend only on (seed, epoch, step, rank).
@@ -200,9 +203,9 @@ class LoaderBatches:
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def steps(self, epoch: int, sizes, rank: int = 0, world_size: int = 1, drop_last: bool = False):
+    def steps(self, epoch: int, sizes, rank: int = 0, world_size: int = 1, drop_last: bool = False, skip: int = 0):
         order = epoch_order(len(self.dataset), self.seed, epoch)
-        spans = list(step_spans(len(order), sizes, world_size, drop_last))
+        spans = list(step_spans(len(order), sizes, world_size, drop_last))[skip:]
         # The sampler lives in this process, so the steps can change every epoch.
         self.sampler.batches = [rank_share(order[a:b], rank, world_size).tolist() for a, b in spans]
         for (start, stop), (x, y) in zip(spans, self.loader):

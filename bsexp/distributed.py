@@ -47,6 +47,14 @@ class World:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
+    def gather_object(self, obj: Any) -> list[Any] | None:
+        """Every rank's `obj`, in rank order, on rank 0 (None on the others)."""
+        if not self.distributed:
+            return [obj]
+        gathered = [None] * self.size if self.is_main else None
+        dist.gather_object(obj, gathered, dst=0)
+        return gathered
+
     def all_reduce_gradients(self, parameters, grad_sync: "GradSync | None" = None) -> None:
         """Sum every parameter's gradient over the ranks, in one flat buffer (see
         `sum_gradients_hook` for why a sum)."""
@@ -87,8 +95,23 @@ def init_world(device_choice: str, backend: str, timeout_s: float) -> World:
     if backend == "auto":
         backend = "nccl" if device.type == "cuda" else "gloo"
     if not dist.is_initialized():
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+        timeout = datetime.timedelta(seconds=timeout_s)
+        if "TORCHELASTIC_RESTART_COUNT" in os.environ:
+            dist.init_process_group(backend, store=_attempt_store(rank, size, timeout), rank=rank, world_size=size,
+                                    timeout=timeout)
+        else:
+            dist.init_process_group(backend, timeout=timeout)
     return World(rank=rank, local_rank=local_rank, size=size, device=device)
+
+
+def _attempt_store(rank: int, size: int, timeout: datetime.timedelta):
+    """torchrun's store, with keys of this restart attempt only. The elastic agent's store
+    outlives a restart (--max-restarts), and gloo would otherwise read the previous attempt's
+    addresses from it and fail to connect ("Gloo connectFullMesh failed ... Connection refused")."""
+    agent_hosts_it = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), size,
+                          is_master=not agent_hosts_it and rank == 0, timeout=timeout)
+    return dist.PrefixStore(f"/bsexp/attempt_{os.environ['TORCHELASTIC_RESTART_COUNT']}", store)
 
 
 def close_world(world: World) -> None:

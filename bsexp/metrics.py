@@ -37,6 +37,9 @@ class NullSink:
     def close(self, status: str) -> None:
         pass
 
+    def wandb_id(self) -> str | None:
+        return None
+
 
 def _jsonable(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
@@ -47,9 +50,18 @@ def _jsonable(value: Any) -> Any:
 class JsonlSink:
     """`metrics.jsonl`: one JSON object per record, flushed as it is written."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, keep: int | None = None) -> None:
+        """A new file; or, resuming (`keep` records were logged before the checkpoint), the first
+        `keep` lines of the existing one continued, so no record is missing or doubled."""
         self.path = path
-        self.file = open(path, "x", encoding="utf-8")  # never appends to an earlier run's records
+        if keep is None:
+            self.file = open(path, "x", encoding="utf-8")  # never appends to an earlier run's records
+            return
+        lines = path.read_text(encoding="utf-8").splitlines(keepends=True)[:keep] if path.exists() else []
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("".join(line if line.endswith("\n") else line + "\n" for line in lines), encoding="utf-8")
+        os.replace(tmp, path)
+        self.file = open(path, "a", encoding="utf-8")
 
     def log(self, record: dict[str, Any]) -> None:
         self.file.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")
@@ -64,12 +76,16 @@ class JsonlSink:
     def close(self, status: str) -> None:
         self.file.close()
 
+    def wandb_id(self) -> str | None:
+        return None
+
 
 class WandbSink:
     """The real wandb package: offline unless `logger.wandb.mode` or $WANDB_MODE says otherwise.
     Metrics are plotted against `samples_seen`, so runs with different batch sizes line up."""
 
-    def __init__(self, wandb_cfg, run_dir: Path, config: dict[str, Any]) -> None:
+    def __init__(self, wandb_cfg, run_dir: Path, config: dict[str, Any], run_id: str | None = None) -> None:
+        """A new W&B run, or (resuming) the run `run_id` continued."""
         import wandb
 
         mode = str(wandb_cfg.mode) if wandb_cfg.mode is not None else os.environ.get("WANDB_MODE", "offline")
@@ -83,6 +99,8 @@ class WandbSink:
             dir=str(wandb_cfg.dir or run_dir),
             config=config,
             settings=wandb.Settings(silent=True),
+            id=run_id,
+            resume="allow" if run_id else None,
         )
         self.run.define_metric("samples_seen")
         self.run.define_metric("*", step_metric="samples_seen")
@@ -104,6 +122,9 @@ class WandbSink:
                 flat.update({f"{key}/{k}": v for k, v in value.items() if not isinstance(v, (dict, list))})
         self.run.summary.update(flat)
 
+    def wandb_id(self) -> str | None:
+        return self.run.id
+
     def close(self, status: str) -> None:
         sync_dir = getattr(self.run.settings, "sync_dir", None)
         self.run.finish(exit_code=0 if status == "completed" else 1)
@@ -112,23 +133,34 @@ class WandbSink:
 
 
 class Sinks:
-    """Fans every call out to several sinks."""
+    """Fans every call out to several sinks. A remote sink (W&B) that fails is dropped with one
+    warning and the run goes on with its local logs; a local file that fails is an error."""
 
     def __init__(self, *sinks: MetricsSink) -> None:
         self.sinks = sinks
 
-    def log(self, record: dict[str, Any]) -> None:
+    def _each(self, method: str, *args: Any) -> None:
         for sink in self.sinks:
-            sink.log(record)
+            try:
+                getattr(sink, method)(*args)
+            except Exception as exc:
+                if isinstance(sink, JsonlSink):
+                    raise
+                log.warning("%s failed (%s); going on with the local logs (metrics.jsonl, summary.json) only",
+                            type(sink).__name__, " ".join(str(exc).split())[:200])
+                self.sinks = tuple(s for s in self.sinks if s is not sink)
+
+    def log(self, record: dict[str, Any]) -> None:
+        self._each("log", record)
 
     def table(self, name: str, rows: list[dict[str, Any]]) -> None:
-        for sink in self.sinks:
-            sink.table(name, rows)
+        self._each("table", name, rows)
 
     def summary(self, summary: dict[str, Any]) -> None:
-        for sink in self.sinks:
-            sink.summary(summary)
+        self._each("summary", summary)
 
     def close(self, status: str) -> None:
-        for sink in self.sinks:
-            sink.close(status)
+        self._each("close", status)
+
+    def wandb_id(self) -> str | None:
+        return next((sink.wandb_id() for sink in self.sinks if sink.wandb_id()), None)

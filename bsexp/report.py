@@ -372,16 +372,9 @@ def figures(rows: list[Row], out_dir: Path, metric: str, best: Row | None = None
                                 fmt=style, capsize=3, label=f"{key} {label(fam)}")
         gap_ax.errorbar(xs, [100 * (r.mean("gen_gap") or 0) for r in members],
                         yerr=[100 * (r.std("gen_gap") or 0) for r in members], fmt="-o", capsize=3, label=label(fam))
-    for ax, title in ((acc_ax, "accuracy (%)"), (gap_ax, "generalisation gap, train - val (%)")):
-        _batch_axis(ax)
-        ax.set_xlabel("batch size")
-        ax.set_title(title)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out_dir / "accuracy.png", dpi=110)
-    plt.close(fig)
-    written.append("accuracy.png")
+    _style(acc_ax, title="accuracy (%)")
+    _style(gap_ax, title="generalisation gap, train - val (%)")
+    written.append(_save(fig, out_dir, "accuracy.png"))
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for row in rows:
@@ -392,15 +385,8 @@ def figures(rows: list[Row], out_dir: Path, metric: str, best: Row | None = None
         xs = [curves[0][i]["samples_seen"] for i in range(n)]
         ys = [statistics.fmean(c[i]["val_loss"] for c in curves) for i in range(n)]
         ax.plot(xs, ys, label=f"batch {row.batch} {row_values(row)['configuration']}".replace(" -", ""))
-    ax.set_xlabel("samples seen")
-    ax.set_ylabel("validation loss (mean over seeds)")
-    ax.set_yscale("log")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out_dir / "val_loss.png", dpi=110)
-    plt.close(fig)
-    written.append("val_loss.png")
+    _style(ax, xlabel="samples seen", ylabel="validation loss (mean over seeds)", batch_axis=False)
+    written.append(_save(fig, out_dir, "val_loss.png"))
 
     fig, (rate_ax, mem_ax) = plt.subplots(1, 2, figsize=(11, 4))
     for fam in families:
@@ -409,16 +395,9 @@ def figures(rows: list[Row], out_dir: Path, metric: str, best: Row | None = None
             rate_ax.plot([r.batch for r in members], [r.mean("samples_per_s") for r in members], "-o", label=label(fam))
             mem_ax.plot([r.batch for r in members], [max(r.values("peak_memory_mb")) for r in members], "-o",
                         label=label(fam))
-    for ax, title in ((rate_ax, "training throughput (samples/s)"), (mem_ax, "peak memory (MB)")):
-        _batch_axis(ax)
-        ax.set_xlabel("batch size")
-        ax.set_title(title)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out_dir / "throughput_memory.png", dpi=110)
-    plt.close(fig)
-    written.append("throughput_memory.png")
+    _style(rate_ax, title="training throughput (samples/s)")
+    _style(mem_ax, title="peak memory (MB)")
+    written.append(_save(fig, out_dir, "throughput_memory.png"))
 
     noisy = [r for r in rows if any("noise/b_simple" in rec for p in r.done for rec in p.records)]
     if noisy:
@@ -432,15 +411,8 @@ def figures(rows: list[Row], out_dir: Path, metric: str, best: Row | None = None
             ax.axhline(best.batch, color="black", linestyle="--", label=f"best batch ({best.batch})")
         if critical is not None and critical.found:
             ax.axhline(critical.b_crit, color="red", linestyle=":", label=f"B_crit fit ({critical.b_crit:,.0f})")
-        ax.set_xlabel("samples seen")
-        ax.set_ylabel("gradient noise scale B_simple")
-        ax.set_yscale("log")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out_dir / "noise_scale.png", dpi=110)
-        plt.close(fig)
-        written.append("noise_scale.png")
+        _style(ax, xlabel="samples seen", ylabel="gradient noise scale B_simple", batch_axis=False)
+        written.append(_save(fig, out_dir, "noise_scale.png"))
 
     grid = _grid(rows, metric)
     if grid is not None:
@@ -458,11 +430,33 @@ def figures(rows: list[Row], out_dir: Path, metric: str, best: Row | None = None
         ax.set_ylabel(key_a)
         ax.set_title(f"{metric} (%), mean over seeds")
         fig.colorbar(image, ax=ax)
-        fig.tight_layout()
-        fig.savefig(out_dir / "grid.png", dpi=110)
-        plt.close(fig)
-        written.append("grid.png")
+        written.append(_save(fig, out_dir, "grid.png"))
     return written
+
+
+def _style(ax, title: str | None = None, xlabel: str = "batch size", ylabel: str | None = None,
+           batch_axis: bool = True) -> None:
+    """Axes against the batch (log-2) or, with batch_axis False, a log-scale y against samples."""
+    if batch_axis:
+        _batch_axis(ax)
+    else:
+        ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    if ylabel:
+        ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+
+
+def _save(fig, out_dir: Path, name: str) -> str:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(out_dir / name, dpi=110)
+    plt.close(fig)
+    return name
 
 
 def _batch_axis(ax) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import json
@@ -9,6 +10,7 @@ import math
 from dataclasses import asdict
 import logging
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from bsexp import checkpoint as ckpt
 from bsexp import config as schema
 from bsexp.batch_schedule import plan_for
 from bsexp.data import Splits, train_batches
@@ -51,16 +54,19 @@ def build_model(cfg: DictConfig, splits: Splits) -> nn.Module:
     return model
 
 
-def build_sinks(cfg: DictConfig, run_dir: Path, hparams: dict[str, Any]):
+def build_sinks(cfg: DictConfig, run_dir: Path, hparams: dict[str, Any], keep_records: int | None = None,
+                wandb_id: str | None = None):
+    """metrics.jsonl (continued after its first `keep_records` lines when resuming) and W&B
+    (continuing run `wandb_id` when resuming)."""
     try:
-        sinks: list = [JsonlSink(run_dir / "metrics.jsonl")]
+        sinks: list = [JsonlSink(run_dir / "metrics.jsonl", keep=keep_records)]
     except FileExistsError:
         raise ConfigError("hydra.run.dir", str(run_dir), "already holds metrics.jsonl; choose a new directory") from None
     if cfg.logger.kind == schema.LoggerKind.wandb:
         config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
         config["derived"] = hparams
         try:
-            sinks.append(WandbSink(cfg.logger.wandb, run_dir, config))
+            sinks.append(WandbSink(cfg.logger.wandb, run_dir, config, run_id=wandb_id))
         except Exception as exc:  # W&B is a view of the run, never a reason to lose it
             log.warning("W&B could not start (%s); logging locally to %s only", exc, run_dir)
     return Sinks(*sinks)
@@ -191,21 +197,32 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
 
 
 def _run_on(world: World, cfg: DictConfig, plan: BatchPlan, run_dir: Path, started: float) -> dict[str, Any]:
+    resumed = ckpt.find(cfg.resume, run_dir)
+    if resumed is not None and plan is None:  # batch=finder: the plan found before, not a new search
+        plan = BatchPlan(**resumed[1]["start_plan"])
     loop = build_loop(cfg, plan, world)
+    progress = Progress()
+    wandb_id = None
+    if resumed is not None:
+        wandb_id = restore(cfg, loop, progress, *resumed)
     hparams = hyperparameters(cfg, loop)
     if world.is_main:
         _announce(cfg, loop, hparams)
-        loop.sinks = build_sinks(cfg, run_dir, hparams)
+        loop.sinks = build_sinks(cfg, run_dir, hparams, keep_records=len(progress.records) if resumed else None,
+                                 wandb_id=wandb_id)
         if loop.finder is not None:
             log.info(loop.finder.table())
             write_json(run_dir / "finder.json", loop.finder.to_json())
             loop.sinks.table("finder/trials", [asdict(t) for t in loop.finder.trials])
+    node = cfg.checkpoint
+    loop.checkpoint = lambda lp, pr: save_checkpoint(cfg, lp, pr, run_dir)
+    loop.checkpoint_every_steps, loop.checkpoint_every_epoch = node.every_steps, node.every_epoch
     if cfg.trainer.memory_limit_gb is not None:
         limit_memory(loop.device, int(cfg.trainer.memory_limit_gb * 2**30))
-    status, progress, test = "failed", Progress(), None
+    status, test = "failed", None
     reset_peak_memory(loop.device)
     try:
-        with logging_redirect_tqdm():
+        with logging_redirect_tqdm(), _stop_on_signals(loop):
             status = train(loop, progress)
         if loop.splits.test is not None and status == "completed":
             test = evaluate(loop, loop.splits.test)
@@ -214,6 +231,9 @@ def _run_on(world: World, cfg: DictConfig, plan: BatchPlan, run_dir: Path, start
         raise
     finally:
         summary = make_summary(cfg, status, loop, hparams, progress, test, time.perf_counter() - started)
+        summary["resumed_from"] = str(resumed[0]) if resumed is not None else None
+        if status == "preempted" and loop.stop_signal:
+            summary["preempted_by"] = signal.Signals(loop.stop_signal).name
         if world.is_main:
             write_json(run_dir / "summary.json", summary)
             loop.sinks.summary(summary)
@@ -221,6 +241,93 @@ def _run_on(world: World, cfg: DictConfig, plan: BatchPlan, run_dir: Path, start
     if world.is_main:
         print_summary(summary, run_dir)
     return summary
+
+
+@contextlib.contextmanager
+def _stop_on_signals(loop: Loop):
+    """SIGTERM (a scheduler's preemption, torchrun's shutdown) and SIGUSR1 (SLURM's warning before
+    the time limit) ask the loop to save a checkpoint at the next step boundary and stop."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    wanted = (signal.SIGTERM, signal.SIGUSR1)
+    previous = {s: signal.getsignal(s) for s in wanted}
+
+    def ask_to_stop(signum, frame):
+        loop.stop_signal = signum
+
+    for s in wanted:
+        signal.signal(s, ask_to_stop)
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        # A handler that was there before (submitit's, which requeues a SLURM job on SIGUSR1)
+        # still gets the signal, once the checkpoint is saved: the requeued job resumes from it.
+        chained = previous.get(loop.stop_signal)
+        if loop.stop_signal and callable(chained) and chained is not signal.default_int_handler:
+            chained(loop.stop_signal, None)
+
+
+def identity(cfg: DictConfig, loop: Loop) -> dict[str, Any]:
+    """What a checkpoint must share with the run that resumes from it."""
+    return {"model": cfg.model._target_, "batch_size": loop.run_steps.sizes[0] if loop.run_steps.sizes else None,
+            "world_size": loop.world.size,
+            "shapes": {k: list(v.shape) for k, v in loop.net.state_dict().items()}}
+
+
+def save_checkpoint(cfg: DictConfig, loop: Loop, progress: Progress, run_dir: Path) -> None:
+    """Every rank hands its random generators and running sums to rank 0, which writes."""
+    mine = {"rng": ckpt.rng_state(), "running": (float(progress.loss_sum), float(progress.correct),
+                                                 progress.running_samples)}
+    ranks = loop.world.gather_object(mine)
+    if not loop.world.is_main:
+        return
+    state = {
+        "step": progress.step, "epoch": progress.epoch, "in_epoch": progress.in_epoch,
+        "samples_seen": progress.samples_seen, "train_time_s": progress.train_time_s,
+        "best_val_acc": progress.best_val_acc, "records": progress.records, "lr": progress.lr,
+        "last_finite_loss": progress.last_finite_loss,
+        "model": loop.net.state_dict(), "optimizer": loop.optimizer.state_dict(),
+        "scheduler": loop.scheduler.state_dict(), "scaler": loop.scaler.state_dict(),
+        "plan": asdict(loop.plan), "start_plan": asdict(plan_for(loop.run_steps.sizes[0], loop.world.size, None))
+        if loop.finder is None else asdict(loop.finder.plan),
+        "micro_cap": loop.micro_cap, "oom_recoveries": loop.oom_recoveries,
+        "noise": asdict(loop.noise) if loop.noise is not None else None,
+        "ranks": ranks, "identity": identity(cfg, loop), "wandb_id": loop.sinks.wandb_id(),
+    }
+    path = ckpt.save(run_dir, state, cfg.checkpoint.keep)
+    log.debug("checkpoint %s", path)
+
+
+def restore(cfg: DictConfig, loop: Loop, progress: Progress, path: Path, state: dict[str, Any]) -> str | None:
+    """Put a freshly built run where the checkpoint left it; returns the W&B run id to continue."""
+    different = ckpt.mismatches(state, identity(cfg, loop))
+    if different and not cfg.checkpoint.allow_mismatch:
+        raise ConfigError("resume", str(path), f"was written by another run: {'; '.join(different)}; set "
+                                               f"checkpoint.allow_mismatch=true to load it anyway")
+    ranks = state["ranks"]
+    if len(ranks) != loop.world.size:
+        raise ConfigError("resume", str(path), f"holds {len(ranks)} rank(s), this run has {loop.world.size}")
+    loop.net.load_state_dict(state["model"])
+    loop.optimizer.load_state_dict(state["optimizer"])
+    loop.scheduler.load_state_dict(state["scheduler"])
+    if state["scaler"]:
+        loop.scaler.load_state_dict(state["scaler"])
+    loop.plan, loop.micro_cap, loop.oom_recoveries = BatchPlan(**state["plan"]), state["micro_cap"], state["oom_recoveries"]
+    if loop.noise is not None and state["noise"] is not None:
+        loop.noise = NoiseScale(**state["noise"])
+    for key in ("step", "epoch", "in_epoch", "samples_seen", "train_time_s", "best_val_acc", "records", "lr",
+                "last_finite_loss"):
+        setattr(progress, key, state[key])
+    mine = ranks[loop.world.rank]
+    progress.loss_sum, progress.correct, progress.running_samples = mine["running"]
+    ckpt.set_rng_state(mine["rng"])
+    log.info("resumed from %s: epoch %d, step %d of %d", path, progress.epoch, progress.step, loop.run_steps.total)
+    return state["wandb_id"]
 
 
 def hyperparameters(cfg: DictConfig, loop: Loop) -> dict[str, Any]:
@@ -259,6 +366,8 @@ def make_summary(cfg: DictConfig, status: str, loop: Loop, hparams: dict[str, An
     return {
         "status": status,
         **hparams,
+        "diverged_at_step": progress.step + 1 if status == "diverged" else None,
+        "last_finite_loss": progress.last_finite_loss,
         "final_batch_size": loop.plan.size,  # where a batch schedule ended
         "final_micro_size": loop.plan.micro_size,  # after any OOM recovery
         "oom_recoveries": loop.oom_recoveries,

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
+import tempfile
 from pathlib import Path
 
 import hydra
@@ -31,6 +33,9 @@ def _job(cfg: DictConfig) -> float | None:
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     job = run
+    if under_torchrun() and env_rank() == 0 and os.environ.get("TORCHELASTIC_RUN_ID", "none") != "none":
+        TORCHRUN_DIRS.mkdir(parents=True, exist_ok=True)
+        (TORCHRUN_DIRS / os.environ["TORCHELASTIC_RUN_ID"]).write_text(str(run_dir))
     if cfg.distributed.kind == "ddp" and not under_torchrun() and cfg.distributed.nproc_per_node > 1:
         from bsexp.launch import launch_workers as job
     apply_wandb_identity(cfg)
@@ -45,7 +50,12 @@ def _job(cfg: DictConfig) -> float | None:
             raise
     try:
         with exit_on_config_error():
-            return job(cfg, run_dir).get("val_acc")
+            summary = job(cfg, run_dir)
+        if summary.get("preempted_by"):  # a checkpoint is saved: resume=auto continues the run
+            print(f"preempted by {summary['preempted_by']}: checkpoint saved; continue with resume=auto "
+                  f"hydra.run.dir={run_dir}", file=sys.stderr, flush=True)
+            sys.exit(128 + signal.Signals[summary["preempted_by"]].value)
+        return summary.get("val_acc")
     except KeyboardInterrupt:
         print(f"interrupted: what was measured so far is in {run_dir} (summary.json, metrics.jsonl)",
               file=sys.stderr, flush=True)
@@ -85,6 +95,8 @@ def main() -> None:
         # Ranks of a torchrun job share rank 0's output directory (run() hands it round) and write
         # nothing themselves: no directory of their own, no .hydra/, no log file.
         sys.argv += ["hydra.run.dir=.", "hydra.output_subdir=null", "hydra/job_logging=bsexp_worker"]
+    elif (previous := _torchrun_attempt_dir()) is not None:
+        sys.argv.append(f"hydra.run.dir={previous}")  # a restarted torchrun job resumes where it was
     with exit_on_config_error():
         try:
             _job()
@@ -95,6 +107,24 @@ def main() -> None:
             print(f"error: a sweep point failed ({one_line(exc)}); the others ran: each point's outcome is in "
                   f"jobs.jsonl in the sweep directory", file=sys.stderr, flush=True)
             sys.exit(2 if isinstance(exc, ConfigError) else 1)
+
+
+# torchrun's run id -> the output directory its first attempt chose (outside the outputs).
+TORCHRUN_DIRS = Path(tempfile.gettempdir()) / "bsexp-torchrun"
+
+
+def _torchrun_attempt_dir() -> str | None:
+    """After torchrun restarted its workers (--max-restarts), the directory of the job's first
+    attempt, so that `resume` finds its checkpoints; None otherwise or when set explicitly."""
+    from bsexp.checkpoint import restarted
+
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
+    pointer = TORCHRUN_DIRS / run_id
+    if run_id == "none" or not restarted() or not pointer.exists():
+        return None
+    if any(arg.startswith("hydra.run.dir=") for arg in sys.argv[1:]):
+        return None
+    return pointer.read_text().strip()
 
 
 def _multirun_requested() -> bool:

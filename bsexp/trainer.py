@@ -65,6 +65,10 @@ class Loop:
     sync_batchnorm: bool = False
     noise: NoiseScale | None = None  # the gradient noise scale, when measured (trainer.noise_scale)
     noise_split: bool = False  # split a step of one micro-batch in two to measure it (always)
+    checkpoint: Callable[["Loop", "Progress"], None] | None = None  # saves the run (bsexp.run)
+    checkpoint_every_steps: int = 0
+    checkpoint_every_epoch: bool = False
+    stop_signal: int = 0  # set by a SIGTERM/SIGUSR1 handler: checkpoint at the next step and stop
 
     @property
     def norm_batch(self) -> int:
@@ -94,6 +98,9 @@ class Progress:
     train_time_s: float = 0.0
     best_val_acc: float = 0.0
     lr: float = 0.0  # the LR of the last step taken
+    epoch: int = 0  # where the run is: the epoch, and the steps of it done (for a resumed run)
+    in_epoch: int = 0
+    last_finite_loss: float | None = None  # the mean training loss of the last step before a divergence
     records: list[dict[str, Any]] = field(default_factory=list)
 
     def add(self, loss_sum: torch.Tensor, correct: torch.Tensor, samples: int) -> None:
@@ -279,28 +286,40 @@ def eval_record(loop: Loop, progress: Progress, epoch: float) -> dict[str, Any]:
 
 
 def train(loop: Loop, progress: Progress) -> str:
-    """Train for the run's scheduled steps (`loop.run_steps`), counting in `progress` (which
-    stays valid if a step raises); returns the status."""
+    """Train for the run's scheduled steps (`loop.run_steps`) from where `progress` stands (a
+    resumed run continues mid-epoch), counting in `progress` (which stays valid if a step
+    raises); returns the status: completed, diverged (a non-finite loss) or preempted (a signal:
+    a checkpoint is saved first)."""
     world, run = loop.world, loop.run_steps
     status = "completed"
     loop.model.train()
-    for epoch in range(loop.epochs):
+    for epoch in range(progress.epoch, loop.epochs):
         sizes = run.epoch(epoch)
         if not sizes:
             break
+        skip = progress.in_epoch if epoch == progress.epoch else 0
         show = loop.show_progress and world.is_main
-        bar = tqdm(total=len(sizes), desc=f"epoch {epoch + 1}/{loop.epochs}", unit="step", leave=False,
-                   dynamic_ncols=True, disable=None if show else True)
+        bar = tqdm(total=len(sizes), initial=skip, desc=f"epoch {epoch + 1}/{loop.epochs}", unit="step",
+                   leave=False, dynamic_ncols=True, disable=None if show else True)
         started = time.perf_counter()
-        batches = loop.batches.steps(epoch, sizes, world.rank, world.size, loop.drop_last)
-        for in_epoch, (x, y, samples) in enumerate(batches, start=1):
+        batches = loop.batches.steps(epoch, sizes, world.rank, world.size, loop.drop_last, skip=skip)
+        for in_epoch, (x, y, samples) in enumerate(batches, start=skip + 1):
             if loop.plan.size != run.sizes[progress.step]:  # the schedule moved on
                 loop.plan = plan_for(run.sizes[progress.step], world.size, loop.micro_cap)
             progress.lr = loop.optimizer.param_groups[0]["lr"]
             loss_sum, correct = train_step(loop, x, y, samples)
+            diverged, stop = _step_flags(loop, loss_sum)
+            if diverged:  # the last good checkpoint stays as it was
+                progress.train_time_s += time.perf_counter() - started
+                log.error("the training loss is not finite at step %d (last finite: %s): stopping, status diverged",
+                          progress.step + 1, progress.last_finite_loss)
+                bar.close()
+                return "diverged"
+            progress.last_finite_loss = float(loss_sum) / max(len(y), 1)
             progress.add(loss_sum, correct, len(y))
             progress.step += 1
             progress.samples_seen += samples
+            progress.epoch, progress.in_epoch = (epoch + 1, 0) if in_epoch == len(sizes) else (epoch, in_epoch)
             bar.update()
             if not bar.disable and (progress.step % 10 == 0 or bar.n == bar.total):
                 _show_postfix(bar, loop, progress, progress.train_time_s + time.perf_counter() - started)
@@ -310,11 +329,37 @@ def train(loop: Loop, progress: Progress) -> str:
                 started = time.perf_counter()
                 if status != "completed":
                     break
+            if loop.checkpoint is not None and (stop or _checkpoint_due(loop, progress, in_epoch == len(sizes))):
+                progress.train_time_s += time.perf_counter() - started
+                loop.checkpoint(loop, progress)
+                started = time.perf_counter()
+            if stop:
+                log.warning("signal %d: checkpoint saved at step %d; stopping, status preempted", loop.stop_signal,
+                            progress.step)
+                status = "preempted"
+                break
         progress.train_time_s += time.perf_counter() - started
         bar.close()
         if status != "completed":
             break
     return status
+
+
+def _step_flags(loop: Loop, loss_sum: torch.Tensor) -> tuple[bool, bool]:
+    """(diverged, stop) after a step, the same on every rank: a non-finite loss on any rank, a
+    stop signal received by any rank."""
+    diverged = not bool(torch.isfinite(loss_sum))
+    stop = bool(loop.stop_signal)
+    if loop.world.distributed:
+        flags = loop.world.all_reduce(torch.tensor([float(diverged), float(stop)], device=loop.device), op="max")
+        diverged, stop = bool(flags[0]), bool(flags[1])
+    return diverged, stop
+
+
+def _checkpoint_due(loop: Loop, progress: Progress, at_epoch_end: bool) -> bool:
+    every = loop.checkpoint_every_steps
+    return ((every and progress.step % every == 0) or (at_epoch_end and loop.checkpoint_every_epoch)
+            or progress.step >= loop.run_steps.total)
 
 
 def _eval_due(loop: Loop, progress: Progress, at_epoch_end: bool) -> bool:

@@ -64,7 +64,9 @@ def calibrated_limit_gb(data_root, tmp_path_factory):
     return limit_for_size(data_root, tmp_path_factory.mktemp("calibration"), WIDE, 2048 * 1.08)
 
 
-@pytest.mark.parametrize("mode", ["fit", "power", "binsearch"])
+# fit is the default; power and binsearch run with scripts/test_slow.sh (and scripts/bench_finder.py).
+@pytest.mark.parametrize("mode", ["fit", pytest.param("power", marks=pytest.mark.slow),
+                                  pytest.param("binsearch", marks=pytest.mark.slow)])
 def test_each_mode_finds_a_size_that_trains_under_the_cap_and_close_to_it(run_cli, tmp_path, calibrated_limit_gb, mode):
     limit = calibrated_limit_gb
     # Find and then train a full epoch with evaluation, all under the same real cap.

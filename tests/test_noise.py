@@ -118,7 +118,7 @@ def test_always_splits_a_single_micro_batch_and_off_measures_nothing(make_cfg):
 
 
 def test_the_noise_scale_rises_as_the_training_loss_falls_on_mnist1d(make_cfg):
-    cfg = make_cfg("batch=accumulation", "batch.size=128", "batch.micro_size=32", "epochs=6", "trainer.progress=false",
+    cfg = make_cfg("batch=accumulation", "batch.size=128", "batch.micro_size=32", "epochs=4", "trainer.progress=false",
                    "trainer.noise_decay=0.9")
     loop, progress = build_loop(cfg, check(cfg)), Progress()
     train(loop, progress)

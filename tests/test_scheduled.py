@@ -260,7 +260,7 @@ def test_a_schedule_past_the_training_set_is_refused(make_cfg):
 
 
 def test_the_increase_batch_experiment_runs_its_three_arms(run_cli, tmp_path):
-    out = run_cli("-m", "experiment=increase_batch", "seed=0", "data.num_samples=1500", "data.val_size=100", "model.width=8",
+    out = run_cli("-m", "experiment=increase_batch", "seed=0", "data.num_samples=1200", "data.val_size=100", "model.width=8",
                   "logger=none", "trainer.progress=false", f"hydra.sweep.dir={tmp_path / 'sweep'}", timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     arms = {}

@@ -66,3 +66,23 @@ class HeavyPerSample(TinyNet):
             scratch = torch.ones(len(x), self.floats, device=x.device)
             out = out + 0 * scratch.mean()
         return out
+
+
+class DiesOnce(TinyNet):
+    """Kills its own process (SIGKILL: no cleanup, as a crash or the OOM killer would) in its
+    `die_at`-th training forward on rank `rank`, in the first attempt of a torchrun job only."""
+
+    def __init__(self, input_shape, num_classes, rank: int = 1, die_at: int = 25):
+        super().__init__(input_shape, num_classes, hidden=32)
+        self.rank, self.die_at = rank, die_at
+
+    def forward(self, x):
+        import os
+        import signal
+
+        if self.training:
+            self.calls += 1
+            first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+            if self.calls == self.die_at and first_attempt and os.environ.get("RANK") == str(self.rank):
+                os.kill(os.getpid(), signal.SIGKILL)
+        return self.net(x)

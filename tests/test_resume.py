@@ -1,0 +1,218 @@
+"""Checkpoints and exact resume: real runs stopped by SIGTERM or killed by SIGKILL mid-epoch,
+resumed, and compared bit for bit with uninterrupted runs; torchrun restarts; divergence;
+corrupt and foreign checkpoints; W&B that cannot start."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import dist_workers
+from bsexp.config import check
+from bsexp.run import build_loop
+from bsexp.trainer import Progress, train
+from conftest import cli_env
+
+# About 10 ms a step on one thread, 180 steps: long enough to stop at a random step mid-epoch.
+SLOW = ["data=synthetic", "data.shape=[1,128]", "data.num_samples=4000", "data.val_size=200", "model=mlp",
+        "model.norm=none", "model.hidden=[1024,1024]", "epochs=3", "trainer.threads=1", "checkpoint.every_steps=7",
+        "checkpoint.keep=3", "logger=none", "trainer.progress=false"]
+POLICIES = {
+    "fixed": ["batch.size=64"],
+    "accumulation": ["batch=accumulation", "batch.size=64", "batch.micro_size=16"],
+    "scheduled": ["batch=scheduled", "batch.size=64", "batch.schedule.milestones=[1]", "batch.schedule.factor=2"],
+}
+
+
+def start(data_root, cwd, *args, torchrun: int = 0) -> subprocess.Popen:
+    launcher = ["-m", "torch.distributed.run", f"--nproc_per_node={torchrun}", "--standalone"] if torchrun else []
+    return subprocess.Popen([sys.executable, *launcher, "-m", "bsexp.train", *args], cwd=cwd, env=cli_env(data_root),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def newest_step(run_dir: Path) -> int:
+    steps = [int(p.stem.split("-")[1]) for p in (run_dir / "checkpoints").glob("step-*.pt")]
+    return max(steps, default=0)
+
+
+def stop_mid_run(proc: subprocess.Popen, run_dir: Path, sig: int, seed: int) -> tuple[int, str]:
+    """Send `sig` once the run has passed a random step (after its first checkpoint)."""
+    target = random.Random(seed).randrange(20, 45)  # within the first epoch (60 steps), past a checkpoint
+    deadline = time.time() + 240
+    while newest_step(run_dir) < target:
+        assert proc.poll() is None, f"the run ended before step {target}: {proc.communicate()[1][-2000:]}"
+        assert time.time() < deadline, "the run did not reach its checkpoints in time"
+        time.sleep(0.01)
+    time.sleep(random.Random(seed).uniform(0, 0.05))
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    return proc.returncode, err
+
+
+def final_state(run_dir: Path) -> dict:
+    return torch.load(sorted((run_dir / "checkpoints").glob("step-*.pt"))[-1], weights_only=False)
+
+
+def records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def uninterrupted(make_cfg, *overrides):
+    threads = torch.get_num_threads()
+    try:
+        cfg = make_cfg(*SLOW, *overrides)
+        loop, progress = build_loop(cfg, check(cfg)), Progress()
+        assert train(loop, progress) == "completed"
+        return loop, progress
+    finally:
+        torch.set_num_threads(threads)
+
+
+def assert_same_state(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+# SIGKILL: a crash (resumed from the last periodic checkpoint); SIGTERM: a preemption; SIGUSR1:
+# SLURM's warning before the time limit (both checkpoint at the next step boundary).
+@pytest.mark.parametrize("policy, sig", [("fixed", signal.SIGKILL), ("accumulation", signal.SIGTERM),
+                                         ("scheduled", signal.SIGUSR1)])
+def test_a_run_stopped_mid_epoch_resumes_bit_identically(make_cfg, data_root, tmp_path, policy, sig):
+    run_dir = tmp_path / "run"
+    args = [*SLOW, *POLICIES[policy], f"hydra.run.dir={run_dir}"]
+    code, err = stop_mid_run(start(data_root, tmp_path, *args), run_dir, sig, seed=len(policy))
+    stopped_at = newest_step(run_dir)
+    if sig != signal.SIGKILL:  # a checkpoint at the next step boundary, then status preempted
+        assert code == 128 + sig and f"preempted by {signal.Signals(sig).name}" in err
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["status"] == "preempted" and summary["steps"] == stopped_at
+    else:
+        assert code == -signal.SIGKILL
+    assert 0 < stopped_at < 180 and stopped_at % 60 != 0  # mid-epoch (60 steps an epoch at 64)
+    resumed = subprocess.run([sys.executable, "-m", "bsexp.train", *args, "resume=auto"], cwd=tmp_path,
+                             env=cli_env(data_root), capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["resumed_from"].endswith(f"step-{stopped_at:09d}.pt")
+    loop, progress = uninterrupted(make_cfg, *POLICIES[policy])
+    state = final_state(run_dir)
+    assert_same_state(state["model"], loop.net.state_dict())
+    for key, value in loop.optimizer.state_dict()["state"].items():
+        assert_same_state(state["optimizer"]["state"][key], value)
+    # metrics.jsonl goes on where the checkpoint left it: no record missing, none twice.
+    logged = records(run_dir)
+    assert [r["step"] for r in logged] == [r["step"] for r in progress.records]
+    assert [r["val_loss"] for r in logged] == [r["val_loss"] for r in progress.records]
+    assert [r["train_loss"] for r in logged] == [r["train_loss"] for r in progress.records]
+
+
+def test_two_ranks_stopped_by_sigterm_resume_bit_identically(make_cfg, data_root, tmp_path):
+    run_dir = tmp_path / "run"
+    args = [*SLOW, "batch.size=64", "epochs=2", "distributed=ddp", f"hydra.run.dir={run_dir}"]
+    code, err = stop_mid_run(start(data_root, tmp_path, *args, torchrun=2), run_dir, signal.SIGTERM, seed=7)
+    assert code != 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "preempted" and summary["world_size"] == 2
+    stopped_at = summary["steps"]
+    assert newest_step(run_dir) == stopped_at and 0 < stopped_at < 120
+    resumed = subprocess.run([sys.executable, "-m", "bsexp.train", *args, "distributed.nproc_per_node=2",
+                              "resume=auto"], cwd=tmp_path, env=cli_env(data_root), capture_output=True, text=True,
+                             timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    cfg = make_cfg(*SLOW, "batch.size=64", "epochs=2", "distributed=ddp", "distributed.nproc_per_node=2")
+    reference = dist_workers.launch(dist_workers.train_steps, cfg)[0]
+    assert_same_state(final_state(run_dir)["model"], reference["params"])
+
+
+def test_torchrun_restarts_a_killed_worker_and_the_job_resumes_and_finishes(data_root, tmp_path):
+    conf = tmp_path / "my_conf" / "model"
+    conf.mkdir(parents=True)
+    (conf / "dies.yaml").write_text("_target_: user_models.DiesOnce\nrank: 1\ndie_at: 25\n")
+    out = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", "--max-restarts=1",
+         "-m", "bsexp.train", "distributed=ddp", "data=synthetic", "data.shape=[1,16]", "data.num_samples=1000",
+         "data.val_size=100", f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]", "model=dies", "batch.size=32",
+         "epochs=2", "checkpoint.every_steps=10", "logger=none", "trainer.progress=false"],
+        cwd=tmp_path, env=cli_env(data_root), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    [run_dir] = [p for p in (tmp_path / "outputs").glob("*/*") if p.is_dir() and not p.name.startswith(".")]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 2 * 29  # 900 samples: 28 x 32 + 4
+    assert summary["resumed_from"].endswith("step-000000020.pt")  # rank 1 died in step 25
+    assert [r["step"] for r in records(run_dir)] == [29, 58]
+
+
+def test_a_diverging_run_stops_with_its_step_and_last_finite_loss_and_keeps_its_checkpoint(run_cli, tmp_path):
+    run_dir = tmp_path / "run"
+    out = run_cli("data=synthetic", "data.shape=[1,16]", "data.num_samples=1000", "data.val_size=100", "model=mlp",
+                  "model.norm=none", "optimizer.lr=1e6", "schedule.warmup_shape=none", "checkpoint.every_steps=1",
+                  "logger=none", "trainer.progress=false", f"hydra.run.dir={run_dir}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "diverged" and summary["diverged_at_step"] == summary["steps"] + 1
+    assert summary["last_finite_loss"] is not None and summary["last_finite_loss"] == summary["last_finite_loss"]
+    assert newest_step(run_dir) == summary["steps"]  # the last good step's checkpoint, nothing after it
+    assert "status diverged" in out.stdout
+
+
+def test_a_corrupt_newest_checkpoint_is_skipped_for_the_one_before(make_cfg, data_root, run_cli, tmp_path):
+    run_dir = tmp_path / "run"
+    args = [*SLOW, "batch.size=64", "epochs=1", f"hydra.run.dir={run_dir}"]
+    first = run_cli(*args)
+    assert first.returncode == 0, first.stderr[-2000:]
+    newest = sorted((run_dir / "checkpoints").glob("step-*.pt"))[-1]
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])  # cut short, as by a full disk
+    again = run_cli(*args, "resume=auto")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "is unreadable" in again.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["resumed_from"].endswith("step-000000056.pt") and summary["status"] == "completed"
+    loop, _ = uninterrupted(make_cfg, "batch.size=64", "epochs=1")
+    assert_same_state(final_state(run_dir)["model"], loop.net.state_dict())
+
+
+@pytest.mark.parametrize("other, fragment", [(["model.hidden=[32,16]"], "parameter shapes"),
+                                             (["batch.size=128"], "global batch (64 there, 128 here)")])
+def test_a_checkpoint_of_another_run_is_refused(run_cli, tmp_path, other, fragment):
+    source = tmp_path / "source"
+    small = [*SLOW, "data.shape=[1,16]", "data.num_samples=700", "model.hidden=[32,32]", "batch.size=64", "epochs=1"]
+    first = run_cli(*small, f"hydra.run.dir={source}")
+    assert first.returncode == 0, first.stderr[-2000:]
+    checkpoint = sorted((source / "checkpoints").glob("step-*.pt"))[-1]
+    out = run_cli(*small, *other, f"resume={checkpoint}", f"hydra.run.dir={tmp_path / 'other'}")
+    assert out.returncode == 2
+    [line] = out.stderr.strip().splitlines()
+    assert line.startswith(f"error: resume={checkpoint}: was written by another run") and fragment in line
+    assert "checkpoint.allow_mismatch=true" in line
+
+
+@pytest.mark.parametrize("value, fragment", [("/no/such/file.pt", "no such checkpoint file"),
+                                             ("{tmp}/junk.pt", "is not a readable checkpoint")])
+def test_resume_from_a_path_that_is_not_a_checkpoint_is_one_clear_line(run_cli, tmp_path, value, fragment):
+    (tmp_path / "junk.pt").write_text("not a checkpoint")
+    value = value.format(tmp=tmp_path)
+    out = run_cli(*SLOW, "epochs=1", f"resume={value}", f"hydra.run.dir={tmp_path / 'run'}")
+    assert out.returncode == 2
+    [line] = out.stderr.strip().splitlines()
+    assert line.startswith(f"error: resume={value}:") and fragment in line
+
+
+def test_wandb_that_cannot_start_leaves_training_to_go_on(data_root, tmp_path):
+    env = cli_env(data_root) | {"WANDB_MODE": "online", "WANDB_BASE_URL": "http://127.0.0.1:9",
+                                "WANDB_API_KEY": "x" * 40, "WANDB_INIT_TIMEOUT": "10"}
+    run_dir = tmp_path / "run"
+    out = subprocess.run([sys.executable, "-m", "bsexp.train", "data=digits", "model=mlp", "epochs=1",
+                          "trainer.progress=false", f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "W&B could not start" in out.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and len(records(run_dir)) == 1
