@@ -134,6 +134,7 @@ def build_loop(cfg: DictConfig, plan: BatchPlan | None, world: World | None = No
         sync_batchnorm=world.distributed and cfg.distributed.sync_batchnorm is not False,
         noise=None if noise_mode == "off" else NoiseScale(decay=cfg.trainer.noise_decay),
         noise_split=noise_mode == "always",
+        check_every=1 if device.type == "cpu" else 16,  # on a GPU, look without stalling it every step
     )
 
 
@@ -366,7 +367,7 @@ def make_summary(cfg: DictConfig, status: str, loop: Loop, hparams: dict[str, An
     return {
         "status": status,
         **hparams,
-        "diverged_at_step": progress.step + 1 if status == "diverged" else None,
+        "diverged_at_step": progress.diverged_at_step,
         "last_finite_loss": progress.last_finite_loss,
         "final_batch_size": loop.plan.size,  # where a batch schedule ended
         "final_micro_size": loop.plan.micro_size,  # after any OOM recovery

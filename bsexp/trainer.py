@@ -69,6 +69,7 @@ class Loop:
     checkpoint_every_steps: int = 0
     checkpoint_every_epoch: bool = False
     stop_signal: int = 0  # set by a SIGTERM/SIGUSR1 handler: checkpoint at the next step and stop
+    check_every: int = 1  # steps between looks at the losses (and signals): each look waits for the device
 
     @property
     def norm_batch(self) -> int:
@@ -101,6 +102,7 @@ class Progress:
     epoch: int = 0  # where the run is: the epoch, and the steps of it done (for a resumed run)
     in_epoch: int = 0
     last_finite_loss: float | None = None  # the mean training loss of the last step before a divergence
+    diverged_at_step: int | None = None
     records: list[dict[str, Any]] = field(default_factory=list)
 
     def add(self, loss_sum: torch.Tensor, correct: torch.Tensor, samples: int) -> None:
@@ -292,6 +294,7 @@ def train(loop: Loop, progress: Progress) -> str:
     a checkpoint is saved first)."""
     world, run = loop.world, loop.run_steps
     status = "completed"
+    pending: list[tuple[torch.Tensor, int]] = []  # the steps' losses not yet looked at
     loop.model.train()
     for epoch in range(progress.epoch, loop.epochs):
         sizes = run.epoch(epoch)
@@ -308,28 +311,33 @@ def train(loop: Loop, progress: Progress) -> str:
                 loop.plan = plan_for(run.sizes[progress.step], world.size, loop.micro_cap)
             progress.lr = loop.optimizer.param_groups[0]["lr"]
             loss_sum, correct = train_step(loop, x, y, samples)
-            diverged, stop = _step_flags(loop, loss_sum)
-            if diverged:  # the last good checkpoint stays as it was
-                progress.train_time_s += time.perf_counter() - started
-                log.error("the training loss is not finite at step %d (last finite: %s): stopping, status diverged",
-                          progress.step + 1, progress.last_finite_loss)
-                bar.close()
-                return "diverged"
-            progress.last_finite_loss = float(loss_sum) / max(len(y), 1)
+            pending.append((loss_sum, len(y)))
             progress.add(loss_sum, correct, len(y))
             progress.step += 1
             progress.samples_seen += samples
             progress.epoch, progress.in_epoch = (epoch + 1, 0) if in_epoch == len(sizes) else (epoch, in_epoch)
             bar.update()
+            at_epoch_end = in_epoch == len(sizes)
+            eval_due = _eval_due(loop, progress, at_epoch_end)
+            checkpoint_due = loop.checkpoint is not None and _checkpoint_due(loop, progress, at_epoch_end)
+            stop = False
+            if eval_due or checkpoint_due or len(pending) >= loop.check_every:
+                diverged, stop = _look(loop, progress, pending)
+                if diverged:  # no evaluation, no checkpoint: the last good one stays as it was
+                    progress.train_time_s += time.perf_counter() - started
+                    log.error("the training loss is not finite at step %d (last finite: %s): stopping, status "
+                              "diverged", progress.diverged_at_step, progress.last_finite_loss)
+                    bar.close()
+                    return "diverged"
             if not bar.disable and (progress.step % 10 == 0 or bar.n == bar.total):
                 _show_postfix(bar, loop, progress, progress.train_time_s + time.perf_counter() - started)
-            if _eval_due(loop, progress, at_epoch_end=in_epoch == len(sizes)):
+            if eval_due:
                 progress.train_time_s += time.perf_counter() - started
                 status = _log(loop, progress, epoch + in_epoch / len(sizes))
                 started = time.perf_counter()
                 if status != "completed":
                     break
-            if loop.checkpoint is not None and (stop or _checkpoint_due(loop, progress, in_epoch == len(sizes))):
+            if loop.checkpoint is not None and (stop or checkpoint_due):
                 progress.train_time_s += time.perf_counter() - started
                 loop.checkpoint(loop, progress)
                 started = time.perf_counter()
@@ -345,14 +353,24 @@ def train(loop: Loop, progress: Progress) -> str:
     return status
 
 
-def _step_flags(loop: Loop, loss_sum: torch.Tensor) -> tuple[bool, bool]:
-    """(diverged, stop) after a step, the same on every rank: a non-finite loss on any rank, a
-    stop signal received by any rank."""
-    diverged = not bool(torch.isfinite(loss_sum))
-    stop = bool(loop.stop_signal)
+def _look(loop: Loop, progress: Progress, pending: list) -> tuple[bool, bool]:
+    """Look at the losses of the steps since the last look (one wait for the device), and agree
+    over the ranks: (diverged, stop) — a non-finite loss on any rank, a stop signal on any rank.
+    Sets the step of the first non-finite loss and the last finite mean loss before it."""
+    losses = torch.stack([loss for loss, _ in pending]).double().tolist()
+    means = [loss / max(n, 1) for loss, (_, n) in zip(losses, pending)]
+    first_bad = next((i for i, v in enumerate(losses) if not math.isfinite(v)), len(losses))
+    diverged, stop = first_bad < len(losses), bool(loop.stop_signal)
     if loop.world.distributed:
-        flags = loop.world.all_reduce(torch.tensor([float(diverged), float(stop)], device=loop.device), op="max")
-        diverged, stop = bool(flags[0]), bool(flags[1])
+        flags = loop.world.all_reduce(torch.tensor([float(diverged), float(stop), -float(first_bad)],
+                                                   dtype=torch.float64, device=loop.device), op="max")
+        diverged, stop, first_bad = bool(flags[0]), bool(flags[1]), int(-flags[2].item())
+    finite = means[:first_bad]
+    if finite:
+        progress.last_finite_loss = finite[-1]
+    if diverged:
+        progress.diverged_at_step = progress.step - len(pending) + first_bad + 1
+    pending.clear()
     return diverged, stop
 
 

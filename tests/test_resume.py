@@ -150,17 +150,31 @@ def test_torchrun_restarts_a_killed_worker_and_the_job_resumes_and_finishes(data
     assert [r["step"] for r in records(run_dir)] == [29, 58]
 
 
+DIVERGES = ["data=synthetic", "data.shape=[1,16]", "data.num_samples=1000", "data.val_size=100", "model=mlp",
+            "model.norm=none", "optimizer.lr=1e6", "schedule.warmup_shape=none", "trainer.progress=false"]
+
+
 def test_a_diverging_run_stops_with_its_step_and_last_finite_loss_and_keeps_its_checkpoint(run_cli, tmp_path):
     run_dir = tmp_path / "run"
-    out = run_cli("data=synthetic", "data.shape=[1,16]", "data.num_samples=1000", "data.val_size=100", "model=mlp",
-                  "model.norm=none", "optimizer.lr=1e6", "schedule.warmup_shape=none", "checkpoint.every_steps=1",
-                  "logger=none", "trainer.progress=false", f"hydra.run.dir={run_dir}")
+    out = run_cli(*DIVERGES, "checkpoint.every_steps=1", "logger=none", f"hydra.run.dir={run_dir}")
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "diverged" and summary["diverged_at_step"] == summary["steps"] + 1
+    assert summary["status"] == "diverged" and summary["diverged_at_step"] == summary["steps"]
     assert summary["last_finite_loss"] is not None and summary["last_finite_loss"] == summary["last_finite_loss"]
-    assert newest_step(run_dir) == summary["steps"]  # the last good step's checkpoint, nothing after it
+    assert newest_step(run_dir) == summary["steps"] - 1  # the last good step's checkpoint, nothing after it
     assert "status diverged" in out.stdout
+
+
+def test_looking_at_the_losses_every_few_steps_finds_the_same_divergence(make_cfg):
+    # On a GPU the loop looks at the losses every 16 steps, not to stall the device each step.
+    found = []
+    for every in (1, 8):
+        cfg = make_cfg(*DIVERGES)
+        loop, progress = build_loop(cfg, check(cfg)), Progress()
+        loop.check_every = every
+        assert train(loop, progress) == "diverged"
+        found.append((progress.diverged_at_step, progress.last_finite_loss))
+    assert found[0] == found[1] and found[0][0] > 1
 
 
 def test_a_corrupt_newest_checkpoint_is_skipped_for_the_one_before(make_cfg, data_root, run_cli, tmp_path):
