@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bsexp.errors import ConfigError
+from bsexp.errors import ConfigError, one_line
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ def newest_readable(run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
             return path, load(path)
         except Exception as exc:  # noqa: BLE001 - whatever broke the file, the previous one may do
             log.warning("checkpoint %s is unreadable (%s); trying the one before it",
-                        path, " ".join(str(exc).split())[:160] or type(exc).__name__)
+                        path, one_line(exc)[:160] or type(exc).__name__)
     return None
 
 
@@ -115,7 +115,7 @@ def find(resume: str | None, run_dir: Path) -> tuple[Path, dict[str, Any]] | Non
     try:
         return path, load(path)
     except Exception as exc:  # noqa: BLE001
-        raise ConfigError("resume", resume, f"is not a readable checkpoint ({' '.join(str(exc).split())[:160]})") from None
+        raise ConfigError("resume", resume, f"is not a readable checkpoint ({one_line(exc)[:160]})") from None
 
 
 def mismatches(state: dict[str, Any], identity: dict[str, Any]) -> list[str]:

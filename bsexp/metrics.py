@@ -14,6 +14,8 @@ import os
 from pathlib import Path
 from typing import Any, Protocol
 
+from bsexp.errors import one_line
+
 log = logging.getLogger(__name__)
 
 
@@ -39,6 +41,20 @@ class NullSink:
 
     def wandb_id(self) -> str | None:
         return None
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The records of a JSONL file (metrics.jsonl, jobs.jsonl); a line cut short by a killed
+    process is skipped."""
+    if not Path(path).exists():
+        return []
+    records = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
 
 
 def _jsonable(value: Any) -> Any:
@@ -147,7 +163,7 @@ class Sinks:
                 if isinstance(sink, JsonlSink):
                     raise
                 log.warning("%s failed (%s); going on with the local logs (metrics.jsonl, summary.json) only",
-                            type(sink).__name__, " ".join(str(exc).split())[:200])
+                            type(sink).__name__, one_line(exc)[:200])
                 self.sinks = tuple(s for s in self.sinks if s is not sink)
 
     def log(self, record: dict[str, Any]) -> None:

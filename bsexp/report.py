@@ -32,6 +32,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from bsexp.metrics import read_jsonl
 from bsexp.sweep import INDEX, naming_overrides, read_index, sweep_name
 
 METRICS = ("val_acc", "test_acc")
@@ -117,7 +118,7 @@ def load_points(sweep_dir: Path) -> list[Point]:
         status = (summary or {}).get("status") or entry.get("status") or "missing"
         if status == "completed" and summary is None:
             status = "missing"
-        points.append(Point(job, list(overrides), config, summary, _read_jsonl(job / "metrics.jsonl"), status,
+        points.append(Point(job, list(overrides), config, summary, read_jsonl(job / "metrics.jsonl"), status,
                             entry.get("error")))
     known = {p.dir.name for p in points}
     for name, entry in index.items():
@@ -136,18 +137,6 @@ def _read_json(path: Path) -> dict[str, Any] | None:
         return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return None
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return records
 
 
 def common_settings(points: list[Point]) -> tuple[str, ...]:

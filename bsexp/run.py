@@ -93,13 +93,14 @@ def build_loop(cfg: DictConfig, plan: BatchPlan | None, world: World | None = No
         if str(cfg.batch.finder.objective) == "noise_scale":
             plan = noise_scale_plan(cfg, world, found, len(splits.train))
     schedule = schema.batch_schedule(cfg, start=plan.size)
-    if max(schedule.sizes(cfg.epochs)) > len(splits.train):
-        raise ConfigError("batch.schedule", schedule.sizes(cfg.epochs),
+    scheduled_sizes = schedule.sizes(cfg.epochs)
+    if max(scheduled_sizes) > len(splits.train):
+        raise ConfigError("batch.schedule", scheduled_sizes,
                           f"grows past the {len(splits.train)} training samples of {splits.name}")
     if cfg.batch.policy == schema.Policy.scheduled:
         micro_cap = cfg.batch.micro_size
         if cfg.batch.find_micro_size:  # the largest micro-batch that fits bounds them all
-            largest = max(schedule.sizes(cfg.epochs)) // world.size
+            largest = max(scheduled_sizes) // world.size
             found = find_plan(cfg, world, splits, model.to(device), largest=largest)
             micro_cap = found.micro_size if micro_cap is None else min(micro_cap, found.micro_size)
         plan = plan_for(plan.size, world.size, micro_cap)
@@ -200,7 +201,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
 def _run_on(world: World, cfg: DictConfig, plan: BatchPlan, run_dir: Path, started: float) -> dict[str, Any]:
     resumed = ckpt.find(cfg.resume, run_dir)
     if resumed is not None and plan is None:  # batch=finder: the plan found before, not a new search
-        plan = BatchPlan(**resumed[1]["start_plan"])
+        plan = BatchPlan(**resumed[1]["finder_plan"])
     loop = build_loop(cfg, plan, world)
     progress = Progress()
     wandb_id = None
@@ -294,8 +295,7 @@ def save_checkpoint(cfg: DictConfig, loop: Loop, progress: Progress, run_dir: Pa
         "last_finite_loss": progress.last_finite_loss,
         "model": loop.net.state_dict(), "optimizer": loop.optimizer.state_dict(),
         "scheduler": loop.scheduler.state_dict(), "scaler": loop.scaler.state_dict(),
-        "plan": asdict(loop.plan), "start_plan": asdict(plan_for(loop.run_steps.sizes[0], loop.world.size, None))
-        if loop.finder is None else asdict(loop.finder.plan),
+        "plan": asdict(loop.plan), "finder_plan": asdict(loop.finder.plan) if loop.finder is not None else None,
         "micro_cap": loop.micro_cap, "oom_recoveries": loop.oom_recoveries,
         "noise": asdict(loop.noise) if loop.noise is not None else None,
         "ranks": ranks, "identity": identity(cfg, loop), "wandb_id": loop.sinks.wandb_id(),

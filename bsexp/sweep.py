@@ -19,6 +19,9 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from bsexp.errors import one_line
+from bsexp.metrics import read_jsonl
+
 log = logging.getLogger(__name__)
 
 INDEX = "jobs.jsonl"
@@ -95,7 +98,7 @@ class SweepIndex(Callback):
         entry.update({key: summary.get(key) for key in _SUMMARY_KEYS})
         if getattr(job_return.status, "name", "") == "FAILED":
             entry["status"] = "failed"
-            entry["error"] = " ".join(str(job_return._return_value).split())[:300]
+            entry["error"] = one_line(job_return._return_value)[:300]
         entry["status"] = entry["status"] or "missing"
         with open(job_dir.parent / INDEX, "a") as index:  # one short line: appends do not interleave
             index.write(json.dumps(entry) + "\n")
@@ -113,14 +116,4 @@ class SweepIndex(Callback):
 
 def read_index(sweep_dir: Path) -> dict[str, dict[str, Any]]:
     """The sweep's index by job directory name (the last line for a point that ran twice)."""
-    path = Path(sweep_dir) / INDEX
-    if not path.exists():
-        return {}
-    entries = {}
-    for line in path.read_text().splitlines():
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError:  # a line cut short by a killed job
-            continue
-        entries[entry["dir"]] = entry
-    return entries
+    return {entry["dir"]: entry for entry in read_jsonl(Path(sweep_dir) / INDEX)}

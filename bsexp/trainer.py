@@ -192,11 +192,15 @@ def _forward_backward(loop: Loop, x: torch.Tensor, y: torch.Tensor, step_samples
     return step_loss * step_samples, correct, small
 
 
+def _loss_scale(loop: Loop) -> float:
+    """The factor a GradScaler multiplies the loss, and so the gradients, by (1 without one)."""
+    return loop.scaler.get_scale() if loop.scaler.is_enabled() else 1.0
+
+
 def _grad_sq(loop: Loop) -> torch.Tensor:
     """Squared norm of the gradients now held, undoing a loss scaler's factor."""
     grads = [p.grad for p in loop.model.parameters() if p.grad is not None]
-    scale = loop.scaler.get_scale() if loop.scaler.is_enabled() else 1.0
-    return squared_norm(grads) / scale**2
+    return squared_norm(grads) / _loss_scale(loop) ** 2
 
 
 def _measure_noise(loop: Loop, local: int, step_samples: int, small) -> None:
@@ -204,9 +208,8 @@ def _measure_noise(loop: Loop, local: int, step_samples: int, small) -> None:
     one micro-batch a rank, this rank's share before the all-reduce, which the gradient sync kept)
     against the whole step's. Under DDP the small figure is averaged over the ranks."""
     world = loop.world
-    if small is None and loop.grad_sync is not None and loop.grad_sync.local_sq is not None and world.size > 1:
-        scale = loop.scaler.get_scale() if loop.scaler.is_enabled() else 1.0
-        small = (loop.grad_sync.local_sq / scale**2 * (step_samples / local) ** 2, local)
+    if small is None and loop.grad_sync is not None and loop.grad_sync.local_sq is not None:
+        small = (loop.grad_sync.local_sq / _loss_scale(loop) ** 2 * (step_samples / local) ** 2, local)
     if small is None:
         return
     small_sq, b_small = small
@@ -315,9 +318,9 @@ def train(loop: Loop, progress: Progress) -> str:
             progress.add(loss_sum, correct, len(y))
             progress.step += 1
             progress.samples_seen += samples
-            progress.epoch, progress.in_epoch = (epoch + 1, 0) if in_epoch == len(sizes) else (epoch, in_epoch)
-            bar.update()
             at_epoch_end = in_epoch == len(sizes)
+            progress.epoch, progress.in_epoch = (epoch + 1, 0) if at_epoch_end else (epoch, in_epoch)
+            bar.update()
             eval_due = _eval_due(loop, progress, at_epoch_end)
             checkpoint_due = loop.checkpoint is not None and _checkpoint_due(loop, progress, at_epoch_end)
             stop = False
@@ -333,10 +336,8 @@ def train(loop: Loop, progress: Progress) -> str:
                 _show_postfix(bar, loop, progress, progress.train_time_s + time.perf_counter() - started)
             if eval_due:
                 progress.train_time_s += time.perf_counter() - started
-                status = _log(loop, progress, epoch + in_epoch / len(sizes))
+                _log(loop, progress, epoch + in_epoch / len(sizes))
                 started = time.perf_counter()
-                if status != "completed":
-                    break
             if loop.checkpoint is not None and (stop or checkpoint_due):
                 progress.train_time_s += time.perf_counter() - started
                 loop.checkpoint(loop, progress)
@@ -388,7 +389,7 @@ def _eval_due(loop: Loop, progress: Progress, at_epoch_end: bool) -> bool:
     return at_epoch_end
 
 
-def _log(loop: Loop, progress: Progress, epoch: float) -> str:
+def _log(loop: Loop, progress: Progress, epoch: float) -> None:
     record = eval_record(loop, progress, epoch)
     progress.records.append(record)
     loop.sinks.log(record)
@@ -397,7 +398,6 @@ def _log(loop: Loop, progress: Progress, epoch: float) -> str:
         f"train_acc {record['train_acc']:.4f} val_loss {record['val_loss']:.4f} "
         f"val_acc {record['val_acc']:.4f} lr {record['lr']:.4g}"
     )
-    return "completed" if math.isfinite(record["train_loss"]) else "diverged"
 
 
 def _show_postfix(bar: tqdm, loop: Loop, progress: Progress, train_seconds: float) -> None:
