@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import dist_workers
+import wandb_records
 from bsexp.batch_schedule import BatchSchedule, lr_coupling, micro_sizes, plan_for
 from bsexp.config import check
 from bsexp.errors import ConfigError
@@ -177,6 +178,7 @@ def test_a_real_oom_halves_the_micro_batch_and_trains_as_if_started_there(tmp_pa
     assert plan.micro_size * plan.accum_steps == 2048
     assert "out of memory at micro-batch 2048" in stderr
     assert [r["micro_size"] for r in recovered["records"]] == [plan.micro_size]
+    assert [r["norm_batch"] for r in recovered["records"]] == [plan.micro_size]  # what a norm layer now sees
     direct, _ = capped_train(tmp_path, "direct", 0, *shape, "batch=accumulation", f"batch.micro_size={plan.micro_size}")
     assert direct["oom_recoveries"] == 0
     assert_close(recovered["params"], direct["params"], atol=1e-6)
@@ -261,7 +263,7 @@ def test_a_schedule_past_the_training_set_is_refused(make_cfg):
 
 def test_the_increase_batch_experiment_runs_its_three_arms(run_cli, tmp_path):
     out = run_cli("-m", "experiment=increase_batch", "seed=0", "data.num_samples=1200", "data.val_size=100", "model.width=8",
-                  "logger=none", "trainer.progress=false", f"hydra.sweep.dir={tmp_path / 'sweep'}", timeout=600)
+                  "trainer.progress=false", f"hydra.sweep.dir={tmp_path / 'sweep'}", timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     arms = {}
     for job in sorted((tmp_path / "sweep").iterdir()):
@@ -271,6 +273,10 @@ def test_the_increase_batch_experiment_runs_its_three_arms(run_cli, tmp_path):
             summary = json.loads((job / "summary.json").read_text())
             records = [json.loads(line) for line in (job / "metrics.jsonl").read_text().splitlines()]
             arms[arm] = summary, records
+            # Its (offline) W&B run: named by arm, batch and seed, tagged with the experiment and arm.
+            [run_file] = job.glob("wandb/offline-run-*/run-*.wandb")
+            [run] = [r.run for r in wandb_records.records(run_file) if r.WhichOneof("record_type") == "run"]
+            assert run.display_name == f"{arm}-bs32-seed0" and list(run.tags) == ["increase_batch", arm]
     assert sorted(arms) == ["batch_growth", "hybrid", "lr_decay"]
     # batch: 32 throughout / x5 at epochs 8 and 14 / x5 at 8; LR 0.05: /5 at 8 and 14 / held / /5 at 14.
     expected = {"lr_decay": ([32] * 20, [0.05] * 8 + [0.01] * 6 + [0.002] * 6),

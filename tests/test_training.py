@@ -130,6 +130,16 @@ def test_gradient_clipping_bounds_the_update(make_cfg):
     assert (after - before).norm().item() == pytest.approx(0.01, rel=1e-4)
 
 
+def test_clipping_acts_on_the_accumulated_gradient_of_the_whole_step(make_cfg):
+    clip = ["trainer.clip_grad_norm=0.05", "trainer.max_steps=3"]
+    big, _ = trained(make_cfg, "batch.size=32", *clip)
+    accum, _ = trained(make_cfg, "batch=accumulation", "batch.size=32", "batch.micro_size=8", *clip)
+    unclipped, _ = trained(make_cfg, "batch=accumulation", "batch.size=32", "batch.micro_size=8", "trainer.max_steps=3")
+    assert_close(params(big), params(accum), atol=1e-6)  # clipped once, after the last micro-step
+    moved = max((params(accum)[k] - v).abs().max() for k, v in params(unclipped).items())
+    assert moved > 1e-3  # the clip did bind
+
+
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_reduced_precision_trains(make_cfg, precision):
     loop, progress = trained(make_cfg, f"precision={precision}", "epochs=3")
