@@ -87,7 +87,9 @@ def assert_same_state(a: dict, b: dict) -> None:
                                          ("scheduled", signal.SIGUSR1)])
 def test_a_run_stopped_mid_epoch_resumes_bit_identically(make_cfg, data_root, tmp_path, policy, sig):
     run_dir = tmp_path / "run"
-    args = [*SLOW, *POLICIES[policy], f"hydra.run.dir={run_dir}"]
+    # The preempted accumulation run logs to (offline) W&B, to see it resume under the same run id.
+    logger = "logger=wandb" if policy == "accumulation" else "logger=none"
+    args = [*(o for o in SLOW if o != "logger=none"), logger, *POLICIES[policy], f"hydra.run.dir={run_dir}"]
     code, err = stop_mid_run(start(data_root, tmp_path, *args), run_dir, sig, seed=len(policy))
     stopped_at = newest_step(run_dir)
     if sig != signal.SIGKILL:  # a checkpoint at the next step boundary, then status preempted
@@ -112,6 +114,9 @@ def test_a_run_stopped_mid_epoch_resumes_bit_identically(make_cfg, data_root, tm
     assert [r["step"] for r in logged] == [r["step"] for r in progress.records]
     assert [r["val_loss"] for r in logged] == [r["val_loss"] for r in progress.records]
     assert [r["train_loss"] for r in logged] == [r["train_loss"] for r in progress.records]
+    if logger == "logger=wandb":  # both attempts wrote to one W&B run id
+        run_files = sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
+        assert len(run_files) == 2 and run_files[0].name == run_files[1].name
 
 
 def test_two_ranks_stopped_by_sigterm_resume_bit_identically(make_cfg, data_root, tmp_path):
