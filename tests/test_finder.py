@@ -1,6 +1,7 @@
 """The batch-size finder under real memory caps: real allocator failures in a child process."""
 
 import json
+import math
 import subprocess
 import sys
 
@@ -143,7 +144,11 @@ def test_throughput_objective_takes_the_smallest_size_near_the_best_rate(make_cf
     timed = [t for t in result.trials if t.ok and t.samples_per_s]
     best = max(t.samples_per_s for t in timed)
     near = sorted(t.size for t in timed if t.samples_per_s >= 0.5 * best)
-    assert result.micro_size == near[0] and "Throughput objective" in result.note
+    largest = max(t.size for t in result.trials if t.ok)
+    # The smallest size near the best rate, but never above the margin below the largest that fit
+    # (on a busy machine the largest may be the only size near the best rate).
+    assert result.micro_size == min(near[0], math.floor(largest * (1 - 0.05)))
+    assert "Throughput objective" in result.note
 
 
 def test_two_ranks_with_different_memory_agree_on_a_size_that_fits_both(make_cfg, calibrated_limit_gb):
