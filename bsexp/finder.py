@@ -407,7 +407,7 @@ def find_plan(cfg: DictConfig, world: World, splits: Splits, model: torch.nn.Mod
     per_rank = None if keep_size is None else keep_size // world.size
     max_size = min(node.max_size or math.inf, len(splits.train) // world.size, per_rank or math.inf,
                    largest or math.inf)
-    key = _cache_key(cfg, world, splits)
+    key = _cache_key(cfg, world, splits, keep_size, largest)
     cached = _cache_load(cfg, key)
     if cached is not None:
         trials = [Trial(**t) for t in cached["trials"]]
@@ -517,8 +517,11 @@ def _loader_rate(splits: Splits, cfg: DictConfig, plan: BatchPlan, world: World,
 # ---------------------------------------------------------------------------- cache
 
 
-def _cache_key(cfg: DictConfig, world: World, splits: Splits) -> str:
+def _cache_key(cfg: DictConfig, world: World, splits: Splits, keep_size: int | None, largest: int | None) -> str:
     parts = {
+        # The answer depends on the global batch kept (its micro-batch must divide it) and on the
+        # largest size asked for, besides what decides the memory.
+        "keep_size": keep_size, "largest": largest,
         "model": OmegaConf.to_container(cfg.model, resolve=True, enum_to_str=True),
         "optimizer": OmegaConf.to_container(cfg.optimizer, resolve=True, enum_to_str=True),
         "finder": OmegaConf.to_container(cfg.batch.finder, resolve=True, enum_to_str=True),

@@ -16,10 +16,13 @@ record is asked for.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+log = logging.getLogger(__name__)
 
 
 def squared_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -37,51 +40,80 @@ def estimates(small_sq, b_small: float, big_sq, b_big: float):
 
 @dataclass
 class NoiseScale:
-    """Running estimates of |G|², tr(Σ) and B_simple."""
+    """Running estimates of |G|², tr(Σ) and B_simple.
+
+    A measurement whose estimates are not finite (an fp16 overflow: the step a GradScaler skips)
+    enters neither the averages nor the run's means; it is counted in `skipped`. The check is a
+    masked update on the device, so measuring never waits for it."""
 
     decay: float = 0.99  # of the moving averages
-    measurements: int = 0
+    measurements: Any = 0  # taken into the averages (a tensor on the gradients' device once measuring)
+    skipped: Any = 0  # not finite, left out
     _ema: list = field(default_factory=lambda: [0.0, 0.0])  # |G|², tr(Σ)
     _run: list = field(default_factory=lambda: [0.0, 0.0])  # sums over the run
     _recent: list = field(default_factory=lambda: [0.0, 0.0, 0])  # sums since the last record, count
+    _warned: int = 0  # skipped measurements already warned about
 
     def update(self, small_sq, b_small: float, big_sq, b_big: float) -> None:
         if not b_big > b_small > 0:
             return
-        grad_sq, trace = estimates(small_sq, b_small, big_sq, b_big)
-        d = self.decay
-        self._ema = [d * self._ema[0] + (1 - d) * grad_sq, d * self._ema[1] + (1 - d) * trace]
+        small_sq, big_sq = torch.as_tensor(small_sq, dtype=torch.float64), torch.as_tensor(big_sq, dtype=torch.float64)
+        grad_sq, trace = estimates(small_sq, b_small, big_sq.to(small_sq.device), b_big)
+        ok = torch.isfinite(grad_sq) & torch.isfinite(trace)
+        zero = torch.zeros((), dtype=torch.float64, device=grad_sq.device)
+        grad_sq, trace = torch.where(ok, grad_sq, zero), torch.where(ok, trace, zero)
+        d, w = self.decay, ok.double()
+        # A skipped measurement leaves the moving averages as they were (weight 0).
+        self._ema = [self._ema[0] + w * (1 - d) * (grad_sq - self._ema[0]),
+                     self._ema[1] + w * (1 - d) * (trace - self._ema[1])]
         self._run = [self._run[0] + grad_sq, self._run[1] + trace]
-        self._recent = [self._recent[0] + grad_sq, self._recent[1] + trace, self._recent[2] + 1]
-        self.measurements += 1
+        self._recent = [self._recent[0] + grad_sq, self._recent[1] + trace, self._recent[2] + w]
+        self.measurements = self.measurements + w
+        self.skipped = self.skipped + (1 - w)
+
+    @property
+    def count(self) -> int:
+        return int(self.measurements)
 
     def averaged(self) -> tuple[float, float] | None:
         """The moving averages of |G|² and tr(Σ), bias-corrected (as Adam's moments are)."""
-        if not self.measurements:
+        count = self.count
+        if not count:
             return None
-        correction = 1 - self.decay**self.measurements
+        correction = 1 - self.decay**count
         return float(self._ema[0]) / correction, float(self._ema[1]) / correction
+
+    def _warn_skipped(self) -> None:
+        skipped = int(self.skipped)
+        if skipped > self._warned:
+            log.warning("gradient noise scale: %d measurement(s) with non-finite gradients (an fp16 overflow, a "
+                        "step the loss scaler skipped) left out of the estimates", skipped - self._warned)
+            self._warned = skipped
 
     def record(self) -> dict[str, Any]:
         """The metrics of one evaluation record: the averages, B_simple, and the raw estimates
         averaged since the last record."""
+        self._warn_skipped()
         averaged = self.averaged()
         if averaged is None:
             return {}
         grad_sq, trace = averaged
-        n = max(self._recent[2], 1)
+        n = max(float(self._recent[2]), 1.0)
         out = {"noise/b_simple": _ratio(trace, grad_sq), "noise/grad_sq": grad_sq, "noise/trace_sigma": trace,
-               "noise/grad_sq_raw": float(self._recent[0]) / n, "noise/trace_sigma_raw": float(self._recent[1]) / n}
+               "noise/grad_sq_raw": float(self._recent[0]) / n, "noise/trace_sigma_raw": float(self._recent[1]) / n,
+               "noise/skipped": int(self.skipped)}
         self._recent = [0.0, 0.0, 0]
         return out
 
     def summary(self) -> dict[str, Any]:
-        if not self.measurements:
-            return {"noise_b_simple": None, "noise_b_simple_mean": None, "noise_measurements": 0}
-        grad_sq, trace = (float(v) / self.measurements for v in self._run)
+        count = self.count
+        if not count:
+            return {"noise_b_simple": None, "noise_b_simple_mean": None, "noise_measurements": 0,
+                    "noise_skipped": int(self.skipped)}
+        grad_sq, trace = (float(v) / count for v in self._run)
         return {"noise_b_simple": _ratio(*reversed(self.averaged())), "noise_b_simple_mean": _ratio(trace, grad_sq),
                 "noise_grad_sq_mean": grad_sq, "noise_trace_sigma_mean": trace,
-                "noise_measurements": self.measurements}
+                "noise_measurements": count, "noise_skipped": int(self.skipped)}
 
 
 def _ratio(trace: float, grad_sq: float) -> float | None:

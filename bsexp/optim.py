@@ -55,7 +55,7 @@ def scaled_hparams(cfg: DictConfig, plan: BatchPlan, run: RunSteps) -> tuple[Sca
         total_steps=run.total,
         warmup_steps=warmup,
         warmup_shape=str(node.warmup_shape),
-        start_factor=scaling.warmup_start_factor(node.start_factor, k),
+        start_factor=scaling.warmup_start_factor(node.start_factor, k, str(cfg.scaling.lr_rule)),
         main=str(node.main),
         milestones=tuple(in_steps(m) for m in node.milestones),
         factor=node.factor,

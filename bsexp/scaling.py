@@ -33,8 +33,18 @@ def scaled_lr(base_lr: float, k: float, rule: str) -> float:
 
 
 def scaled_weight_decay(base_wd: float, k: float, rule: str) -> float:
-    """`sqrt` keeps the decay timescale B/(η·λ·N) fixed when η grows by √k (SCIENCE.md:
-    Loshchilov & Hutter App. B.1; Wang & Aitchison 2025)."""
+    """Weight decay at batch k × ref_batch.
+
+    `sqrt` (λ × √k, the default) is Loshchilov & Hutter's normalised weight decay (2019, "Decoupled
+    Weight Decay Regularization", App. B.1: λ = λ_norm·√(b/(B·T)) for batch b, B training samples,
+    T epochs), which keeps λ_norm fixed when only the batch changes. What it does to the decay
+    per epoch depends on the LR rule: SGD's update shrinks weights by η·λ a step, N/B steps an
+    epoch, so the per-epoch decay η·λ·N/B (the inverse of the timescale B/(η·λ·N)) is
+      - unchanged under the sqrt LR rule (η × √k, λ × √k, B × k);
+      - × √k under the linear LR rule (η × k, λ × √k, B × k): weights decay faster per epoch at
+        larger batches. `wd_rule=none` keeps it fixed under the linear LR rule (Goyal et al.'s
+        recipe leaves λ unchanged).
+    """
     return base_wd * rule_multiplier(rule, k)
 
 
@@ -43,7 +53,7 @@ class LRSchedule:
     """Multiplier of the scaled LR at each optimizer step: warmup, then the main schedule.
 
     All lengths are in optimizer steps. `start_factor` is the warmup's first multiplier
-    (Goyal et al. §2.2 ramp from the unscaled LR, i.e. 1/k).
+    (Goyal et al. §2.2 ramp from the reference batch's LR: base LR / scaled LR).
     """
 
     total_steps: int
@@ -71,8 +81,10 @@ class LRSchedule:
         return 1.0
 
 
-def warmup_start_factor(start_factor: float | None, k: float) -> float:
-    """None means Goyal's choice: begin at the unscaled LR (1/k of the target), never above it."""
+def warmup_start_factor(start_factor: float | None, k: float, rule: str) -> float:
+    """None means Goyal et al.'s choice (§2.2): begin at the LR the reference batch would use,
+    base LR / scaled LR = 1 / rule_multiplier(rule, k) (1/k under the linear rule, 1/√k under
+    sqrt, 1 under none), never above the target."""
     if start_factor is None:
-        return min(1.0, 1.0 / k)
+        return min(1.0, 1.0 / rule_multiplier(rule, k))
     return start_factor

@@ -25,20 +25,28 @@ class CPUSyncBatchNorm(_BatchNorm):
         # path runs, so its memory is what training will use.
         if not self.training or not (dist.is_available() and dist.is_initialized()):
             return super().forward(x)
+        # Statistics in fp32 (the count in fp64) whatever the input's dtype, as torch's BatchNorm
+        # computes them under autocast: in bf16 a count of 2601 becomes 2608 and the sums lose
+        # digits. The output is cast back to the input's dtype.
+        with torch.autocast(x.device.type, enabled=False):
+            y = self._normalise(x.float()).to(x.dtype)
+        return y
+
+    def _normalise(self, x: torch.Tensor) -> torch.Tensor:
         dims = [0, *range(2, x.dim())]
         shape = [1, -1] + [1] * (x.dim() - 2)
-        local_count = torch.tensor([x.numel() / x.shape[1]], dtype=x.dtype, device=x.device)
+        local_count = torch.tensor([x.numel() / x.shape[1]], dtype=torch.float64, device=x.device)
         # Two passes (mean, then squared deviations) keep the variance as exact as BatchNorm's;
-        # the first carries the sample count (times positions) along.
-        sums = _all_reduce_sum(torch.cat([x.sum(dims), local_count]))
+        # the first carries the sample count (times positions) along, in fp64.
+        sums = _all_reduce_sum(torch.cat([x.sum(dims).double(), local_count]))
         count = sums[-1].detach()
-        mean = sums[:-1] / count
-        var = _all_reduce_sum(((x - mean.view(shape)) ** 2).sum(dims)) / count  # biased, as BN normalises
+        mean = (sums[:-1] / count).float()
+        var = (_all_reduce_sum(((x - mean.view(shape)) ** 2).sum(dims).double()) / count).float()  # biased
         if self.track_running_stats:
             with torch.no_grad():
                 self.num_batches_tracked += 1
                 factor = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
-                unbiased = var * count / (count - 1).clamp(min=1)
+                unbiased = var * (count / (count - 1).clamp(min=1)).float()
                 self.running_mean.mul_(1 - factor).add_(factor * mean)
                 self.running_var.mul_(1 - factor).add_(factor * unbiased)
         y = (x - mean.view(shape)) / torch.sqrt(var.view(shape) + self.eps)

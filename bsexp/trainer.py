@@ -64,7 +64,7 @@ class Loop:
     oom_recoveries: int = 0
     sync_batchnorm: bool = False
     noise: NoiseScale | None = None  # the gradient noise scale, when measured (trainer.noise_scale)
-    noise_split: bool = False  # split a step of one micro-batch in two to measure it (always)
+    noise_split: bool = False  # always: measure a step of one micro-batch from a half computed on the side
     checkpoint: Callable[["Loop", "Progress"], None] | None = None  # saves the run (bsexp.run)
     checkpoint_every_steps: int = 0
     checkpoint_every_epoch: bool = False
@@ -130,6 +130,7 @@ def train_step(loop: Loop, x: torch.Tensor, y: torch.Tensor, step_samples: int):
     Returns the summed loss and correct count of the step's samples on this rank (detached).
     """
     agree = loop.world.distributed and loop.oom_recovery
+    side = _side_half(loop, x, y, step_samples) if loop.noise_split else None
     while True:
         outcome = _forward_backward(loop, x, y, step_samples)
         failed = outcome is None
@@ -142,7 +143,7 @@ def train_step(loop: Loop, x: torch.Tensor, y: torch.Tensor, step_samples: int):
     if agree:  # gradients were kept local (no_sync) until every rank had passed
         loop.world.all_reduce_gradients(loop.model.parameters(), loop.grad_sync)
     if loop.noise is not None:
-        _measure_noise(loop, len(y), step_samples, outcome[2])
+        _measure_noise(loop, len(y), step_samples, outcome[2] if side is None else side)
     if loop.clip_grad_norm is not None:
         scaler.unscale_(optimizer)  # clip the true gradient of the whole step
         nn.utils.clip_grad_norm_(loop.model.parameters(), loop.clip_grad_norm)
@@ -157,8 +158,6 @@ def _forward_backward(loop: Loop, x: torch.Tensor, y: torch.Tensor, step_samples
     model = loop.model
     loop.optimizer.zero_grad(set_to_none=True)
     sizes = micro_sizes(len(y), step_samples, loop.plan)
-    if loop.noise_split and len(sizes) == 1 and sizes[0] >= 2 * MIN_MICRO and not loop.world.distributed:
-        sizes = [sizes[0] // 2, sizes[0] - sizes[0] // 2]  # two halves: a small and a big gradient
     small = None  # squared norm of the first micro-batch's own mean gradient, and its size
     if loop.grad_sync is not None:
         loop.grad_sync.local_sq = None
@@ -190,6 +189,38 @@ def _forward_backward(loop: Loop, x: torch.Tensor, y: torch.Tensor, step_samples
             raise
         return None
     return step_loss * step_samples, correct, small
+
+
+def _side_half(loop: Loop, x: torch.Tensor, y: torch.Tensor, step_samples: int):
+    """trainer.noise_scale=always, for a step of one micro-batch in one process (where nothing is
+    measured for free): the squared norm of the mean gradient over the first half of the batch,
+    computed on the side — its own forward and backward (torch.autograd.grad, so no parameter's
+    .grad is touched), with the random generators and every buffer (BatchNorm's running
+    statistics) put back as they were. The step itself then runs on the whole batch, exactly as
+    without measuring. Returns (squared norm, samples) or None where the step is not of that kind
+    or the side pass does not fit in memory."""
+    if loop.world.distributed or len(micro_sizes(len(y), step_samples, loop.plan)) != 1 or len(y) < 2 * MIN_MICRO:
+        return None
+    half = len(y) // 2
+    net = loop.net
+    params = [p for p in net.parameters() if p.requires_grad]
+    buffers = [b.detach().clone() for b in net.buffers()]
+    devices = [loop.device.index or 0] if loop.device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=devices):
+            with loop.autocast():
+                loss = F.cross_entropy(net(x[:half]), y[:half])
+            grads = torch.autograd.grad(loop.scaler.scale(loss), params, allow_unused=True)
+    except Exception as exc:
+        if not is_oom(exc):
+            raise
+        release(loop.device)
+        return None
+    finally:
+        with torch.no_grad():
+            for buffer, saved in zip(net.buffers(), buffers):
+                buffer.copy_(saved)
+    return squared_norm([g for g in grads if g is not None]) / _loss_scale(loop) ** 2, half
 
 
 def _loss_scale(loop: Loop) -> float:

@@ -1,7 +1,8 @@
 """The batch-size finder against the truth, under a real CPU memory cap.
 
 Ground truth: the largest global batch that survives three training steps and an evaluation
-pass in a fresh process capped at the memory limit (`trainer.memory_limit_gb`), found by
+pass in a fresh process capped at the memory limit (`trainer.memory_limit_gb`, with
+`trainer.oom_recovery=false`, so that an out-of-memory error ends the process), found by
 bisection over fresh processes (each size its own process, so nothing carries over). Then each
 finder mode runs as users run it (`batch=finder`, then three training steps and evaluation
 under the same cap) and this prints, per mode: the size found, found / ground truth, trials,
@@ -28,8 +29,11 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+# OOM recovery off: with it on every size "fits" (it halves the micro-batch and accumulates), and
+# the truth becomes the training set's size.
 SETUP = ["data=synthetic", "data.shape=[1,40]", "data.num_samples=8000", "data.val_size=200", "model=mlp",
-         "model.hidden=[8192]", "logger=none", "trainer.progress=false", "epochs=1", "trainer.max_steps=3"]
+         "model.hidden=[8192]", "logger=none", "trainer.progress=false", "epochs=1", "trainer.max_steps=3",
+         "trainer.oom_recovery=false"]
 GOAL = 0.90
 
 

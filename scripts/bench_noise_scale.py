@@ -7,8 +7,9 @@ of the per-round ratio measured/off:
 
     auto    with accumulation (batch=accumulation): the squared norms of the first micro-batch's
             gradient and of the step's; no extra forward or backward pass;
-    always  with one micro-batch: the batch split into two halves, so two smaller passes
-            instead of one large one — the price of measuring where nothing is free.
+    always  with one micro-batch: the whole step as without measuring, plus a forward and
+            backward over half the batch on the side (generators and BatchNorm statistics put
+            back), so the run is unchanged — the price of measuring where nothing is free.
 
 Run from the repository root (or with $BSEXP_DATA set); any Hydra override may follow::
 
@@ -37,7 +38,7 @@ from bsexp.trainer import train_step  # noqa: E402
 
 CASES = {
     "auto (accumulation 4 x 32)": ["batch=accumulation", "batch.size=128", "batch.micro_size=32"],
-    "always (one batch of 128, split in two)": ["batch.size=128"],
+    "always (one batch of 128, a half on the side)": ["batch.size=128"],
 }
 
 
@@ -68,7 +69,7 @@ def compare(overrides: list[str], mode: str, rounds: int) -> tuple[float, int]:
         gc.collect()
         if r:  # the first round warms up
             ratios.append(seconds[mode] / seconds["off"])
-    return statistics.median(ratios), loops[mode].noise.measurements
+    return statistics.median(ratios), loops[mode].noise.count
 
 
 def main() -> None:

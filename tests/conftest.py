@@ -38,7 +38,7 @@ def make_cfg(data_root, monkeypatch):
 def cli_env(data_root: Path) -> dict[str, str]:
     env = dict(os.environ)
     env.update(BSEXP_DATA=str(data_root), WANDB_SILENT="true", WANDB_DISABLE_GIT="true",
-               PYTHONPATH=str(Path(__file__).parent))  # tests/user_models.py
+               PYTHONPATH=os.pathsep.join([str(ROOT), str(Path(__file__).parent)]))  # bsexp, tests/user_models.py
     for name in ("HYDRA_FULL_ERROR", "WANDB_MODE", "WANDB_API_KEY"):  # bsexp's own defaults, offline W&B
         env.pop(name, None)
     return env

@@ -48,8 +48,11 @@ def train_steps(cfg):
         close_world(world)
 
 
-def sync_batchnorm(x: torch.Tensor, weight: torch.Tensor, dims: int):
-    """This rank's half of `x` through CPUSyncBatchNorm; loss = sum(out * weight) / len(x)."""
+def sync_batchnorm(x: torch.Tensor, weight: torch.Tensor, dims: int, precision: str = "fp32"):
+    """This rank's half of `x` through CPUSyncBatchNorm; loss = sum(out * weight) / len(x). With
+    precision bf16 the input arrives in bf16, under autocast, as a conv's output would."""
+    import contextlib
+
     from bsexp.syncbn import convert_sync_batchnorm
 
     torch.set_num_threads(1)
@@ -62,11 +65,13 @@ def sync_batchnorm(x: torch.Tensor, weight: torch.Tensor, dims: int):
             bn.bias.copy_(torch.linspace(-1, 1, x.shape[1]))
         bn = convert_sync_batchnorm(bn, torch.device("cpu"))
         mine = x.chunk(size)[rank].clone().requires_grad_(True)
-        out = bn(mine)
-        (out * weight.chunk(size)[rank]).sum().div(len(x)).backward()
+        bf16 = precision == "bf16"
+        with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
+            out = bn(mine.to(torch.bfloat16) if bf16 else mine)
+        (out.float() * weight.chunk(size)[rank]).sum().div(len(x)).backward()
         grads = torch.cat([bn.weight.grad, bn.bias.grad])
         dist.all_reduce(grads)  # parameter gradients add up over ranks, as DDP's sum hook does
-        return {"rank": rank, "type": type(bn).__name__, "out": out.detach(), "grad_in": mine.grad,
+        return {"rank": rank, "type": type(bn).__name__, "out": out.detach(), "grad_in": mine.grad, "dtype": out.dtype,
                 "grad_params": grads, "running": torch.cat([bn.running_mean, bn.running_var])}
     finally:
         dist.destroy_process_group()

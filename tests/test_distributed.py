@@ -85,6 +85,30 @@ def test_cpu_sync_batchnorm_over_two_ranks_equals_batchnorm_over_both(dims, shap
     assert not torch.allclose(half(x[:16]), out[:16].detach() , atol=1e-3)
 
 
+def test_cpu_sync_batchnorm_under_bf16_autocast_keeps_its_statistics_in_fp32():
+    # 4 x 51 x 51 = 10,404 values a channel: a count bf16 cannot hold (it rounds to 10,368), sums that
+    # lose digits in bf16. The statistics must be as exact as torch's own BatchNorm on the same input.
+    generator = torch.Generator().manual_seed(0)
+    shape = (4, 3, 51, 51)
+    x = (torch.randn(shape, generator=generator) * 3 + 1).to(torch.bfloat16).float()  # what bf16 holds
+    weight = torch.randn(shape, generator=generator)
+    results = dist_workers.launch(dist_workers.sync_batchnorm, x, weight, 2, "bf16")
+    exact = x.double()
+    mean = exact.mean(dim=(0, 2, 3))
+    var = exact.var(dim=(0, 2, 3), unbiased=True)
+    # Running statistics after one step from (0, 1) with momentum 0.3.
+    expected = torch.cat([0.3 * mean, 0.7 + 0.3 * var])
+    bn = nn.BatchNorm2d(shape[1], momentum=0.3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        bn(x.to(torch.bfloat16))
+    torch_error = (torch.cat([bn.running_mean, bn.running_var]).double() - expected).abs().max().item()
+    for rank in (0, 1):
+        got = results[rank]
+        assert got["dtype"] == torch.bfloat16  # the output keeps the autocast dtype
+        error = (got["running"].double() - expected).abs().max().item()
+        assert error <= 2 * torch_error + 1e-6, (error, torch_error)
+
+
 @pytest.mark.parametrize("sync, expected", [(None, ["CPUSyncBatchNorm"]), (False, ["BatchNorm1d"])])
 def test_sync_batchnorm_is_the_default_with_several_ranks_and_can_be_turned_off(make_cfg, sync, expected):
     overrides = [*TINY, "model.norm=batch", "distributed=ddp", "trainer.max_steps=1"]

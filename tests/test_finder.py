@@ -187,3 +187,10 @@ def test_a_finder_run_records_its_trials_and_the_input_pipeline_rate(run_cli, tm
     assert again.returncode == 0, again.stderr[-2000:]
     cached = json.loads((tmp_path / "again" / "finder.json").read_text())
     assert cached["cached"] is True and cached["micro_size"] == 243 and " fits" not in again.stdout
+    # Keeping a global batch is another question: its micro-batch must divide it (not the cached 243).
+    kept = run_cli(*args, "batch.size=200", f"hydra.run.dir={tmp_path / 'kept'}")
+    assert kept.returncode == 0, kept.stderr[-2000:]
+    kept_summary = json.loads((tmp_path / "kept" / "summary.json").read_text())
+    # 200 per step fits; 5 % below it, the largest divisor of 200 is 100: 2 micro-steps of 100.
+    assert (kept_summary["batch_size"], kept_summary["micro_size"], kept_summary["accum_steps"]) == (200, 100, 2)
+    assert kept_summary["finder"]["cached"] is False

@@ -2,6 +2,7 @@
 backward pass, and its rise as training goes on."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -53,6 +54,58 @@ def test_the_estimates_are_unbiased_on_known_moments():
     assert noise.summary()["noise_b_simple_mean"] == pytest.approx(tr / g2)
 
 
+def test_a_measurement_that_is_not_finite_is_left_out_and_the_next_ones_count():
+    g2, tr = 2.0, 300.0
+    clean, hit = NoiseScale(decay=0.9), NoiseScale(decay=0.9)
+    for step in range(6):
+        small, big = torch.tensor(g2 + tr / 16), torch.tensor(g2 + tr / 64)
+        clean.update(small, 16, big, 64)
+        if step == 2:  # an fp16 overflow: inf in one norm, nan in the other
+            hit.update(torch.tensor(float("inf")), 16, torch.tensor(float("nan")), 64)
+        hit.update(small, 16, big, 64)
+    assert hit.count == clean.count == 6 and int(hit.skipped) == 1
+    assert hit.record()["noise/b_simple"] == pytest.approx(clean.record()["noise/b_simple"]) == pytest.approx(tr / g2)
+    assert hit.summary()["noise_b_simple_mean"] == pytest.approx(tr / g2)
+    assert hit.summary()["noise_skipped"] == 1
+
+
+def test_steps_an_fp16_loss_scaler_skips_do_not_poison_the_noise_scale(make_cfg, caplog):
+    # A loss scale of 2^50 overflows fp16 for real: the scaler skips those steps and halves the
+    # scale each time; their gradients are not finite and must not enter the estimates.
+    cfg = make_cfg("batch=accumulation", "batch.size=128", "batch.micro_size=32", "precision=fp16", "epochs=2",
+                   "model.width=8", "trainer.progress=false", "trainer.eval_every_steps=10")
+    loop = build_loop(cfg, check(cfg))
+    loop.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**50)
+    progress = Progress()
+    with caplog.at_level("WARNING"):
+        assert train(loop, progress) == "completed"
+    skipped = round(math.log2(2.0**50 / loop.scaler.get_scale()))
+    assert skipped > 10 and int(loop.noise.skipped) == skipped
+    assert loop.noise.count == progress.step - skipped
+    last = progress.records[-1]
+    assert math.isfinite(last["noise/b_simple"]) and last["noise/b_simple"] > 0
+    assert all(r.get("noise/b_simple") is None or math.isfinite(r["noise/b_simple"]) for r in progress.records)
+    assert "non-finite gradients" in caplog.text
+
+
+@pytest.mark.parametrize("model", [["model.width=8", "model.norm=batch"], ["model.width=8", "model.norm=group"], ["model.width=8", "model.norm=layer"],
+                                   ["model.width=8", "model.norm=none"], ["model=mlp", "model.dropout=0.3"]])
+def test_measuring_always_does_not_change_the_run(make_cfg, model):
+    # BatchNorm normalises over the whole batch, dropout draws from the generator: measuring on the
+    # side must leave both as they were, so the run equals the run that does not measure.
+    common = ["batch.size=64", "epochs=1", "trainer.max_steps=12", "trainer.progress=false",
+              "trainer.eval_every_steps=6", *model]
+    loops = {}
+    for mode in ("off", "always"):
+        cfg = make_cfg(*common, f"trainer.noise_scale={mode}")
+        loops[mode] = build_loop(cfg, check(cfg))
+        assert train(loops[mode], Progress()) == "completed"
+    assert loops["always"].noise.count == 12 and loops["off"].noise is None
+    off, always = loops["off"].net.state_dict(), loops["always"].net.state_dict()
+    for key in off:
+        assert torch.allclose(off[key].double(), always[key].double(), atol=1e-6, rtol=0), key
+
+
 def test_accumulation_measures_the_exact_noise_scale(make_cfg):
     cfg = make_cfg(*LOGISTIC, "batch=accumulation", "batch.size=64", "batch.micro_size=16")
     loop = build_loop(cfg, check(cfg))
@@ -94,7 +147,7 @@ def test_measuring_adds_no_backward_pass(make_cfg, mode):
     calls = count_backwards(loop)
     train(loop, Progress())
     assert calls[0] == 5 * 4  # one per micro-step
-    assert (loop.noise is not None and loop.noise.measurements == 5) == (mode == "auto")
+    assert (loop.noise is not None and loop.noise.count == 5) == (mode == "auto")
 
 
 def test_measuring_over_two_ranks_adds_no_backward_pass(make_cfg):
@@ -105,16 +158,16 @@ def test_measuring_over_two_ranks_adds_no_backward_pass(make_cfg):
     assert ranks[0]["noise"]["noise_measurements"] == 5
 
 
-def test_always_splits_a_single_micro_batch_and_off_measures_nothing(make_cfg):
+def test_always_measures_a_single_micro_batch_from_a_half_on_the_side_and_off_measures_nothing(make_cfg):
     always = make_cfg(*LOGISTIC, "epochs=1", "trainer.max_steps=5", "batch.size=64", "trainer.noise_scale=always")
     loop = build_loop(always, check(always))
     calls = count_backwards(loop)
     train(loop, Progress())
-    assert calls[0] == 10 and loop.noise.measurements == 5  # two halves a step: the cost of measuring
+    assert calls[0] == 10 and loop.noise.count == 5  # a half on the side each step: the cost of measuring
     auto = make_cfg(*LOGISTIC, "epochs=1", "trainer.max_steps=5", "batch.size=64")
     loop = build_loop(auto, check(auto))
     train(loop, Progress())
-    assert loop.noise.measurements == 0  # auto: nothing to measure for free in one process, one micro-batch
+    assert loop.noise.count == 0  # auto: nothing to measure for free in one process, one micro-batch
 
 
 def test_the_noise_scale_rises_as_the_training_loss_falls_on_mnist1d(make_cfg):

@@ -15,13 +15,29 @@ def test_goyal_linear_rule_reference_numbers():
     assert scaling.scaled_lr(0.1, k, "none") == 0.1
 
 
-def test_sqrt_weight_decay_keeps_the_decay_timescale():
-    # Timescale B / (eta * lambda * N): with eta x sqrt(k) and lambda x sqrt(k), B x k keeps it fixed.
-    base_b, base_lr, base_wd, n = 128, 0.01, 0.05, 50_000
-    for k in (0.25, 2, 16):
-        lr = scaling.scaled_lr(base_lr, k, "sqrt")
-        wd = scaling.scaled_weight_decay(base_wd, k, "sqrt")
-        assert (k * base_b) / (lr * wd * n) == pytest.approx(base_b / (base_lr * base_wd * n))
+def per_epoch_decay(make_cfg, batch: int, lr_rule: str, wd_rule: str) -> float:
+    """eta * lambda * N / B: the exponent of SGD's weight shrinkage over one epoch, from the LR and
+    weight decay the configured rules give at `batch` (N / B steps, each shrinking by eta * lambda)."""
+    from bsexp.config import check
+    from bsexp.optim import scaled_hparams
+    from bsexp.config import batch_schedule
+
+    cfg = make_cfg(f"batch.size={batch}", f"scaling.lr_rule={lr_rule}", f"scaling.wd_rule={wd_rule}")
+    plan = check(cfg)
+    n = 3500  # MNIST-1D's training split
+    hp, _ = scaled_hparams(cfg, plan, batch_schedule(cfg, start=plan.size).run_steps(1, n, False))
+    return hp.lr * hp.weight_decay * n / batch
+
+
+@pytest.mark.parametrize("k", [0.25, 4, 8])
+def test_sqrt_weight_decay_keeps_the_per_epoch_decay_only_under_the_sqrt_lr_rule(make_cfg, k):
+    # Loshchilov & Hutter's normalised weight decay (lambda x sqrt(k)) keeps B / (eta lambda N) with
+    # eta x sqrt(k); under the linear LR rule (the default) the per-epoch decay grows by sqrt(k).
+    batch = int(128 * k)
+    ref = per_epoch_decay(make_cfg, 128, "linear", "sqrt")
+    assert per_epoch_decay(make_cfg, batch, "sqrt", "sqrt") == pytest.approx(ref)
+    assert per_epoch_decay(make_cfg, batch, "linear", "sqrt") == pytest.approx(ref * math.sqrt(k))
+    assert per_epoch_decay(make_cfg, batch, "linear", "none") == pytest.approx(ref)  # Goyal et al.'s recipe
 
 
 def test_unknown_rule_is_refused():
@@ -31,7 +47,7 @@ def test_unknown_rule_is_refused():
 
 def test_gradual_warmup_starts_at_the_unscaled_lr_and_reaches_the_target():
     k = 8.0
-    start = scaling.warmup_start_factor(None, k)
+    start = scaling.warmup_start_factor(None, k, "linear")
     assert start == 1 / 8
     schedule = LRSchedule(total_steps=100, warmup_steps=10, start_factor=start, main="constant")
     assert schedule(0) == pytest.approx(1 / 8)  # lr(0) = target / k = the reference LR
@@ -42,7 +58,8 @@ def test_gradual_warmup_starts_at_the_unscaled_lr_and_reaches_the_target():
 
 
 def test_start_factor_never_exceeds_one_and_zero_is_allowed():
-    assert scaling.warmup_start_factor(None, 0.5) == 1.0  # batch below ref_batch: no ramp down
+    for rule in ("linear", "sqrt", "none"):
+        assert scaling.warmup_start_factor(None, 0.5, rule) == 1.0  # batch below ref_batch: no ramp down
     schedule = LRSchedule(total_steps=10, warmup_steps=4, start_factor=0.0, main="constant")
     assert schedule(0) == 0.0 and schedule(2) == 0.5
 
@@ -80,3 +97,23 @@ def test_a_milestone_inside_warmup_takes_effect_when_warmup_ends():
 def test_a_one_step_run_uses_the_start_of_its_schedule():
     assert LRSchedule(total_steps=1, warmup_steps=0, main="cosine")(0) == 1.0
     assert LRSchedule(total_steps=1, warmup_steps=3, start_factor=0.25, main="cosine")(0) == 0.25
+
+
+@pytest.mark.parametrize("rule", ["linear", "sqrt", "none"])
+@pytest.mark.parametrize("shape", ["linear", "constant"])
+def test_warmup_starts_at_the_reference_batchs_lr_under_every_rule(make_cfg, rule, shape):
+    # Goyal et al. 2017 sec. 2.2: the warmup begins at the LR the reference batch uses (0.1 at 128),
+    # whatever the rule makes of the target at batch 1024 (0.8 linear, 0.1 x sqrt 8 sqrt, 0.1 none).
+    from bsexp.config import check
+    from bsexp.run import build_loop
+
+    cfg = make_cfg("batch.size=1024", f"scaling.lr_rule={rule}", f"schedule.warmup_shape={shape}",
+                   "schedule.warmup=2", "trainer.progress=false")
+    loop = build_loop(cfg, check(cfg))
+    target = {"linear": 0.8, "sqrt": 0.1 * math.sqrt(8), "none": 0.1}[rule]
+    assert loop.hp.lr == pytest.approx(target)
+    assert loop.optimizer.param_groups[0]["lr"] == pytest.approx(0.1)  # the first step's LR
+    warmup = loop.hp.warmup_steps
+    last_warmup_lr = loop.hp.lr * loop.scheduler.lr_lambdas[0](warmup - 1)
+    assert last_warmup_lr == pytest.approx(0.1 if shape == "constant" else 0.1 + (target - 0.1) * (warmup - 1) / warmup)
+    assert loop.hp.lr * loop.scheduler.lr_lambdas[0](warmup) == pytest.approx(target)  # warmup reached the target

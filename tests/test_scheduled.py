@@ -261,6 +261,31 @@ def test_a_schedule_past_the_training_set_is_refused(make_cfg):
     assert info.value.key == "batch.schedule" and "512 training samples" in str(info.value)
 
 
+def phase_means(make_cfg, arm: str) -> list[float]:
+    """Mean samples per optimizer step in each phase (between the milestones) of an arm of
+    experiment=increase_batch, counted from the batches the run is fed."""
+    cfg = make_cfg("experiment=increase_batch", f"experiment/increase_batch={arm}")
+    loop = build_loop(cfg, check(cfg))
+    phases = [0, *cfg.schedule.milestones, *cfg.batch.schedule.milestones, cfg.epochs]
+    bounds = sorted({int(m) for m in phases})
+    means = []
+    for start, stop in zip(bounds, bounds[1:]):
+        samples = [n for epoch in range(start, stop) for _, _, n in loop.batches.steps(epoch, loop.run_steps.epoch(epoch))]
+        means.append(sum(samples) / len(samples))
+    return means
+
+
+def test_increase_batch_grows_the_batch_exactly_where_the_lr_arm_decays_it(make_cfg):
+    # Smith et al. 2018: the batch x5 where the LR / 5. Every step of every phase is the scheduled
+    # batch (no smaller last step pulling the mean down), so the noise scale falls by the same factor.
+    decay = 1 / make_cfg("experiment=increase_batch", "experiment/increase_batch=lr_decay").schedule.factor
+    growth = phase_means(make_cfg, "batch_growth")
+    assert growth == [32, 160, 800]
+    assert growth[1] / growth[0] == pytest.approx(decay) and growth[2] / growth[1] == pytest.approx(decay)
+    assert phase_means(make_cfg, "hybrid") == [32, 160, 160]
+    assert phase_means(make_cfg, "lr_decay") == [32, 32, 32]
+
+
 def test_the_increase_batch_experiment_runs_its_three_arms(run_cli, tmp_path):
     out = run_cli("-m", "experiment=increase_batch", "seed=0", "data.num_samples=1200", "data.val_size=100", "model.width=8",
                   "trainer.progress=false", f"hydra.sweep.dir={tmp_path / 'sweep'}", timeout=600)
