@@ -176,6 +176,33 @@ def test_every_arm_of_every_experiment_composes_and_passes_the_checks(data_root,
                 check(cfg)
 
 
+def test_experiments_that_fit_the_critical_batch_evaluate_often_enough_to_resolve_steps_to_target(data_root,
+                                                                                                  monkeypatch):
+    """An experiment sweeping 3 or more batch sizes gets a B_crit fit, whose target every point
+    reaches within the first half of its run, so the largest batch within half its steps; S_min
+    is at most that. Every batch must then evaluate at least every tenth of those steps, or its
+    steps to target are not resolved on the scale of S_min (evaluating once an epoch, a batch of
+    32 on MNIST-1D reaches the target before its first evaluation)."""
+    from hydra.utils import instantiate
+
+    monkeypatch.setenv("BSEXP_DATA", str(data_root))
+    fitted = []
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        for name in EXPERIMENTS:
+            cfg = compose("config", overrides=[f"experiment={name}"], return_hydra_config=True)
+            batches = [int(b) for b in str(cfg.hydra.sweeper.params.get("batch.size", "")).split(",") if b]
+            if len(batches) < 3:
+                continue
+            fitted.append(name)
+            n_train = len(instantiate(cfg.data).train)
+            steps_per_epoch = {b: -(-n_train // b) for b in batches}  # the smaller last step kept
+            half_of_largest = cfg.epochs * steps_per_epoch[max(batches)] / 2
+            for batch in batches:
+                between = cfg.trainer.eval_every_steps or steps_per_epoch[batch]
+                assert between <= half_of_largest / 10, (name, batch, between, half_of_largest)
+    assert "linear_scaling" in fitted
+
+
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_every_experiment_runs_one_step(run_cli, tmp_path, name):
     out = run_cli(f"experiment={name}", "data.num_samples=1500", "data.val_size=100", "trainer.max_steps=1",
