@@ -1,0 +1,30 @@
+"""`python -m bsexp.report DIR [DIR ...]`: what a batch-size sweep found, as a table and figures.
+
+Reads every point of the sweeps in DIR (its `.hydra/`, `summary.json`, `metrics.jsonl` and the
+sweep's `jobs.jsonl`), groups the points that differ only by seed into one row, and writes next
+to the first DIR:
+
+- `report.md` and `report.csv`: one row per configuration, accuracies in % as mean ± std over
+  seeds, rows at chance level flagged "did not train", the best row marked, and per family of
+  rows that differ by batch only, the breaking point: the first batch above the best whose mean
+  falls more than the tolerance below the best's (2 standard errors of the difference, or
+  `--tolerance`), or "none within the swept range";
+- the critical batch B_crit = E_min / S_min, the fit of (S/S_min - 1)(E/E_min - 1) = 1
+  (McCandlish et al. 2018) to the steps and samples each batch actually took to reach a target
+  accuracy (default: the highest every point reached within the first half of its training
+  samples), refused with its reason for fewer than 3 batch sizes or a degenerate fit; beside it
+  the gradient noise scale B_simple the runs measured, or why they did not;
+- `accuracy.png`, `val_loss.png`, `throughput_memory.png`, `noise_scale.png` (B_simple over
+  training, where the runs measured it) and `grid.png` when the sweep varies two settings besides
+  the batch (`experiment=scaling_rules`).
+
+With W&B enabled in the sweep, the table and figures also go to a `report` run of its group.
+Failed, diverged and missing points are listed as such.
+
+`analysis` holds what the sweep found (pure, tested alone), `render` how it is shown, `load`
+how a sweep is read from disk, `cli` the command line.
+"""
+
+from bsexp.report.analysis import fit_critical_batch
+
+__all__ = ["fit_critical_batch"]

@@ -1,0 +1,58 @@
+"""Reading a sweep from disk: every point of a multirun directory as an `analysis.Point`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from bsexp.metrics import read_jsonl
+from bsexp.report.analysis import Point
+from bsexp.sweep import naming_overrides, read_index
+
+
+def load_points(sweep_dir: Path) -> list[Point]:
+    """Every point of a sweep: each job directory (its `.hydra/`, `summary.json`, `metrics.jsonl`),
+    and the jobs the sweep's index knows whose directory is gone (status missing)."""
+    index = read_index(sweep_dir)
+    points = []
+    for job in sorted((d for d in sweep_dir.iterdir() if (d / ".hydra").is_dir()), key=_job_number):
+        entry = index.get(job.name, {})
+        summary = _read_json(job / "summary.json")
+        overrides = _read_yaml(job / ".hydra" / "overrides.yaml") or entry.get("overrides", [])
+        config = _read_yaml(job / ".hydra" / "config.yaml") or {}
+        status = (summary or {}).get("status") or entry.get("status") or "missing"
+        if status == "completed" and summary is None:
+            status = "missing"
+        points.append(_point(job, overrides, config, summary, read_jsonl(job / "metrics.jsonl"), status,
+                             entry.get("error")))
+    known = {p.name for p in points}
+    for name, entry in index.items():
+        if name not in known:
+            points.append(_point(sweep_dir / name, entry.get("overrides", []), {}, None, [], "missing", None))
+    return points
+
+
+def _point(job: Path, overrides, config, summary, records, status, error) -> Point:
+    # What tells this point's configuration apart from the others': its overrides but the seed.
+    setting = tuple(o for o in naming_overrides(list(overrides)) if not o.startswith("seed="))
+    return Point(job.name, setting, tuple(overrides), config, summary, records, status, error, job)
+
+
+def _job_number(job: Path) -> tuple[int, str]:
+    head = job.name.split("_", 1)[0]
+    return (int(head), job.name) if head.isdigit() else (sys.maxsize, job.name)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _read_yaml(path: Path) -> Any:
+    return OmegaConf.to_container(OmegaConf.load(path)) if path.exists() else None
