@@ -102,8 +102,8 @@ def accounting(job: str, timeout: float = 60) -> list[tuple[str, str]]:
     result reaches submitit before SLURM has finished tearing the job down)."""
     deadline = time.time() + timeout
     while True:
-        lines = slurm("sacct", "-D", "-n", "-X", "-P", "-j", job, "-o", "JobID,State").split()
-        attempts = [tuple(line.split("|")) for line in lines]
+        lines = slurm("sacct", "-D", "-n", "-X", "-P", "-j", job, "-o", "JobID,State").splitlines()
+        attempts = [tuple(line.split("|", 1)) for line in lines if line]  # a state may be "CANCELLED by 0"
         last = {job_id: state for job_id, state in attempts}
         if (last and not _UNSETTLED & set(last.values())) or time.time() > deadline:
             return attempts

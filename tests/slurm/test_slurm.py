@@ -115,13 +115,15 @@ def preempt_once(data_root: Path, tmp_path: Path, *args: str) -> tuple[Path, str
         assert "#SBATCH --signal=USR1@120" in submission_script(sweep, job)
         slurm("scancel", "--signal=USR1", job)
         assert proc.wait(timeout=400) == 0, (tmp_path / "sweep.log").read_text()[-3000:]
+    except BaseException:
+        proc.kill()
+        cancel(sweep)  # a requeued attempt the sweep no longer waits for
+        raise
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        cancel(sweep)  # a requeued attempt the sweep no longer waits for, if the test failed
         log.close()
     # SLURM's books: the first attempt requeued, the second completed, under the same job id.
-    assert accounting(job) == [(job, "REQUEUED"), (job, "COMPLETED")]
+    books = accounting(job)
+    assert books == [(job, "REQUEUED"), (job, "COMPLETED")], books
     submitit_log = "".join(p.read_text() for p in (sweep / ".submitit" / job).glob("*_log.err"))
     assert "Caught signal SIGUSR1" in submitit_log
     [entry] = index(sweep)  # one point, recorded once, when it completed
