@@ -90,8 +90,10 @@ def newest_readable(run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
 
 
 def restarted() -> bool:
-    """Whether torchrun has restarted this job's workers (--max-restarts): they then resume."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
+    """Whether torchrun has restarted this job's workers (--max-restarts), or SLURM has requeued
+    this job (submitit does after a preemption or time-limit signal): they then resume."""
+    counts = ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT")
+    return any(int(os.environ.get(name, "0") or 0) > 0 for name in counts)
 
 
 def find(resume: str | None, run_dir: Path) -> tuple[Path, dict[str, Any]] | None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import datetime
 import os
+import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,7 +113,50 @@ def _attempt_store(rank: int, size: int, timeout: datetime.timedelta):
     agent_hosts_it = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), size,
                           is_master=not agent_hosts_it and rank == 0, timeout=timeout)
-    return dist.PrefixStore(f"/bsexp/attempt_{os.environ['TORCHELASTIC_RESTART_COUNT']}", store)
+    attempt = os.environ.get("BSEXP_ATTEMPT", os.environ["TORCHELASTIC_RESTART_COUNT"])  # see agree_on_attempt
+    return dist.PrefixStore(f"/bsexp/attempt_{attempt}", store)
+
+
+AGREE_TIMEOUT_S = 300.0  # for every rank of a torchrun attempt to say hello
+
+
+def agree_on_attempt() -> None:
+    """Give every rank of a torchrun job the same TORCHELASTIC_RESTART_COUNT: the most restarts
+    any rank's agent counted, or rounds rank 0's agent store has seen; and a name for this
+    attempt's store keys (BSEXP_ATTEMPT), new each attempt.
+
+    Each agent counts only its own restarts. When a worker fails on one node, the agent of
+    another node, whose worker was still healthy, restarts it for the new rendezvous round
+    without counting: the ranks would disagree on resuming and on their attempt's keys. Each
+    rank says hello under a key only its own process knows, and rank 0 answers it, so keys left
+    by an earlier attempt are never taken for this one's."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True):
+        return  # the store is new each attempt (rank 0 hosts it): nothing stale, nothing to count in
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    own = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or "0"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), size, is_master=False,
+                          timeout=datetime.timedelta(seconds=AGREE_TIMEOUT_S))
+    if rank == 0:
+        name, deadline = uuid.uuid4().hex, time.monotonic() + AGREE_TIMEOUT_S
+        counts, waiting = [int(own), store.add("/bsexp/rounds", 1) - 1], set(range(1, size))
+        while waiting:
+            for r in sorted(waiting):
+                if store.check([f"/bsexp/ready/{name}/{r}"]):
+                    counts.append(int(store.get(f"/bsexp/ready/{name}/{r}")))
+                    waiting.discard(r)
+                elif store.check([f"/bsexp/hello/{r}"]):  # this attempt's rank r or a dead one's: answer
+                    store.set(f"/bsexp/answer/{store.get(f'/bsexp/hello/{r}').decode()}", name)
+            if waiting and time.monotonic() > deadline:
+                raise TimeoutError(f"torchrun ranks {sorted(waiting)} did not start within {AGREE_TIMEOUT_S:.0f} s")
+            time.sleep(0.02 if waiting else 0)
+        store.set(f"/bsexp/attempt/{name}", str(max(counts)))
+    else:
+        hello = uuid.uuid4().hex
+        store.set(f"/bsexp/hello/{rank}", hello)
+        name = store.get(f"/bsexp/answer/{hello}").decode()
+        store.set(f"/bsexp/ready/{name}/{rank}", own)
+    os.environ["TORCHELASTIC_RESTART_COUNT"] = store.get(f"/bsexp/attempt/{name}").decode()
+    os.environ["BSEXP_ATTEMPT"] = name
 
 
 def close_world(world: World) -> None:

@@ -13,6 +13,7 @@ import os
 import sys
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -20,7 +21,7 @@ from omegaconf import DictConfig
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from bsexp.run import write_json
+from bsexp.run import _stop_on_signals, write_json
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +38,12 @@ def launch_workers(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
         rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.5,
     )
+    # SIGUSR1 (SLURM's warning, sent to every process of the job) makes the workers checkpoint and
+    # stop; a handler here before (submitit's, which requeues the job) runs once they have.
+    preemption = SimpleNamespace(stop_signal=0)
     try:
-        results = elastic_launch(config, _worker)(cfg, str(run_dir))
+        with _stop_on_signals(preemption):
+            results = elastic_launch(config, _worker)(cfg, str(run_dir))
     except ChildFailedError as exc:
         rank, reason = _root_cause(exc)
         if not (run_dir / "summary.json").exists():  # rank 0 was stopped before it could write one

@@ -64,9 +64,9 @@ def peak_memory_mb(device: torch.device) -> float:
 def provenance() -> dict[str, str]:
     """Versions and the git revision of the code that produced a result."""
     root = Path(bsexp.__file__).resolve().parent.parent
-    try:
+    try:  # no index lock: a job killed meanwhile (a SLURM requeue) would leave a stale .git/index.lock
         rev = subprocess.run(
-            ["git", "-C", str(root), "describe", "--always", "--dirty"],
+            ["git", "--no-optional-locks", "-C", str(root), "describe", "--always", "--dirty"],
             capture_output=True, text=True, timeout=5, check=True,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):

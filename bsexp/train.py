@@ -91,6 +91,10 @@ def _share_cores(cfg: DictConfig, hydra_cfg: DictConfig) -> None:
 def main() -> None:
     # Let errors reach us unformatted, so that each becomes one line and exit code 2.
     os.environ["HYDRA_FULL_ERROR"] = "1"
+    if under_torchrun():  # after a restart, every rank resumes (or none does), from the same place
+        from bsexp.distributed import agree_on_attempt
+
+        agree_on_attempt()
     if env_rank() != 0:
         # Ranks of a torchrun job share rank 0's output directory (run() hands it round) and write
         # nothing themselves: no directory of their own, no .hydra/, no log file.
