@@ -2,44 +2,39 @@
 
 A checkpoint (`<run dir>/checkpoints/step-<step>.pt`) holds the model, optimizer, LR scheduler
 and loss scaler; every rank's random generators and running sums; where the run is (epoch, the
-step within it, samples seen, the records logged so far); the plan in force (after a schedule
-change or an OOM recovery) and the noise-scale averages; and the W&B run id. It is written to
-a temporary file, flushed to disk and renamed, so a crash leaves the previous one intact; the
-newest `checkpoint.keep` are kept.
+step within it, samples seen, the records logged so far); the batch policy's state (the plan in
+force after a schedule change or an OOM recovery, what the finder chose); the noise-scale
+averages; and the W&B run id. It is written to a temporary file, flushed to disk and renamed, so
+a crash leaves the previous one intact; the newest `checkpoint.keep` are kept.
+
+`Checkpointer` is the loop's component (it decides its own interval); `restore` puts a freshly
+built run where a checkpoint left it.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import random
 import re
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
+from omegaconf import DictConfig
 
 from bsexp.errors import ConfigError, one_line
+from bsexp.io import atomic_write
+from bsexp.noise import NoiseScale
+from bsexp.runtime import rng_state, set_rng_state
 
 log = logging.getLogger(__name__)
 
 DIR = "checkpoints"
-FORMAT = 1
+FORMAT = 2  # 2: the batch policy's state in one entry
 _NAME = re.compile(r"step-(\d+)\.pt$")
 
 
-def rng_state() -> dict[str, Any]:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if state.get("cuda") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+# ---------------------------------------------------------------------------- files
 
 
 def checkpoints(run_dir: Path) -> list[Path]:
@@ -52,20 +47,8 @@ def checkpoints(run_dir: Path) -> list[Path]:
 
 
 def save(run_dir: Path, state: dict[str, Any], keep: int) -> Path:
-    directory = Path(run_dir) / DIR
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"step-{state['step']:09d}.pt"
-    tmp = directory / f".{path.name}.tmp"
-    with open(tmp, "wb") as out:
-        torch.save({"format": FORMAT, **state}, out)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, path)
-    handle = os.open(directory, os.O_RDONLY)  # the rename itself reaches the disk
-    try:
-        os.fsync(handle)
-    finally:
-        os.close(handle)
+    path = atomic_write(Path(run_dir) / DIR / f"step-{state['step']:09d}.pt",
+                        lambda out: torch.save({"format": FORMAT, **state}, out), durable=True)
     for old in checkpoints(run_dir)[keep:]:
         old.unlink(missing_ok=True)
     return path
@@ -74,7 +57,7 @@ def save(run_dir: Path, state: dict[str, Any], keep: int) -> Path:
 def load(path: Path) -> dict[str, Any]:
     state = torch.load(path, map_location="cpu", weights_only=False)
     if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise ValueError("not a bsexp checkpoint")
+        raise ValueError("not a bsexp checkpoint of this version")
     return state
 
 
@@ -89,17 +72,10 @@ def newest_readable(run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
     return None
 
 
-def restarted() -> bool:
-    """Whether torchrun has restarted this job's workers (--max-restarts), or SLURM has requeued
-    this job (submitit does after a preemption or time-limit signal): they then resume."""
-    counts = ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT")
-    return any(int(os.environ.get(name, "0") or 0) > 0 for name in counts)
-
-
-def find(resume: str | None, run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
+def find(resume: str | None, run_dir: Path, restarted: bool = False) -> tuple[Path, dict[str, Any]] | None:
     """The checkpoint to resume from: `resume=auto` (or a torchrun restart) takes the newest
     readable one of the run directory, if any; `resume=PATH` that file (or that run's newest)."""
-    if resume is None and not restarted():
+    if resume is None and not restarted:
         return None
     if resume is None or resume == "auto":
         found = newest_readable(run_dir)
@@ -120,6 +96,16 @@ def find(resume: str | None, run_dir: Path) -> tuple[Path, dict[str, Any]] | Non
         raise ConfigError("resume", resume, f"is not a readable checkpoint ({one_line(exc)[:160]})") from None
 
 
+# ---------------------------------------------------------------------------- a run's state
+
+
+def identity(cfg: DictConfig, loop) -> dict[str, Any]:
+    """What a checkpoint must share with the run that resumes from it."""
+    sizes = loop.policy.run_steps.sizes
+    return {"model": cfg.model._target_, "batch_size": sizes[0] if sizes else None, "world_size": loop.world.size,
+            "shapes": {k: list(v.shape) for k, v in loop.step.net.state_dict().items()}}
+
+
 def mismatches(state: dict[str, Any], identity: dict[str, Any]) -> list[str]:
     """What differs between the run that wrote a checkpoint and this one, in the respects that make
     resuming meaningless: the model, its parameters' shapes, the global batch, the world size."""
@@ -131,3 +117,66 @@ def mismatches(state: dict[str, Any], identity: dict[str, Any]) -> list[str]:
             shown = "differ" if key == "shapes" else f"{theirs.get(key)} there, {identity.get(key)} here"
             found.append(f"{what} ({shown})")
     return found
+
+
+class Checkpointer:
+    """Saves the run every `every_steps` steps, at each epoch's end (`every_epoch`) and at its
+    last step, keeping the newest `keep`. Every rank hands its random generators and running sums
+    to rank 0, which writes."""
+
+    def __init__(self, run_dir: Path, every_steps: int, every_epoch: bool, keep: int, cfg: DictConfig) -> None:
+        self.run_dir, self.every_steps, self.every_epoch, self.keep, self.cfg = run_dir, every_steps, every_epoch, keep, cfg
+
+    def due(self, step: int, at_epoch_end: bool, total: int) -> bool:
+        return bool((self.every_steps and step % self.every_steps == 0) or (at_epoch_end and self.every_epoch)
+                    or step >= total)
+
+    def save(self, loop, state) -> None:
+        mine = {"rng": rng_state(), "running": (float(state.loss_sum), float(state.correct), state.running_samples)}
+        ranks = loop.world.gather_object(mine)
+        if not loop.world.is_main:
+            return
+        step, noise = loop.step, loop.step.noise
+        saved = {
+            "step": state.step, "epoch": state.epoch, "in_epoch": state.in_epoch,
+            "samples_seen": state.samples_seen, "train_time_s": state.train_time_s,
+            "best_val_acc": state.best_val_acc, "records": state.records, "lr": state.lr,
+            "last_finite_loss": state.last_finite_loss,
+            "model": step.net.state_dict(), "optimizer": step.optimizer.state_dict(),
+            "scheduler": step.scheduler.state_dict(), "scaler": step.scaler.state_dict(),
+            "policy": loop.policy.state_dict(),
+            "noise": asdict(noise.scale) if noise is not None else None,
+            "ranks": ranks, "identity": identity(self.cfg, loop), "wandb_id": loop.sinks.wandb_id(),
+        }
+        log.debug("checkpoint %s", save(self.run_dir, saved, self.keep))
+
+
+_STATE_KEYS = ("step", "epoch", "in_epoch", "samples_seen", "train_time_s", "best_val_acc", "records", "lr",
+               "last_finite_loss")
+
+
+def restore(cfg: DictConfig, loop, state, path: Path, saved: dict[str, Any]) -> str | None:
+    """Put a freshly built run (whose batch policy was resolved from `saved`) where the checkpoint
+    left it; returns the W&B run id to continue."""
+    different = mismatches(saved, identity(cfg, loop))
+    if different and not cfg.checkpoint.allow_mismatch:
+        raise ConfigError("resume", str(path), f"was written by another run: {'; '.join(different)}; set "
+                                               f"checkpoint.allow_mismatch=true to load it anyway")
+    ranks = saved["ranks"]
+    if len(ranks) != loop.world.size:
+        raise ConfigError("resume", str(path), f"holds {len(ranks)} rank(s), this run has {loop.world.size}")
+    step = loop.step
+    step.net.load_state_dict(saved["model"])
+    step.optimizer.load_state_dict(saved["optimizer"])
+    step.scheduler.load_state_dict(saved["scheduler"])
+    if saved["scaler"]:
+        step.scaler.load_state_dict(saved["scaler"])
+    if step.noise is not None and saved["noise"] is not None:
+        step.noise.scale = NoiseScale(**saved["noise"])
+    for key in _STATE_KEYS:
+        setattr(state, key, saved[key])
+    mine = ranks[loop.world.rank]
+    state.loss_sum, state.correct, state.running_samples = mine["running"]
+    set_rng_state(mine["rng"])
+    log.info("resumed from %s: epoch %d, step %d of %d", path, state.epoch, state.step, loop.policy.run_steps.total)
+    return saved["wandb_id"]

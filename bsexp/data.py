@@ -9,7 +9,6 @@ between epochs.
 
 from __future__ import annotations
 
-import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,9 +18,10 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from bsexp.config import VISION_SETS
+from bsexp.batch.plan import keep_final
+from bsexp.config.schema import VISION_SETS
 from bsexp.errors import ConfigError
-from bsexp.batch_schedule import keep_final
+from bsexp.io import atomic_write
 
 
 @dataclass
@@ -283,13 +283,6 @@ def _tensor_splits(
     )
 
 
-def _atomic_save(obj, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)  # concurrent sweep jobs never see a half-written cache
-
-
 def _writable_root(root: str) -> Path:
     path = Path(root).expanduser()
     try:
@@ -299,11 +292,10 @@ def _writable_root(root: str) -> Path:
     return path
 
 
-def mnist1d(
-    root: str, val_size: int = 500, seed: int = 42, num_samples: int = 5000, train_split: float = 0.8
-) -> Splits:
-    """MNIST-1D (Greydanus 2020), generated locally and cached; defaults give the published
-    4000 train / 1000 test split (val carved out of train)."""
+def mnist1d(root: str, val_size: int, seed: int, num_samples: int, train_split: float) -> Splits:
+    """MNIST-1D (Greydanus 2020), generated locally and cached; the schema's defaults
+    (bsexp.config.schema.MNIST1DData) give the published 4000 train / 1000 test split (val
+    carved out of train). Every builder takes its node's keys; their defaults live in the schema."""
     if num_samples < 20:
         raise ConfigError("data.num_samples", num_samples, "must be at least 20 (10 classes, two splits)")
     if not 0.0 < train_split < 1.0:
@@ -313,7 +305,7 @@ def mnist1d(
         data = torch.load(cache)
     else:
         data = _generate_mnist1d(num_samples, seed, train_split)
-        _atomic_save(data, cache)
+        atomic_write(cache, lambda out: torch.save(data, out))  # concurrent jobs never see half of it
     return _tensor_splits(
         "mnist1d", data["x"], data["y"], (data["x_test"], data["y_test"]), val_size, seed, 10
     )
@@ -338,7 +330,7 @@ def _generate_mnist1d(num_samples: int, seed: int, train_split: float) -> dict[s
     }
 
 
-def digits(val_size: int = 360, seed: int = 42) -> Splits:
+def digits(val_size: int, seed: int) -> Splits:
     """scikit-learn's bundled 8×8 digits (1797 images, no separate test split), read straight
     from the CSV file scikit-learn ships (importing sklearn.datasets takes seconds)."""
     import importlib.util
@@ -352,18 +344,8 @@ def digits(val_size: int = 360, seed: int = 42) -> Splits:
 
 
 
-def torchvision_dataset(
-    name: str,
-    root: str,
-    download: bool = False,
-    val_size: int = 5000,
-    seed: int = 42,
-    augment: bool = True,
-    crop_padding: int = 4,
-    hflip: bool = False,
-    in_memory: bool = True,
-    num_workers: int = 2,
-) -> Splits:
+def torchvision_dataset(name: str, root: str, download: bool, val_size: int, seed: int, augment: bool,
+                        crop_padding: int, hflip: bool, in_memory: bool, num_workers: int) -> Splits:
     """A torchvision image set. Files are read from `root`; fetched only with `download=True`."""
     if name not in VISION_SETS:
         raise ConfigError("data.name", name, f"valid: {', '.join(VISION_SETS)}")
@@ -452,17 +434,8 @@ class _Transformed(Dataset):
         return self.transform(image), label
 
 
-def synthetic(
-    shape: Sequence[int] = (1, 40),
-    num_classes: int = 10,
-    num_samples: int = 4096,
-    val_size: int = 512,
-    test_size: int = 512,
-    noise: float = 1.0,
-    seed: int = 42,
-    in_memory: bool = True,
-    num_workers: int = 0,
-) -> Splits:
+def synthetic(shape: Sequence[int], num_classes: int, num_samples: int, val_size: int, test_size: int, noise: float,
+              seed: int, in_memory: bool, num_workers: int) -> Splits:
     """Gaussian classes of any input shape: x = mean[y] + noise·N(0, 1). For probing and benchmarks."""
     shape = tuple(int(s) for s in shape)
     if not shape or min(shape) < 1:

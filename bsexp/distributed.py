@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from bsexp.config import under_torchrun
+from bsexp.config.env import under_torchrun
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,8 @@ class World:
 
     def all_reduce_gradients(self, parameters, grad_sync: "GradSync | None" = None) -> None:
         """Sum every parameter's gradient over the ranks, in one flat buffer (see
-        `sum_gradients_hook` for why a sum)."""
+        `sum_gradients_hook` for why a sum). In a world of one (the finder's trial of a DDP run)
+        the buffer is still made, so the trial holds what training holds."""
         params = [p for p in parameters if p.requires_grad]
         for p in params:
             if p.grad is None:
@@ -67,7 +68,8 @@ class World:
         flat = torch.cat([p.grad.reshape(-1) for p in params])
         if grad_sync is not None and grad_sync.measure:
             grad_sync.local_sq = flat.double().pow(2).sum()
-        dist.all_reduce(flat)
+        if self.distributed:
+            dist.all_reduce(flat)
         offset = 0
         for p in params:
             p.grad.copy_(flat[offset : offset + p.numel()].view_as(p.grad))

@@ -21,7 +21,10 @@ from omegaconf import DictConfig
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from bsexp.run import _stop_on_signals, write_json
+from bsexp.config.env import env_rank
+from bsexp.io import write_json
+from bsexp.run import run
+from bsexp.signals import stop_on_signals
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +45,7 @@ def launch_workers(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     # stop; a handler here before (submitit's, which requeues the job) runs once they have.
     preemption = SimpleNamespace(stop_signal=0)
     try:
-        with _stop_on_signals(preemption):
+        with stop_on_signals(preemption):
             results = elastic_launch(config, _worker)(cfg, str(run_dir))
     except ChildFailedError as exc:
         rank, reason = _root_cause(exc)
@@ -67,9 +70,6 @@ def _root_cause(exc: ChildFailedError) -> tuple[int, str]:
 
 @record  # writes the worker's error to the file the launcher reads, for the message above
 def _worker(cfg: DictConfig, run_dir: str) -> dict[str, Any]:
-    from bsexp.config import env_rank
-    from bsexp.run import run
-
     _worker_logging(Path(run_dir), env_rank())
     if "OMP_NUM_THREADS" not in os.environ and not cfg.trainer.threads:
         # As torchrun does: the node's cores shared by its workers, not each taking them all.

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from bsexp.errors import one_line
+from bsexp.io import atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +75,7 @@ class JsonlSink:
             self.file = open(path, "x", encoding="utf-8")  # never appends to an earlier run's records
             return
         lines = path.read_text(encoding="utf-8").splitlines(keepends=True)[:keep] if path.exists() else []
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text("".join(line if line.endswith("\n") else line + "\n" for line in lines), encoding="utf-8")
-        os.replace(tmp, path)
+        atomic_write_text(path, "".join(line if line.endswith("\n") else line + "\n" for line in lines))
         self.file = open(path, "a", encoding="utf-8")
 
     def log(self, record: dict[str, Any]) -> None:
@@ -154,6 +153,10 @@ class Sinks:
 
     def __init__(self, *sinks: MetricsSink) -> None:
         self.sinks = sinks
+
+    def attach(self, other: "Sinks") -> None:
+        """Add another fan-out's sinks (the job's outputs, to a loop built before them)."""
+        self.sinks = (*self.sinks, *other.sinks)
 
     def _each(self, method: str, *args: Any) -> None:
         for sink in self.sinks:

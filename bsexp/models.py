@@ -1,5 +1,6 @@
-"""Built-in models. Each takes the data's `input_shape` and `num_classes` plus its own options;
-any `_target_` callable with that signature that returns an `nn.Module` can replace them."""
+"""Built-in models. Each takes the data's `input_shape` and `num_classes` plus its own options
+(their defaults live in the schema, bsexp.config.schema); any `_target_` callable with that
+signature that returns an `nn.Module` can replace them."""
 
 from __future__ import annotations
 
@@ -8,9 +9,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from bsexp.config import NORMS
-
-
+from bsexp.config.schema import NORMS
 
 def norm_layer(kind: str, channels: int, dims: int) -> nn.Module:
     """A normalisation over `channels` features for `dims`-D feature maps (0 = flat vectors)."""
@@ -37,9 +36,9 @@ class MLP(nn.Module):
         self,
         input_shape: Sequence[int],
         num_classes: int,
-        hidden: Sequence[int] = (256, 256),
-        norm: str = "batch",
-        dropout: float = 0.0,
+        hidden: Sequence[int],
+        norm: str,
+        dropout: float,
     ) -> None:
         super().__init__()
         layers: list[nn.Module] = [nn.Flatten()]
@@ -84,7 +83,7 @@ class _ConvNet(nn.Module):
 class CNN1d(_ConvNet):
     """Conv net for sequences (N, C, L) such as MNIST-1D."""
 
-    def __init__(self, input_shape: Sequence[int], num_classes: int, width: int = 32, norm: str = "batch"):
+    def __init__(self, input_shape: Sequence[int], num_classes: int, width: int, norm: str):
         if len(input_shape) != 2:
             raise ValueError(f"cnn1d needs inputs shaped (channels, length), got {tuple(input_shape)}")
         super().__init__(1, input_shape, num_classes, width, norm)
@@ -93,13 +92,13 @@ class CNN1d(_ConvNet):
 class CNN(_ConvNet):
     """Small conv net for (N, C, H, W) images."""
 
-    def __init__(self, input_shape: Sequence[int], num_classes: int, width: int = 32, norm: str = "batch"):
+    def __init__(self, input_shape: Sequence[int], num_classes: int, width: int, norm: str):
         if len(input_shape) != 3:
             raise ValueError(f"cnn needs inputs shaped (channels, height, width), got {tuple(input_shape)}")
         super().__init__(2, input_shape, num_classes, width, norm)
 
 
-def resnet18(input_shape: Sequence[int], num_classes: int, norm: str = "batch", cifar_stem: bool = True):
+def resnet18(input_shape: Sequence[int], num_classes: int, norm: str, cifar_stem: bool):
     """torchvision's ResNet-18. `cifar_stem` swaps the 7×7/2 conv and max-pool for a 3×3/1 conv,
     the usual stem for 32×32 images."""
     from torchvision.models import resnet18 as tv_resnet18

@@ -11,7 +11,7 @@ App. A.1's unbiased estimates are
 Single estimates are noisy and their ratio is biased, so each is averaged on its own (an
 exponential moving average, and a mean over the whole run) and B_simple is the ratio of the
 averages. Pure arithmetic on tensors: nothing here synchronises with the device until a
-record is asked for.
+record is asked for. `NoiseMeter` takes the measurements from the training step.
 """
 
 from __future__ import annotations
@@ -21,6 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.nn.functional as F
+
+from bsexp.memory import is_oom, release
 
 log = logging.getLogger(__name__)
 
@@ -119,3 +122,85 @@ class NoiseScale:
 def _ratio(trace: float, grad_sq: float) -> float | None:
     """B_simple; None while |G|² is not yet estimated as positive (early, noisy estimates)."""
     return trace / grad_sq if grad_sq > 0 else None
+
+
+def loss_scale(scaler) -> float:
+    """The factor a GradScaler multiplies the loss, and so the gradients, by (1 without one)."""
+    return scaler.get_scale() if scaler.is_enabled() else 1.0
+
+
+def grad_sq(model: torch.nn.Module, scaler) -> torch.Tensor:
+    """Squared norm of the gradients `model` holds now, undoing a loss scaler's factor."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    return squared_norm(grads) / loss_scale(scaler) ** 2
+
+
+class NoiseMeter:
+    """Measures B_simple from each training step (`trainer.noise_scale`): a hook on the step at
+    three moments, each free where the step computes two batch sizes anyway.
+
+    - `begin`: only with `always`, for a step of one micro-batch in one process (nothing to
+      compare for free): the mean gradient over the first half of the batch, computed on the side
+      (its own forward and backward through `torch.autograd.grad`, so no .grad is touched), with
+      the random generators and every buffer (BatchNorm's running statistics) put back. The step
+      then runs on the whole batch exactly as without measuring.
+    - `after_micro`: with accumulation, the first micro-batch's gradient (still this rank's own,
+      under no_sync), scaled to its own mean. No extra backward pass.
+    - `end`: the whole step's gradient against the small one (or, with one micro-batch a rank
+      under DDP, this rank's share before the all-reduce, which the gradient sync kept).
+
+    `step` is the training step's parts (bsexp.step.Step): model, autocast, scaler, world."""
+
+    def __init__(self, scale: NoiseScale, side_half: bool, grad_sync=None) -> None:
+        self.scale, self.side_half, self.grad_sync = scale, side_half, grad_sync
+        self._small = None  # (squared norm of a mean gradient over b_small samples, b_small)
+
+    def begin(self, step, x: torch.Tensor, y: torch.Tensor, n_micro: int) -> None:
+        self._small = None
+        if self.grad_sync is not None:
+            self.grad_sync.local_sq = None
+        if self.side_half and n_micro == 1 and not step.world.distributed and len(y) >= 4:
+            self._small = self._side(step, x, y)
+
+    def after_micro(self, step, index: int, n_micro: int, micro_samples: int, step_samples: int) -> None:
+        if index == 0 and n_micro > 1 and self._small is None:
+            # The gradient so far is this micro-batch's mean gradient x len / step_samples.
+            self._small = (grad_sq(step.model, step.scaler) * (step_samples / micro_samples) ** 2, micro_samples)
+
+    def end(self, step, local: int, step_samples: int) -> None:
+        small = self._small
+        if small is None and self.grad_sync is not None and self.grad_sync.local_sq is not None:
+            scale = loss_scale(step.scaler)
+            small = (self.grad_sync.local_sq / scale**2 * (step_samples / local) ** 2, local)
+        if small is None:
+            return
+        small_sq, b_small = small
+        world = step.world
+        if world.distributed:  # the small figure, averaged over the ranks
+            both = world.all_reduce(torch.stack([small_sq.double(), torch.tensor(float(b_small), dtype=torch.float64,
+                                                                                  device=small_sq.device)]))
+            small_sq, b_small = both[0] / world.size, both[1].item() / world.size
+        self.scale.update(small_sq, b_small, grad_sq(step.model, step.scaler), step_samples)
+
+    @staticmethod
+    def _side(step, x: torch.Tensor, y: torch.Tensor):
+        half = len(y) // 2
+        net = step.net
+        params = [p for p in net.parameters() if p.requires_grad]
+        buffers = [b.detach().clone() for b in net.buffers()]
+        device = x.device
+        try:
+            with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
+                with step.autocast():
+                    loss = F.cross_entropy(net(x[:half]), y[:half])
+                grads = torch.autograd.grad(step.scaler.scale(loss), params, allow_unused=True)
+        except Exception as exc:
+            if not is_oom(exc):
+                raise
+            release(device)
+            return None
+        finally:
+            with torch.no_grad():
+                for buffer, saved in zip(net.buffers(), buffers):
+                    buffer.copy_(saved)
+        return squared_norm([g for g in grads if g is not None]) / loss_scale(step.scaler) ** 2, half

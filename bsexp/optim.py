@@ -1,74 +1,20 @@
-"""Optimizer and LR schedule from the config and the scaled hyper-parameters.
+"""Optimizer and LR scheduler from the config and the scaled hyper-parameters.
 
-The values in `optimizer.*` hold at `scaling.ref_batch`; `scaled_hparams` turns them into the
-values used at the plan's global batch, through the rules in `bsexp.scaling`.
+The values in `optimizer.*` hold at `scaling.ref_batch`; the batch policy turns them into the
+values used (bsexp.batch.policy.BatchPolicy.hparams, through the rules in bsexp.batch.scaling).
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from bsexp import scaling
-from bsexp.config import call_target
-from bsexp.batch_schedule import RunSteps, lr_coupling
-from bsexp.plan import BatchPlan
+from bsexp.batch.scaling import LRFactors, ScaledHparams
+from bsexp.config.checks import call_target
 
 # Given to the optimizer by bsexp, scaled and per parameter group, not as written in the config.
 _APPLIED_BY_BSEXP = ("lr", "weight_decay", "decay_norm_and_bias")
-
-
-@dataclass(frozen=True)
-class ScaledHparams:
-    k: float  # batch.size / scaling.ref_batch, at the first step
-    lr: float  # the target LR at the first step's batch, reached when warmup ends
-    lr_peak: float  # the highest LR applied within the run (below lr if warmup never ends)
-    weight_decay: float
-    warmup_steps: int
-    total_steps: int
-
-
-@dataclass(frozen=True)
-class LRFactors:
-    """The multiplier of the first step's LR at each step: warmup and main schedule, times the
-    coupling of the LR to a scheduled batch (1 when the batch is constant)."""
-
-    schedule: scaling.LRSchedule
-    coupling: tuple[float, ...] = ()
-
-    def __call__(self, step: int) -> float:
-        couple = self.coupling[min(step, len(self.coupling) - 1)] if self.coupling else 1.0
-        return self.schedule(step) * couple
-
-
-def scaled_hparams(cfg: DictConfig, plan: BatchPlan, run: RunSteps) -> tuple[ScaledHparams, LRFactors]:
-    k = scaling.scale_factor(plan.size, cfg.scaling.ref_batch)
-    lr = scaling.scaled_lr(cfg.optimizer.lr, k, str(cfg.scaling.lr_rule))
-    wd = scaling.scaled_weight_decay(cfg.optimizer.weight_decay, k, str(cfg.scaling.wd_rule))
-    node = cfg.schedule
-    in_steps = (lambda length: int(round(length))) if node.unit == "steps" else run.steps_at
-    warmup = 0 if node.warmup_shape == "none" else in_steps(node.warmup)
-    lr_schedule = scaling.LRSchedule(
-        total_steps=run.total,
-        warmup_steps=warmup,
-        warmup_shape=str(node.warmup_shape),
-        start_factor=scaling.warmup_start_factor(node.start_factor, k, str(cfg.scaling.lr_rule)),
-        main=str(node.main),
-        milestones=tuple(in_steps(m) for m in node.milestones),
-        factor=node.factor,
-        final_factor=node.final_factor,
-    )
-    coupling = ()
-    if "schedule" in cfg.batch:  # batch=scheduled: the LR follows the batch
-        bs = cfg.batch.schedule
-        coupling = tuple(lr_coupling(run.sizes, cfg.scaling.ref_batch, str(cfg.scaling.lr_rule), bs.couple_lr,
-                                     bs.ramp_steps))
-    factors = LRFactors(lr_schedule, coupling)
-    peak = lr * max((factors(step) for step in range(run.total)), default=1.0)
-    return ScaledHparams(k, lr, peak, wd, warmup, run.total), factors
 
 
 def param_groups(model: nn.Module, weight_decay: float, decay_norm_and_bias: bool) -> list[dict]:

@@ -79,14 +79,44 @@ def provenance() -> dict[str, str]:
     }
 
 
+def rng_state() -> dict:
+    """Every random generator's state: python, numpy, torch, CUDA."""
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@contextlib.contextmanager
+def preserved_rng():
+    """Every random generator as it was, whatever happens inside (the finder's probing)."""
+    state = rng_state()
+    try:
+        yield
+    finally:
+        set_rng_state(state)
+
+
+def cap_device_memory(device: torch.device, limit_bytes: int | None) -> None:
+    """CUDA: let this process allocate at most `limit_bytes` on `device` (None: all of it)."""
+    total = torch.cuda.get_device_properties(device).total_memory
+    fraction = 1.0 if limit_bytes is None else min(1.0, limit_bytes / total)
+    torch.cuda.set_per_process_memory_fraction(fraction, device)
+
+
 def limit_memory(device: torch.device, limit_bytes: int) -> None:
     """Train as on a machine with `limit_bytes` of memory: on CUDA a per-process memory fraction,
     on CPU a cap on the address space (see bsexp.memory), so that exceeding it is a real OOM."""
     from bsexp import memory
 
     if device.type == "cuda":
-        total = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, limit_bytes / total), device)
+        cap_device_memory(device, limit_bytes)
     else:
         memory.return_freed_memory()
         try:

@@ -10,7 +10,6 @@ import logging
 import os
 import signal
 import sys
-import tempfile
 from pathlib import Path
 
 import hydra
@@ -18,7 +17,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from bsexp.config import env_rank, register_configs, under_torchrun
+from bsexp.config.env import env_rank, remember_torchrun_dir, torchrun_first_dir, under_torchrun
+from bsexp.config.schema import register_configs
 from bsexp.errors import ConfigError, exit_on_config_error, one_line
 from bsexp.sweep import apply_wandb_identity
 
@@ -26,16 +26,14 @@ register_configs()
 log = logging.getLogger(__name__)
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def _job(cfg: DictConfig) -> float | None:
     from bsexp.run import run  # torch is imported only once the config is known to be good
 
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     job = run
-    if under_torchrun() and env_rank() == 0 and os.environ.get("TORCHELASTIC_RUN_ID", "none") != "none":
-        TORCHRUN_DIRS.mkdir(parents=True, exist_ok=True)
-        (TORCHRUN_DIRS / os.environ["TORCHELASTIC_RUN_ID"]).write_text(str(run_dir))
+    remember_torchrun_dir(run_dir)
     if cfg.distributed.kind == "ddp" and not under_torchrun() and cfg.distributed.nproc_per_node > 1:
         from bsexp.launch import launch_workers as job
     apply_wandb_identity(cfg)
@@ -99,7 +97,7 @@ def main() -> None:
         # Ranks of a torchrun job share rank 0's output directory (run() hands it round) and write
         # nothing themselves: no directory of their own, no .hydra/, no log file.
         sys.argv += ["hydra.run.dir=.", "hydra.output_subdir=null", "hydra/job_logging=bsexp_worker"]
-    elif (previous := _torchrun_attempt_dir()) is not None:
+    elif (previous := torchrun_first_dir()) is not None and not any(a.startswith("hydra.run.dir=") for a in sys.argv[1:]):
         sys.argv.append(f"hydra.run.dir={previous}")  # a restarted torchrun job resumes where it was
     with exit_on_config_error():
         try:
@@ -111,24 +109,6 @@ def main() -> None:
             print(f"error: a sweep point failed ({one_line(exc)}); the others ran: each point's outcome is in "
                   f"jobs.jsonl in the sweep directory", file=sys.stderr, flush=True)
             sys.exit(2 if isinstance(exc, ConfigError) else 1)
-
-
-# torchrun's run id -> the output directory its first attempt chose (outside the outputs).
-TORCHRUN_DIRS = Path(tempfile.gettempdir()) / "bsexp-torchrun"
-
-
-def _torchrun_attempt_dir() -> str | None:
-    """After torchrun restarted its workers (--max-restarts), the directory of the job's first
-    attempt, so that `resume` finds its checkpoints; None otherwise or when set explicitly."""
-    from bsexp.checkpoint import restarted
-
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
-    pointer = TORCHRUN_DIRS / run_id
-    if run_id == "none" or not restarted() or not pointer.exists():
-        return None
-    if any(arg.startswith("hydra.run.dir=") for arg in sys.argv[1:]):
-        return None
-    return pointer.read_text().strip()
 
 
 def _multirun_requested() -> bool:

@@ -32,9 +32,9 @@ from hydra import compose, initialize_config_dir
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bsexp.config import check, register_configs  # noqa: E402
-from bsexp.run import build_loop  # noqa: E402
-from bsexp.trainer import train_step  # noqa: E402
+from bsexp.config.schema import register_configs  # noqa: E402
+from bsexp.loop import build_loop  # noqa: E402
+from bsexp.step import train_step  # noqa: E402
 
 CASES = {
     "auto (accumulation 4 x 32)": ["batch=accumulation", "batch.size=128", "batch.micro_size=32"],
@@ -44,10 +44,10 @@ CASES = {
 
 def epoch_seconds(loop, epoch: int) -> float:
     seconds = 0.0
-    sizes = loop.run_steps.epoch(epoch % loop.epochs)
-    for x, y, samples in loop.batches.steps(epoch, sizes, 0, 1, loop.drop_last):
+    sizes = loop.policy.run_steps.epoch(epoch % loop.epochs)
+    for index, (x, y, samples) in enumerate(loop.batches.steps(epoch, sizes, 0, 1, loop.drop_last)):
         started = time.perf_counter()
-        train_step(loop, x, y, samples)
+        train_step(loop.step, x, y, samples, loop.policy.plan(index))
         seconds += time.perf_counter() - started
     return seconds
 
@@ -55,11 +55,11 @@ def epoch_seconds(loop, epoch: int) -> float:
 def compare(overrides: list[str], mode: str, rounds: int) -> tuple[float, int]:
     loops = {}
     for name in ("off", mode):
-        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        with initialize_config_dir(config_dir=str(ROOT / "bsexp" / "conf"), version_base="1.3"):
             cfg = compose("config", overrides=["logger=none", "trainer.progress=false", *overrides,
                                                f"trainer.noise_scale={name}"])
-        loops[name] = build_loop(cfg, check(cfg))
-        loops[name].model.train()
+        loops[name] = build_loop(cfg)
+        loops[name].step.model.train()
     ratios = []
     for r in range(rounds + 1):
         order = ("off", mode) if r % 2 else (mode, "off")
@@ -69,7 +69,7 @@ def compare(overrides: list[str], mode: str, rounds: int) -> tuple[float, int]:
         gc.collect()
         if r:  # the first round warms up
             ratios.append(seconds[mode] / seconds["off"])
-    return statistics.median(ratios), loops[mode].noise.count
+    return statistics.median(ratios), loops[mode].step.noise.scale.count
 
 
 def main() -> None:

@@ -5,8 +5,8 @@ What is measured
     settings, the same in-memory training tensors and the same per-epoch batch order are
     trained two ways, interleaved in one process:
 
-    bsexp  `loop.batches.steps(epoch, sizes)` and `bsexp.trainer.train_step(loop, x, y,
-           samples)` per optimizer step, with `loop` built by `bsexp.run.build_loop` from the
+    bsexp  `loop.batches.steps(epoch, sizes)` and `bsexp.step.train_step(loop.step, x, y,
+           samples, plan)` per optimizer step, with `loop` built by `bsexp.loop.build_loop` from the
            real Hydra config. Includes bsexp's batching (the epoch's seeded shuffle, the step
            spans, one index gather per step), its micro-batch split and loss normalisation, the detached
            loss and correct count it returns, the GradScaler calls (pass-through in fp32) and
@@ -59,14 +59,14 @@ import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 from tqdm import tqdm
 
-from bsexp.config import check, register_configs
+from bsexp.config.schema import register_configs
 from bsexp.data import TensorBatches, augment_batch, augment_seed, epoch_order
 from bsexp.errors import exit_on_config_error
-from bsexp.run import build_loop
+from bsexp.loop import Loop, build_loop
 from bsexp.runtime import DTYPES
-from bsexp.trainer import Loop, train_step
+from bsexp.step import train_step
 
-CONF = Path(__file__).resolve().parent.parent / "conf"
+CONF = Path(__file__).resolve().parent.parent / "bsexp" / "conf"
 GOAL = 1.05
 DEFAULTS = ["logger=none", "trainer.progress=false", "data=mnist1d", "model=cnn1d", "batch.size=128"]
 
@@ -90,7 +90,7 @@ def build(overrides: list[str], epochs: int) -> tuple[Loop, str]:
     with exit_on_config_error():
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
             cfg = compose("config", overrides=[*DEFAULTS, f"epochs={epochs}", *overrides])
-        loop = build_loop(cfg, check(cfg))
+        loop = build_loop(cfg)
     if not isinstance(loop.batches, TensorBatches):
         sys.exit("error: this benchmark needs in-memory data (the plain loop indexes tensors); "
                  "set data.in_memory=true")
@@ -99,8 +99,9 @@ def build(overrides: list[str], epochs: int) -> tuple[Loop, str]:
 
 def bsexp_steps(loop: Loop, epoch: int) -> Iterator[None]:
     """One epoch of bsexp's own steps, pausing after each (the same `yield` as `Plain.steps`)."""
-    for x, y, samples in loop.batches.steps(epoch, loop.run_steps.epoch(epoch), drop_last=loop.drop_last):
-        train_step(loop, x, y, samples)
+    steps = loop.batches.steps(epoch, loop.policy.run_steps.epoch(epoch), drop_last=loop.drop_last)
+    for index, (x, y, samples) in enumerate(steps):
+        train_step(loop.step, x, y, samples, loop.policy.plan(index))
         yield
 
 
@@ -108,28 +109,28 @@ class Plain:
     """The hand-written baseline: its own model copy, optimizer, scheduler and batching."""
 
     def __init__(self, loop: Loop, precision: str) -> None:
-        self.model = copy.deepcopy(loop.model)  # before any step: the same initial weights
+        self.model = copy.deepcopy(loop.step.model)  # before any step: the same initial weights
         # The same optimizer class and param groups (lr, momentum, weight decay, ... per group).
         params = list(self.model.parameters())
-        index = {id(p): i for i, p in enumerate(loop.model.parameters())}
+        index = {id(p): i for i, p in enumerate(loop.step.model.parameters())}
         groups = [{**{k: v for k, v in group.items() if k not in ("params", "initial_lr")},
                    "params": [params[index[id(p)]] for p in group["params"]],
                    "lr": group.get("initial_lr", group["lr"])}
-                  for group in loop.optimizer.param_groups]
-        cls = type(loop.optimizer)  # its defaults too: some (timm's Lamb) read them in `step`
+                  for group in loop.step.optimizer.param_groups]
+        cls = type(loop.step.optimizer)  # its defaults too: some (timm's Lamb) read them in `step`
         accepted = inspect.signature(cls).parameters
-        self.opt = cls(groups, **{k: v for k, v in loop.optimizer.defaults.items() if k in accepted})
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, loop.scheduler.lr_lambdas[0])
+        self.opt = cls(groups, **{k: v for k, v in loop.step.optimizer.defaults.items() if k in accepted})
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, loop.step.scheduler.lr_lambdas[0])
         split = loop.batches.split
         self.x, self.y, self.mean, self.std = split.x, split.y, split.mean, split.std
         self.seed, self.augment, self.fill = loop.batches.seed, loop.batches.augment, split.black
-        self.size, self.micro, self.drop_last = loop.plan.size, loop.plan.micro_size, loop.drop_last
-        self.clip = loop.clip_grad_norm
+        self.size, self.micro, self.drop_last = loop.policy.current.size, loop.policy.current.micro_size, loop.drop_last
+        self.clip = loop.step.clip_grad_norm
         dtype, device_type = DTYPES.get(precision), self.x.device.type
         self.autocast = ((lambda: torch.autocast(device_type, dtype=dtype)) if dtype
                          else contextlib.nullcontext)
         self.scaler = torch.amp.GradScaler(device_type) if precision == "fp16" else None
-        self.simple = dtype is None and self.clip is None and loop.plan.accum_steps == 1
+        self.simple = dtype is None and self.clip is None and loop.policy.current.accum_steps == 1
 
     def steps(self, epoch: int) -> Iterator[None]:
         model, opt, sched, x_all, y_all = self.model, self.opt, self.sched, self.x, self.y
@@ -182,11 +183,11 @@ def main() -> None:
     args = parse_args()
     loop, precision = build(args.overrides, args.warmup_rounds + args.rounds)
     plain = Plain(loop, precision)
-    loop.model.train()
+    loop.step.model.train()
     plain.model.train()
-    sync = torch.cuda.synchronize if loop.device.type == "cuda" else (lambda: None)
-    n, plan = len(loop.batches), loop.plan
-    per_epoch = len(loop.run_steps.epoch(0))
+    sync = torch.cuda.synchronize if loop.world.device.type == "cuda" else (lambda: None)
+    n, plan = len(loop.batches), loop.policy.current
+    per_epoch = len(loop.policy.run_steps.epoch(0))
 
     def round_times(epoch: int) -> tuple[float, float]:
         """One epoch per side, step by step in strict turns (so every step of either side runs
@@ -210,10 +211,10 @@ def main() -> None:
             raise RuntimeError(f"a side did not end after {per_epoch} steps")
         return spent[0], spent[1]
 
-    print(f"data {loop.splits.name}: {n} train samples; model {type(loop.model).__name__} "
-          f"({sum(p.numel() for p in loop.model.parameters()):,} parameters); batch {plan.size} = "
+    print(f"data {loop.splits.name}: {n} train samples; model {type(loop.step.model).__name__} "
+          f"({sum(p.numel() for p in loop.step.model.parameters()):,} parameters); batch {plan.size} = "
           f"micro {plan.micro_size} x accum {plan.accum_steps}; {per_epoch} steps per epoch; "
-          f"{type(loop.optimizer).__name__}; {precision}; device {loop.device}; "
+          f"{type(loop.step.optimizer).__name__}; {precision}; device {loop.world.device}; "
           f"{torch.get_num_threads()} threads")
     print(f"{args.warmup_rounds} warm-up + {args.rounds} timed rounds of one epoch per side, "
           f"the sides taking turns step by step", flush=True)
@@ -225,7 +226,7 @@ def main() -> None:
         if diff is None:
             # Same weights, batches and settings: the models must agree up to float rounding
             # (checked early: over many epochs rounding differences grow chaotically).
-            diff = max_param_diff(loop.model, plain.model)
+            diff = max_param_diff(loop.step.model, plain.model)
         if r >= args.warmup_rounds:
             times.append(measured)
 

@@ -28,28 +28,26 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bsexp.config import register_configs  # noqa: E402
+from bsexp.config.schema import register_configs  # noqa: E402
 
 
 def worker(cfg):
-    from bsexp.config import check
     from bsexp.distributed import close_world, init_world
-    from bsexp.run import build_loop
-    from bsexp.trainer import Progress, train
+    from bsexp.loop import TrainState, build_loop, train
 
     torch.set_num_threads(1)
     world = init_world("cpu", "gloo", 120)
     try:
-        loop = build_loop(cfg, check(cfg), world)
-        train(loop, Progress())
-        return loop.noise.summary()
+        loop = build_loop(cfg, world)
+        train(loop, TrainState())
+        return loop.step.noise.scale.summary()
     finally:
         close_world(world)
 
 
 def measure(overrides: list[str], sync: bool) -> dict:
     register_configs()
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(ROOT / "bsexp" / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=["logger=none", "trainer.progress=false", "distributed=ddp",
                                            "distributed.nproc_per_node=2", f"distributed.sync_batchnorm={sync}",
                                            "optimizer.lr=1e-9", "optimizer.weight_decay=0", "optimizer.momentum=0",

@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from bsexp.config import register_configs
+from bsexp.config.schema import register_configs
 
 ROOT = Path(__file__).resolve().parent.parent
-CONF = ROOT / "conf"
+CONF = ROOT / "bsexp" / "conf"
+HELPERS = ROOT / "tests" / "helpers"
 
 register_configs()
 
@@ -38,7 +39,7 @@ def make_cfg(data_root, monkeypatch):
 def cli_env(data_root: Path) -> dict[str, str]:
     env = dict(os.environ)
     env.update(BSEXP_DATA=str(data_root), WANDB_SILENT="true", WANDB_DISABLE_GIT="true",
-               PYTHONPATH=os.pathsep.join([str(ROOT), str(Path(__file__).parent)]))  # bsexp, tests/user_models.py
+               PYTHONPATH=os.pathsep.join([str(ROOT), str(HELPERS)]))  # bsexp, tests/helpers/user_models.py
     for name in ("HYDRA_FULL_ERROR", "WANDB_MODE", "WANDB_API_KEY"):  # bsexp's own defaults, offline W&B
         env.pop(name, None)
     return env
@@ -71,3 +72,28 @@ def limit_for_size(data_root: Path, tmp: Path, overrides: list[str], size: float
     a, b = fitted[-2], fitted[-1]
     mb_per_sample = (b["train_peak_mb"] - a["train_peak_mb"]) / (b["size"] - a["size"])
     return 1.0 + (size - finder["micro_size"]) * mb_per_sample / 1024
+
+
+def with_defaults(fn, schema_cls):
+    """`fn` (a dataset builder or model) called with its schema's defaults for every option the
+    caller leaves out: the builders take every key of their config node, and the defaults live
+    in the schema alone."""
+    import dataclasses
+    import inspect
+
+    defaults = {}
+    for f in dataclasses.fields(schema_cls):
+        if f.name == "_target_":
+            continue
+        value = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if isinstance(value, str) and value.startswith("${"):  # an interpolation (data.root): the caller's
+            continue
+        defaults[f.name] = str(value) if hasattr(value, "value") else value  # enums as their names
+    signature = inspect.signature(fn)
+
+    def call(*args, **kwargs):
+        given = signature.bind_partial(*args, **kwargs).arguments
+        return fn(*args, **{k: v for k, v in defaults.items() if k not in given and k in signature.parameters},
+                  **kwargs)
+
+    return call

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import dist_workers
+from resuming import SLOW, assert_same_state, final_state, newest_step, records, uninterrupted
 from slurm_cluster import MARKS, accounting, bsexp, cancel, env, job_ids, slurm
-from test_resume import SLOW, assert_same_state, final_state, newest_step, records, uninterrupted
 
 pytestmark = MARKS
 
@@ -144,8 +144,8 @@ def test_a_preempted_job_is_requeued_and_resumes_bit_identically(make_cfg, data_
     # Parameters, optimizer state and metrics as if the job had never been interrupted.
     loop, progress = uninterrupted(make_cfg, *PREEMPTED)
     state = final_state(point)
-    assert_same_state(state["model"], loop.net.state_dict())
-    for key, value in loop.optimizer.state_dict()["state"].items():
+    assert_same_state(state["model"], loop.step.net.state_dict())
+    for key, value in loop.step.optimizer.state_dict()["state"].items():
         assert_same_state(state["optimizer"]["state"][key], value)
     assert [r["step"] for r in records(point)] == [r["step"] for r in progress.records]
     assert [r["val_loss"] for r in records(point)] == [r["val_loss"] for r in progress.records]

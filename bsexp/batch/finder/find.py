@@ -1,0 +1,152 @@
+"""The finder's search: trials agreed over the ranks, a strategy choosing sizes (bsexp.batch.
+finder.search), the margin, and the plan that follows (the found size x the ranks, or a kept
+global batch in micro-batches of it)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import torch
+from omegaconf import DictConfig
+
+from bsexp import memory
+from bsexp.batch.finder.cache import cache_key, cache_load, cache_store
+from bsexp.batch.finder.probe import ChildProber, InProcessProber
+from bsexp.batch.finder.result import FinderResult, Trial
+from bsexp.batch.finder.search import Attempt, Searcher, largest_divisor_at_most, throughput_choice
+from bsexp.batch.plan import MIN_MICRO, BatchPlan, make_plan
+from bsexp.data import Splits, train_batches
+from bsexp.distributed import World
+from bsexp.errors import ConfigError
+from bsexp.runtime import preserved_rng
+
+log = logging.getLogger(__name__)
+
+
+def memory_limit(cfg: DictConfig, device: torch.device) -> int:
+    """Bytes the finder may plan for: `batch.finder.memory_limit_gb`, else the device's memory
+    (CUDA) or what the machine has available (CPU)."""
+    if cfg.batch.finder.memory_limit_gb is not None:
+        return int(cfg.batch.finder.memory_limit_gb * memory.GIB)
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return memory.rss() + memory.available_memory()
+
+
+def find_plan(cfg: DictConfig, world: World, splits: Splits, model: torch.nn.Module,
+              limit_bytes: int | None = None, keep_size: int | None = None, largest: int | None = None) -> FinderResult:
+    """Search, agree over the ranks, and turn the chosen micro-batch into a plan: for
+    `keep_size` (a global batch kept through accumulation), else the found size x ranks.
+    `largest` caps the micro-batches tried (besides batch.finder.max_size and the data)."""
+    node = cfg.batch.finder
+    limit = limit_bytes if limit_bytes is not None else memory_limit(cfg, world.device)
+    per_rank = None if keep_size is None else keep_size // world.size
+    max_size = min(node.max_size or math.inf, len(splits.train) // world.size, per_rank or math.inf,
+                   largest or math.inf)
+    key = cache_key(cfg, world, splits, keep_size, largest)
+    cached = cache_load(cfg, key)
+    if cached is not None:
+        trials = [Trial(**t) for t in cached["trials"]]
+        result = _result(cfg, world, trials, cached["micro_size"], limit, cached["budget_mb"], keep_size, True)
+        log.info("finder: micro-batch %d from the cache (%s)", result.micro_size, node.cache_dir)
+        return result
+    started = time.perf_counter()
+    with preserved_rng():
+        prober = (InProcessProber(cfg, splits, model, world, limit) if world.device.type == "cuda"
+                  else ChildProber(cfg, limit, world.distributed))
+        try:
+            # The smallest budget of any rank (a max of negatives).
+            budget = -world.all_reduce(torch.tensor([-float(prober.budget_bytes)], device=world.device), op="max").item()
+            trials: dict[int, Trial] = {}
+
+            def attempt(size: int) -> Attempt:
+                trial = _agree(world, prober.attempt(size))
+                trials[size] = trial
+                log.info("finder: micro-batch %d %s", size, "fits" if trial.ok else f"does not fit ({trial.failed_in})")
+                return trial.attempt()
+
+            searcher = Searcher(attempt, node.max_trials, int(max_size))
+            best = {"power": lambda: searcher.power(node.init), "binsearch": lambda: searcher.binsearch(node.init),
+                    "fit": lambda: searcher.fit(node.init, budget)}[str(node.mode)]()
+            if best is None:
+                seen = trials[min(trials)]
+                raise ConfigError("batch.finder.init", node.init,
+                                  f"even {min(trials)} samples do not fit in {limit / memory.GIB:.2f} GB "
+                                  f"({budget / memory.MIB:,.0f} MB above the model, data and optimizer state; out of "
+                                  f"memory in {seen.failed_in}); try precision=bf16, a smaller model or "
+                                  f"trainer.eval_batch_size, or batch=accumulation with a small batch.micro_size")
+            # The margin: headroom below the largest size that fit, for what trials cannot show
+            # (fragmentation over a long run, a busier process).
+            chosen = max(MIN_MICRO, math.floor(best * (1 - node.margin)))
+            if str(node.objective) == "throughput":
+                size = min(node.init, best)
+                while size < best:  # a ladder of sizes, each timed, up to the largest that fits
+                    searcher.attempt(size)
+                    size *= 2
+                fastest = throughput_choice(list(searcher.budget.attempts.values()), node.throughput_tolerance)
+                chosen = min(chosen, fastest or chosen)
+            if per_rank is not None:  # keep the global batch: a micro-batch that divides it
+                chosen = largest_divisor_at_most(per_rank, chosen)
+            while not searcher.attempt(chosen, counted=False).ok:  # the answer has always passed a trial
+                chosen = (largest_divisor_at_most(per_rank, chosen - 1) if per_rank is not None
+                          else math.floor(chosen * (1 - node.margin)))
+        finally:
+            prober.close()
+        result = _result(cfg, world, list(trials.values()), chosen, limit, budget / memory.MIB, keep_size, False)
+        result.seconds = time.perf_counter() - started
+        result.loader_samples_per_s = _loader_rate(splits, cfg, result.plan, world)
+    if result.loader_samples_per_s and result.step_samples_per_s and result.loader_samples_per_s < result.step_samples_per_s:
+        result.note += (f" The input pipeline ({result.loader_samples_per_s:,.0f} samples/s) is slower than the "
+                        f"training step ({result.step_samples_per_s:,.0f} samples/s): data loading, not memory, "
+                        f"bounds this run.")
+    if world.is_main:
+        cache_store(cfg, key, result)
+    return result
+
+
+def _agree(world: World, trial: Trial) -> Trial:
+    """A trial passes only if it passed on every rank; memory is the largest any rank needed,
+    speed the slowest rank's (times the ranks: the global rate)."""
+    if not world.distributed:
+        return trial
+    values = torch.tensor([float(not trial.ok), trial.peak_mb or 0.0, trial.reserved_mb or 0.0,
+                           -(trial.samples_per_s or 0.0), trial.seconds], dtype=torch.float64, device=world.device)
+    failed, peak, reserved, neg_rate, seconds = world.all_reduce(values, op="max").tolist()
+    phases = ["", "train", "eval", "killed"]
+    code = world.all_reduce(torch.tensor([float(phases.index(trial.failed_in or ""))], device=world.device), op="max")
+    rate = -neg_rate * world.size if not failed else None
+    failed_in = (phases[int(code.item())] or None) if failed else None
+    train_peak = world.all_reduce(torch.tensor([trial.train_peak_mb or 0.0], dtype=torch.float64,
+                                               device=world.device), op="max").item()
+    return Trial(trial.size, not failed, failed_in, peak, reserved, trial.alloc_retries, seconds, rate,
+                 train_peak or None)
+
+
+def _result(cfg: DictConfig, world: World, trials: list[Trial], micro: int, limit: int, budget_mb: float,
+            keep_size: int | None, cached: bool) -> FinderResult:
+    node = cfg.batch.finder
+    plan = (make_plan(micro * world.size, world.size) if keep_size is None
+            else make_plan(keep_size, world.size, micro_size=micro))
+    chosen = next((t for t in trials if t.size == micro), None)
+    note = ""
+    if str(node.objective) == "throughput":
+        note = (f"Throughput objective: the smallest size within {100 * node.throughput_tolerance:.0f} % of the "
+                f"best measured samples/s, not the largest that fits.")
+    return FinderResult(str(node.mode), str(node.objective), limit / memory.GIB, node.margin, budget_mb,
+                        trials, micro, plan, note, step_samples_per_s=chosen.samples_per_s if chosen else None,
+                        cached=cached, world_size=world.size)
+
+
+def _loader_rate(splits: Splits, cfg: DictConfig, plan: BatchPlan, world: World, seconds: float = 1.0) -> float | None:
+    """Samples/s the training batches arrive at, with no training: the input pipeline's own rate."""
+    batches = train_batches(splits, cfg.seed, world.device)
+    count, started = 0, time.perf_counter()
+    sizes = [plan.size] * -(-len(batches) // plan.size)
+    for _, y, _ in batches.steps(0, sizes, world.rank, world.size, cfg.batch.drop_last):
+        count += len(y)
+        if time.perf_counter() - started > seconds:
+            break
+    elapsed = time.perf_counter() - started
+    return count * world.size / elapsed if count and elapsed > 0 else None

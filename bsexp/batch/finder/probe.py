@@ -1,0 +1,142 @@
+"""Where the finder's trials run. On CPU, in a child process whose address space is capped at
+the memory limit (RLIMIT_AS), so failures are real allocator failures and the training process
+is never at risk; on CUDA, in this process on a copy of the model under a per-process memory
+fraction. Either way the run's model, optimizer and random generators are left as they were."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import multiprocessing
+import pickle
+import traceback
+
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig
+
+from bsexp import memory
+from bsexp.batch.finder.result import Trial
+from bsexp.batch.finder.trial import TrialRunner
+from bsexp.build import build_data, build_model
+from bsexp.data import Splits
+from bsexp.distributed import World
+from bsexp.errors import ConfigError
+from bsexp.runtime import cap_device_memory, seed_everything
+
+log = logging.getLogger(__name__)
+
+
+class ChildProber:
+    """Trials in a child process capped at the memory limit (CPU): real allocator failures, and
+    the parent's memory, model and random state untouched."""
+
+    def __init__(self, cfg: DictConfig, limit_bytes: int, distributed: bool) -> None:
+        # The room the training process itself will have: the limit less what it holds now
+        # (not counting memory freed while the data and model were built).
+        memory.trim_freed_memory()
+        self.args = (cfg, limit_bytes, memory.rss(), distributed, torch.get_num_threads())
+        self.context = multiprocessing.get_context("spawn")
+        self.budget_bytes = self._start()
+
+    def _start(self) -> int:
+        self.conn, child = self.context.Pipe()
+        self.process = self.context.Process(target=_child_main, args=(child, *self.args), daemon=True)
+        self.process.start()
+        child.close()
+        return self._receive("ready")
+
+    def _receive(self, expected: str):
+        try:
+            kind, payload = self.conn.recv()
+        except EOFError:
+            raise ChildDied(self.process) from None
+        if kind == "error":
+            raise payload
+        assert kind == expected, kind
+        return payload
+
+    def attempt(self, size: int) -> Trial:
+        self.conn.send(("trial", size))
+        try:
+            return self._receive("trial")
+        except ChildDied as died:  # killed outright: a failure at this size; start afresh
+            log.warning("finder: the probe process died at micro-batch %d (%s); restarting it", size, died)
+            self.close()
+            self._start()
+            return Trial(size, False, "killed")
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError, BrokenPipeError):
+            self.conn.send(("stop", None))
+        self.process.join(timeout=30)
+        if self.process.is_alive():
+            self.process.kill()
+
+
+class ChildDied(RuntimeError):
+    def __init__(self, process) -> None:
+        process.join(timeout=5)
+        super().__init__(f"exit code {process.exitcode}")
+
+
+def _child_main(conn, cfg: DictConfig, limit_bytes: int, parent_rss: int, distributed: bool, threads: int) -> None:
+    try:
+        torch.set_num_threads(threads)
+        memory.return_freed_memory()
+        seed_everything(cfg.seed, cfg.trainer.deterministic)
+        splits = build_data(cfg)
+        group = None
+        if distributed:  # a world of one rank, so DDP and SyncBatchNorm are really there
+            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            group = dist.group.WORLD
+        runner = TrialRunner(cfg, splits, torch.device("cpu"), build_model(cfg, splits), distributed, group)
+        # Trials get the room the training process will have once it holds its optimizer state
+        # too: what the limit leaves beside the parent's memory, not beside this process's.
+        budget = limit_bytes - parent_rss - runner.state_bytes
+        if budget <= 0:
+            raise ConfigError("batch.finder.memory_limit_gb", round(limit_bytes / memory.GIB, 3),
+                              str(memory.CapBelowUse(parent_rss + runner.state_bytes, limit_bytes)))
+        memory.cap_room(budget)
+        conn.send(("ready", budget))
+        while True:
+            kind, size = conn.recv()
+            if kind == "stop":
+                break
+            conn.send(("trial", runner.run(size)))
+    except Exception as exc:  # not an OOM: the parent re-raises it
+        with contextlib.suppress(Exception):
+            conn.send(("error", _picklable(exc)))
+    finally:
+        conn.close()
+
+
+def _picklable(exc: Exception) -> Exception:
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        return RuntimeError("".join(traceback.format_exception(exc)).strip())
+
+
+class InProcessProber:
+    """Trials in this process (CUDA) on a copy of the model, under a per-process memory fraction."""
+
+    def __init__(self, cfg: DictConfig, splits: Splits, model: torch.nn.Module, world: World, limit_bytes: int) -> None:
+        device = world.device
+        group = None
+        if world.distributed:  # every rank in a group of its own: an OOM on one cannot hang the others
+            group, _ = dist.new_subgroups(group_size=1)
+        cap_device_memory(device, limit_bytes)
+        self.runner = TrialRunner(cfg, splits, device, copy.deepcopy(model), world.distributed, group)
+        self.budget_bytes = limit_bytes - torch.cuda.memory_allocated(device)
+        self.device = device
+
+    def attempt(self, size: int) -> Trial:
+        return self.runner.run(size)
+
+    def close(self) -> None:
+        del self.runner
+        memory.release(self.device)
+        cap_device_memory(self.device, None)

@@ -1,0 +1,135 @@
+"""One trial of the finder: real training steps at one micro-batch size — the trainer's own
+`train_step`, on the model as training wraps it (SyncBatchNorm, DDP and how gradients are
+reduced), with the configured precision and noise measurement — then an evaluation forward, on
+a cached real batch tiled to the size. Its peak memory above the baseline (model, data,
+optimizer state) is what training at that size adds."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import torch
+from omegaconf import DictConfig
+
+from bsexp import memory
+from bsexp.batch.finder.result import Trial
+from bsexp.batch.plan import MIN_MICRO, make_plan
+from bsexp.batch.scaling import ScaledHparams
+from bsexp.build import make_step, wrap_model
+from bsexp.data import Splits, TensorSplit, augment_batch
+from bsexp.distributed import World
+from bsexp.step import train_step
+
+CACHED_BATCH = 256  # real samples kept for probing, tiled to each trial's size
+
+
+class TrialRunner:
+    """The model, optimizer and one cached real batch of a run, and the trial at a given size.
+    `distributed`: whether the run trains on several ranks; the trial then runs in a world of its
+    own (`process_group`, one rank) with the same modules and gradient reduction."""
+
+    def __init__(self, cfg: DictConfig, splits: Splits, device: torch.device, model: torch.nn.Module,
+                 distributed: bool = False, process_group=None) -> None:
+        self.cfg, self.device = cfg, device
+        self.steps = cfg.batch.finder.steps_per_trial
+        self.eval_size = min(cfg.trainer.eval_batch_size, max(len(splits.val), len(splits.train_eval)))
+        self.distributed, self.process_group = distributed, process_group
+        self.model, grad_sync = wrap_model(cfg, model, device, distributed, process_group)
+        hp = ScaledHparams(1.0, cfg.optimizer.lr, cfg.optimizer.lr, cfg.optimizer.weight_decay, 0, 1)
+        self.step = make_step(cfg, self.model, World(device=device), distributed, hp, None, grad_sync)
+        self.x, self.y = _cached_batch(splits.train, CACHED_BATCH)
+        self.x, self.y = self.x.to(device), self.y.to(device)
+        self.augment = splits.augment if isinstance(splits.train, TensorSplit) else None
+        self.fill = splits.train.black if self.augment is not None else 0.0
+        self.generator = torch.Generator(device=device).manual_seed(0)
+        before = memory.rss() if device.type == "cpu" else torch.cuda.memory_allocated(device)
+        self._train_step(MIN_MICRO)  # creates the optimizer's state: part of every trial's baseline
+        self.step.optimizer.zero_grad(set_to_none=True)
+        after = memory.rss() if device.type == "cpu" else torch.cuda.memory_allocated(device)
+        self.state_bytes = max(0, after - before)  # what the run will add before its first step
+
+    def _batch(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = torch.arange(size, device=self.device) % len(self.y)
+        x = self.x[idx]
+        if self.augment is not None:
+            x = augment_batch(x, self.augment, self.generator, self.fill)
+        return x, self.y[idx]
+
+    def _train_step(self, size: int) -> None:
+        x, y = self._batch(size)
+        train_step(self.step, x, y, size, make_plan(size))
+
+    def run(self, size: int) -> Trial:
+        device, phase = self.device, "train"
+        memory.release(device)
+        base, mapped = self._memory(reset=True), (memory.vm_size() if device.type == "cpu" else 0)
+        started = time.perf_counter()
+        step_times, train_peak = [], None
+        ok = True
+        try:
+            for _ in range(self.steps):
+                t = time.perf_counter()
+                self._train_step(size)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                step_times.append(time.perf_counter() - t)
+            train_peak = self._peak() - base
+            phase = "eval"
+            net = self.step.net
+            net.eval()
+            with torch.no_grad(), self.step.autocast():
+                net(self._batch(self.eval_size)[0])
+        except Exception as exc:
+            if not memory.is_oom(exc):
+                raise
+            ok = False
+            if self.distributed:  # DDP's reducer expects the step it never saw end: wrap afresh
+                self._rewrap()
+        finally:
+            self.step.net.train()
+            self.step.optimizer.zero_grad(set_to_none=True)
+        seconds = time.perf_counter() - started
+        peak = max(self._peak() - base, train_peak or 0)
+        timed = step_times[1:] or step_times
+        rate = size / (sum(timed) / len(timed)) if ok and timed else None
+        memory.release(device)
+        if device.type == "cuda":
+            reserved = torch.cuda.memory_reserved(device) / memory.MIB
+            retries = torch.cuda.memory_stats(device).get("num_alloc_retries", 0)
+        else:  # what stays mapped after the trial: fragmentation
+            reserved, retries = (memory.vm_size() - mapped) / memory.MIB, None
+        mib = lambda b: None if b is None else b / memory.MIB  # noqa: E731
+        return Trial(size, ok, None if ok else phase, mib(peak), reserved, retries, seconds, rate, mib(train_peak))
+
+    def _rewrap(self) -> None:
+        """The same module and optimizer in a fresh DDP wrapper (its reducer reset)."""
+        model, grad_sync = wrap_model(self.cfg, self.step.net, self.device, True, self.process_group)
+        self.model = model
+        noise = self.step.noise
+        if noise is not None:
+            noise.grad_sync = grad_sync
+        self.step = replace(self.step, model=model, grad_sync=grad_sync)
+
+    def _memory(self, reset: bool) -> int:
+        """Bytes in use now (CUDA: allocated; CPU: resident), restarting the peak counter."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            return torch.cuda.memory_allocated(self.device)
+        memory.reset_peak_rss()
+        return memory.rss()
+
+    def _peak(self) -> int:
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device)
+        return memory.peak_rss()
+
+
+def _cached_batch(split, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Up to n real training samples, as the training step receives them (normalised floats)."""
+    count = min(n, len(split))
+    if isinstance(split, TensorSplit):
+        return split.batch(torch.arange(count, device=split.x.device))
+    xs, ys = zip(*(split[i] for i in range(count)))
+    return torch.stack([torch.as_tensor(x) for x in xs]), torch.as_tensor(ys)

@@ -1,0 +1,341 @@
+"""Batch policies: which `BatchPlan` every optimizer step of a run uses. One class per `batch=`
+option, behind one small interface; a new policy is one new class and one config file.
+
+A policy is made from the config and the world size (`policy_for`), checks what it can without
+data (`check`, run before anything is written), then `resolve`s against the data, the model and
+the world: it fixes the global batch of every step (`run_steps`), the largest micro-batch known
+to fit (`micro_cap`; the finder measures it) and the LR/WD that follow from them (`hparams`).
+The loop then asks `plan(step)`; an out-of-memory error asks `after_oom(plan)` for the same
+global batch in smaller micro-batches. Its state (the plan in force, the cap, what was found)
+goes into checkpoints.
+
+Torch-free at import: the finder is imported only by the policies that search.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+from omegaconf import DictConfig
+
+from bsexp.batch import scaling
+from bsexp.batch.plan import MIN_MICRO, BatchPlan, PlanError, make_plan, plan_for
+from bsexp.batch.schedule import BatchSchedule, RunSteps
+from bsexp.config.env import world_size
+from bsexp.config.schema import Policy, ScheduleKind
+from bsexp.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Probe:
+    """What a policy may measure with when it resolves: the data, the built model (unwrapped, on
+    the device), the world, and a way to measure the gradient noise scale B_simple by training a
+    copy of the run for `steps` steps at `batch` (bsexp.loop provides it)."""
+
+    splits: Any
+    model: Any
+    world: Any
+    measure_noise: Callable[[int, int], float | None] | None = None
+
+
+def _plan_error(exc: PlanError) -> ConfigError:
+    return ConfigError(exc.key, exc.value, exc.expected)
+
+
+class BatchPolicy:
+    """The interface, and what every policy shares: a run of steps laid out by a `BatchSchedule`,
+    split by `plan_for` under the micro-batch cap."""
+
+    name = ""
+
+    def __init__(self, cfg: DictConfig, world: int) -> None:
+        self.cfg, self.world = cfg, world
+        self.run_steps: RunSteps | None = None  # set by resolve
+        self.micro_cap: int | None = None  # the largest micro-batch per rank known to fit (None: any)
+        self.oom_recoveries = 0
+        self.found = None  # the finder's result (bsexp.batch.finder.FinderResult), where it ran
+        self.found_plan: BatchPlan | None = None  # what the finder chose (kept in checkpoints)
+        self._plan: BatchPlan | None = None  # in force
+
+    # ---------------------------------------------------------------- the interface
+
+    def check(self) -> BatchPlan | None:
+        """What the config alone can tell is wrong (ConfigError); returns the first step's plan
+        where the config alone decides it (None: the data or a measurement will)."""
+        return None
+
+    def resolve(self, probe: Probe, state: dict | None = None) -> None:
+        """Fix the run: the global batch of every step and the micro-batch cap; `state` is a
+        checkpoint's (`state_dict`), whose choices are taken instead of measured again."""
+        n_train = len(probe.splits.train)
+        start = self._start(probe, state, n_train)
+        self.lay_out(n_train, start, probe.splits.name)
+        if state is not None:
+            self.load_state_dict(state)
+
+    def check_data(self, n_train: int, data: str = "the data", start: int | None = None) -> None:
+        """Every batch the run asks for fits in the `n_train` training samples (checked as soon as
+        the data is known, before a model is built or anything measured)."""
+        start = self.cfg.batch.size if start is None else start
+        if start is None:  # the finder decides it, within the data
+            return
+        sizes = self.schedule(start).sizes(self.cfg.epochs)
+        if max(sizes) > n_train:
+            key, value = ("batch.size", start) if len(sizes) == 1 else ("batch.schedule", sizes)
+            raise ConfigError(key, value, f"{'grows past' if len(sizes) > 1 else 'exceeds'} the {n_train} "
+                                          f"training samples of {data}")
+
+    def lay_out(self, n_train: int, start: int | None = None, data: str = "the data") -> None:
+        """The run step by step for `n_train` training samples, from the global batch `start`
+        (default: batch.size), and the first step's plan. Pure: what resolve does once any
+        measuring is done (and what a test of the policy calls directly)."""
+        start = self.cfg.batch.size if start is None else start
+        self.check_data(n_train, data, start)
+        self.run_steps = self.schedule(start).run_steps(self.cfg.epochs, n_train, self.cfg.batch.drop_last,
+                                                        self.cfg.trainer.max_steps)
+        self._plan = self.first_plan(start)
+
+    def plan(self, step: int) -> BatchPlan:
+        """The plan of optimizer step `step` (counted over the run)."""
+        size = self.run_steps.sizes[step]
+        if self._plan.size != size:  # the schedule moved on
+            self._plan = plan_for(size, self.world, self.micro_cap)
+        return self._plan
+
+    def after_oom(self, plan: BatchPlan) -> BatchPlan:
+        """The same global batch in micro-batches half as large: the LR and weight decay stay."""
+        self.micro_cap = plan.micro_size // 2
+        self._plan = plan_for(plan.size, plan.world_size, self.micro_cap)
+        self.oom_recoveries += 1
+        log.warning("out of memory at micro-batch %d: micro-batch %d x %d accumulation steps x %d ranks from now "
+                    "on (global batch %d, LR and weight decay unchanged)", plan.micro_size, self._plan.micro_size,
+                    self._plan.accum_steps, plan.world_size, plan.size)
+        return self._plan
+
+    def schedule(self, start: int) -> BatchSchedule:
+        """The global batch of each step: constant, unless the policy schedules it."""
+        return BatchSchedule(start=start, world_size=self.world)
+
+    def lr_coupling(self) -> tuple[float, ...]:
+        """Per step, how the LR follows the batch relative to the first step's (empty: it does not)."""
+        return ()
+
+    def first_plan(self, start: int) -> BatchPlan:
+        return plan_for(start, self.world, self.micro_cap)
+
+    # ---------------------------------------------------------------- shared
+
+    @property
+    def current(self) -> BatchPlan:
+        """The plan in force (after a schedule change or an OOM recovery)."""
+        return self._plan
+
+    def hparams(self) -> tuple[scaling.ScaledHparams, scaling.LRFactors]:
+        """The LR and weight decay at the first step's batch, by the scaling rules, and the LR's
+        multiplier at every step: warmup and main schedule, times the coupling to the batch."""
+        cfg, run = self.cfg, self.run_steps
+        rule = str(cfg.scaling.lr_rule)
+        k = scaling.scale_factor(run.sizes[0] if run.sizes else self._plan.size, cfg.scaling.ref_batch)
+        lr = scaling.scaled_lr(cfg.optimizer.lr, k, rule)
+        wd = scaling.scaled_weight_decay(cfg.optimizer.weight_decay, k, str(cfg.scaling.wd_rule))
+        node = cfg.schedule
+        in_steps = (lambda length: int(round(length))) if node.unit == "steps" else run.steps_at
+        warmup = 0 if node.warmup_shape == "none" else in_steps(node.warmup)
+        lr_schedule = scaling.LRSchedule(
+            total_steps=run.total, warmup_steps=warmup, warmup_shape=str(node.warmup_shape),
+            start_factor=scaling.warmup_start_factor(node.start_factor, k, rule), main=str(node.main),
+            milestones=tuple(in_steps(m) for m in node.milestones), factor=node.factor,
+            final_factor=node.final_factor)
+        factors = scaling.LRFactors(lr_schedule, self.lr_coupling())
+        peak = lr * max((factors(step) for step in range(run.total)), default=1.0)
+        return scaling.ScaledHparams(k, lr, peak, wd, warmup, run.total), factors
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"plan": asdict(self._plan), "micro_cap": self.micro_cap, "oom_recoveries": self.oom_recoveries}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._plan = BatchPlan(**state["plan"])
+        self.micro_cap, self.oom_recoveries = state["micro_cap"], state["oom_recoveries"]
+
+    def _start(self, probe: Probe, state: dict | None, n_train: int) -> int:
+        """The global batch of the first step."""
+        return self.cfg.batch.size
+
+    def _make_plan(self, *args, **kwargs) -> BatchPlan:
+        try:
+            return make_plan(*args, **kwargs)
+        except PlanError as exc:
+            raise _plan_error(exc) from None
+
+
+class FixedPolicy(BatchPolicy):
+    """batch=fixed: `batch.size` every step, one micro-step a rank."""
+
+    name = "fixed"
+
+    def check(self) -> BatchPlan:
+        return self._make_plan(self.cfg.batch.size, self.world)
+
+
+class AccumulationPolicy(BatchPolicy):
+    """batch=accumulation: `batch.size` every step, in micro-batches of `batch.micro_size` (or
+    `batch.accum_steps` of them) on each rank."""
+
+    name = "accumulation"
+
+    def check(self) -> BatchPlan:
+        return self._given()
+
+    def _given(self) -> BatchPlan:
+        batch = self.cfg.batch
+        if batch.micro_size is None and batch.accum_steps is None:
+            raise ConfigError("batch.micro_size", None,
+                              "batch=accumulation needs batch.micro_size (per rank) or batch.accum_steps")
+        return self._make_plan(batch.size, self.world, batch.micro_size, batch.accum_steps)
+
+    def first_plan(self, start: int) -> BatchPlan:
+        plan = self._given()
+        self.micro_cap = plan.micro_size
+        return plan
+
+
+class FinderPolicy(BatchPolicy):
+    """batch=finder: the largest micro-batch whose training step and evaluation fit in memory,
+    less the margin; `batch.size` kept through accumulation when given, else the found size x
+    the ranks (or, with objective=noise_scale, the batch nearest the measured B_simple)."""
+
+    name = "finder"
+
+    def check(self) -> None:
+        size = self.cfg.batch.size
+        if size is not None and size % self.world:
+            raise ConfigError("batch.size", size, f"must be divisible by the world size {self.world}")
+        return None
+
+    def _start(self, probe: Probe, state: dict | None, n_train: int) -> int:
+        if state is not None:  # the plan found before, not a new search
+            self.found_plan = BatchPlan(**state["found_plan"])
+            return self.found_plan.size
+        from bsexp.batch.finder.find import find_plan
+
+        keep = self.cfg.batch.size  # kept through accumulation (check_data: within the data)
+        self.found = find_plan(self.cfg, probe.world, probe.splits, probe.model.to(probe.world.device), keep_size=keep)
+        self.micro_cap = self.found.plan.micro_size
+        self.found_plan = self.found.plan
+        if str(self.cfg.batch.finder.objective) == "noise_scale":
+            self.found_plan = self._noise_scale_plan(probe, n_train)
+        return self.found_plan.size
+
+    def first_plan(self, start: int) -> BatchPlan:
+        return self.found_plan
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "found_plan": asdict(self.found_plan)}
+
+    def _noise_scale_plan(self, probe: Probe, n_train: int) -> BatchPlan:
+        """objective=noise_scale: train a copy of the run for batch.finder.noise_steps steps at
+        batch.finder.noise_batch (at most what fits), measuring B_simple (McCandlish et al. 2018),
+        then take the batch nearest it that fits in memory and divides over the ranks. The run
+        then trains exactly as batch=fixed at that batch would."""
+        node, world, found = self.cfg.batch.finder, self.world, self.found
+        quantum = 2 * world  # two halves on every rank
+        fits = found.micro_size * world
+        measure = max(quantum * MIN_MICRO, min(node.noise_batch, fits, n_train) // quantum * quantum)
+        b_simple = probe.measure_noise(measure, node.noise_steps)
+        if b_simple is None:
+            raise ConfigError("batch.finder.noise_steps", node.noise_steps, "too few to estimate the gradient noise "
+                              "scale (|G|^2 not yet positive); measure for more steps")
+        target = min(max(b_simple, world * MIN_MICRO), fits, n_train)
+        size = max(world * MIN_MICRO, round(target / world) * world)
+        if size > fits:
+            size -= world
+        found.noise_b_simple = b_simple
+        found.note = (f"Noise-scale objective: B_simple = {b_simple:,.0f} measured over {node.noise_steps} steps at "
+                      f"batch {measure}; the nearest batch that fits (at most {fits}) and divides over {world} "
+                      f"rank(s) is {size}.")
+        found.plan = make_plan(size, world)
+        log.info("gradient noise scale B_simple = %.0f (measured over %d steps at batch %d): training at batch %d",
+                 b_simple, node.noise_steps, measure, size)
+        return found.plan
+
+
+class ScheduledPolicy(BatchPolicy):
+    """batch=scheduled: the global batch grows as `batch.schedule` says (Smith et al. 2018); a
+    batch above the micro-batch cap (`batch.micro_size`, or what the finder found with
+    `batch.find_micro_size`) is reached by accumulation. The LR follows the batch through
+    `scaling.lr_rule` (`batch.schedule.couple_lr`), ramped over `batch.schedule.ramp_steps`."""
+
+    name = "scheduled"
+
+    def schedule(self, start: int) -> BatchSchedule:
+        node = self.cfg.batch.schedule
+        return BatchSchedule(
+            start=start, world_size=self.world, kind=str(node.kind), unit=str(node.unit),
+            milestones=tuple(node.milestones), factor=node.factor, end=node.end, epochs=self.cfg.epochs,
+            points=tuple((p[0], p[1]) for p in node.points), round_to=node.round_to)
+
+    def check(self) -> BatchPlan:
+        """Every batch the schedule reaches must split over the ranks."""
+        cfg, node, world = self.cfg, self.cfg.batch.schedule, self.world
+        milestones = list(node.milestones)
+        if milestones != sorted(milestones):
+            raise ConfigError("batch.schedule.milestones", milestones, "must be non-negative and increasing")
+        if node.kind in (ScheduleKind.linear, ScheduleKind.exponential) and node.end is None:
+            raise ConfigError("batch.schedule.end", None, f"batch.schedule.kind={node.kind} needs the final batch")
+        if node.kind == ScheduleKind.list:
+            points = [list(p) for p in node.points]
+            if not points or any(len(p) != 2 for p in points) or points[0][0] != 0 or \
+                    [p[0] for p in points] != sorted(p[0] for p in points):
+                raise ConfigError("batch.schedule.points", points,
+                                  "must be [[0, batch], [epoch, batch], ...] in epoch order")
+            if points[0][1] != cfg.batch.size:
+                raise ConfigError("batch.schedule.points", points, f"must start at batch.size ([0, {cfg.batch.size}])")
+        try:
+            sizes = self.schedule(cfg.batch.size).sizes(cfg.epochs)
+        except PlanError as exc:
+            raise _plan_error(exc) from None
+        for size in sizes:
+            if size < world * MIN_MICRO or size % world:
+                key = "batch.schedule" if size != cfg.batch.size else "batch.size"
+                raise ConfigError(key, size, f"every scheduled batch must be a multiple of the world size {world} "
+                                             f"and at least {world * MIN_MICRO} ({MIN_MICRO} samples a rank); the "
+                                             f"schedule reaches {sizes}")
+        try:
+            return plan_for(cfg.batch.size, world, cfg.batch.micro_size)
+        except PlanError as exc:
+            raise _plan_error(exc) from None
+
+    def _start(self, probe: Probe, state: dict | None, n_train: int) -> int:
+        cfg = self.cfg
+        self.micro_cap = cfg.batch.micro_size
+        if cfg.batch.find_micro_size and state is None:  # the largest micro-batch that fits bounds them all
+            from bsexp.batch.finder.find import find_plan
+
+            largest = max(self.schedule(cfg.batch.size).sizes(cfg.epochs)) // self.world
+            if largest * self.world <= n_train:
+                self.found = find_plan(cfg, probe.world, probe.splits, probe.model.to(probe.world.device),
+                                       largest=largest)
+                cap = self.found.micro_size
+                self.micro_cap = cap if self.micro_cap is None else min(self.micro_cap, cap)
+        return cfg.batch.size
+
+    def lr_coupling(self) -> tuple[float, ...]:
+        node = self.cfg.batch.schedule
+        return tuple(scaling.lr_coupling(self.run_steps.sizes, self.cfg.scaling.ref_batch,
+                                         str(self.cfg.scaling.lr_rule), node.couple_lr, node.ramp_steps))
+
+
+POLICIES: dict[str, type[BatchPolicy]] = {
+    Policy.fixed.value: FixedPolicy, Policy.accumulation.value: AccumulationPolicy,
+    Policy.finder.value: FinderPolicy, Policy.scheduled.value: ScheduledPolicy,
+}
+
+
+def policy_for(cfg: DictConfig, world: int | None = None) -> BatchPolicy:
+    """The policy `batch.policy` names, for `world` ranks (default: what the config and the
+    environment say)."""
+    return POLICIES[str(cfg.batch.policy)](cfg, world_size(cfg) if world is None else world)

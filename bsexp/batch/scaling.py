@@ -1,0 +1,130 @@
+"""The large-batch rules as pure functions (no torch), each checkable against its paper.
+
+`optimizer.lr` and `optimizer.weight_decay` are the values tuned at `scaling.ref_batch`;
+`k = batch.size / ref_batch` converts them to the values used.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+RULES = ("linear", "sqrt", "none")
+
+
+def scale_factor(size: int, ref_batch: int) -> float:
+    """k = size / ref_batch (Goyal et al. 2017 write the global batch as k·n)."""
+    return size / ref_batch
+
+
+def rule_multiplier(rule: str, k: float) -> float:
+    """How much a value tuned at ref_batch grows when the batch grows by k."""
+    if rule == "linear":  # Goyal et al. 2017 §2.1: batch × k -> LR × k
+        return k
+    if rule == "sqrt":  # Hoffer et al. 2017 (SGD), Malladi et al. 2022 (Adam): × √k
+        return math.sqrt(k)
+    if rule == "none":
+        return 1.0
+    raise ValueError(f"unknown scaling rule {rule!r}; valid: {', '.join(RULES)}")
+
+
+def scaled_lr(base_lr: float, k: float, rule: str) -> float:
+    return base_lr * rule_multiplier(rule, k)
+
+
+def scaled_weight_decay(base_wd: float, k: float, rule: str) -> float:
+    """Weight decay at batch k × ref_batch.
+
+    `sqrt` (λ × √k, the default) is Loshchilov & Hutter's normalised weight decay (2019, "Decoupled
+    Weight Decay Regularization", App. B.1: λ = λ_norm·√(b/(B·T)) for batch b, B training samples,
+    T epochs), which keeps λ_norm fixed when only the batch changes. What it does to the decay
+    per epoch depends on the LR rule: SGD's update shrinks weights by η·λ a step, N/B steps an
+    epoch, so the per-epoch decay η·λ·N/B (the inverse of the timescale B/(η·λ·N)) is
+      - unchanged under the sqrt LR rule (η × √k, λ × √k, B × k);
+      - × √k under the linear LR rule (η × k, λ × √k, B × k): weights decay faster per epoch at
+        larger batches. `wd_rule=none` keeps it fixed under the linear LR rule (Goyal et al.'s
+        recipe leaves λ unchanged).
+    """
+    return base_wd * rule_multiplier(rule, k)
+
+
+@dataclass(frozen=True)
+class LRSchedule:
+    """Multiplier of the scaled LR at each optimizer step: warmup, then the main schedule.
+
+    All lengths are in optimizer steps. `start_factor` is the warmup's first multiplier
+    (Goyal et al. §2.2 ramp from the reference batch's LR: base LR / scaled LR).
+    """
+
+    total_steps: int
+    warmup_steps: int = 0
+    warmup_shape: str = "linear"  # linear | constant | none
+    start_factor: float = 1.0
+    main: str = "constant"  # cosine | step | constant
+    milestones: tuple[int, ...] = ()  # absolute steps at which `step` multiplies by `factor`
+    factor: float = 0.1
+    final_factor: float = 0.0  # cosine ends at final_factor × the peak
+
+    def __call__(self, step: int) -> float:
+        if self.warmup_shape != "none" and step < self.warmup_steps:
+            if self.warmup_shape == "constant":  # low LR, then a jump (Goyal's ablation)
+                return self.start_factor
+            return self.start_factor + (1.0 - self.start_factor) * step / self.warmup_steps
+        if self.main == "cosine":
+            begin = self.warmup_steps if self.warmup_shape != "none" else 0
+            span = max(1, self.total_steps - begin)
+            progress = min(1.0, (step - begin) / span)
+            cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
+            return self.final_factor + (1.0 - self.final_factor) * cosine
+        if self.main == "step":
+            return self.factor ** sum(step >= m for m in self.milestones)
+        return 1.0
+
+
+def warmup_start_factor(start_factor: float | None, k: float, rule: str) -> float:
+    """None means Goyal et al.'s choice (§2.2): begin at the LR the reference batch would use,
+    base LR / scaled LR = 1 / rule_multiplier(rule, k) (1/k under the linear rule, 1/√k under
+    sqrt, 1 under none), never above the target."""
+    if start_factor is None:
+        return min(1.0, 1.0 / rule_multiplier(rule, k))
+    return start_factor
+
+
+def lr_coupling(sizes: tuple[int, ...], ref_batch: int, rule: str, couple: bool, ramp_steps: int) -> list[float]:
+    """Per step, the LR multiplier that makes the LR follow the batch through the scaling rule,
+    relative to the first step's batch; a change is ramped over `ramp_steps` steps."""
+    if not sizes or not couple:
+        return [1.0] * len(sizes)
+    base = rule_multiplier(rule, sizes[0] / ref_batch)
+    target = [rule_multiplier(rule, s / ref_batch) / base for s in sizes]
+    factors, previous, changed_at = [], target[0], 0
+    for step, value in enumerate(target):
+        if step and sizes[step] != sizes[step - 1]:
+            previous, changed_at = factors[-1], step
+        if ramp_steps and step - changed_at < ramp_steps and value != previous:
+            value = previous + (value - previous) * (step - changed_at + 1) / ramp_steps
+        factors.append(value)
+    return factors
+
+
+@dataclass(frozen=True)
+class ScaledHparams:
+    k: float  # batch.size / scaling.ref_batch, at the first step
+    lr: float  # the target LR at the first step's batch, reached when warmup ends
+    lr_peak: float  # the highest LR applied within the run (below lr if warmup never ends)
+    weight_decay: float
+    warmup_steps: int
+    total_steps: int
+
+
+@dataclass(frozen=True)
+class LRFactors:
+    """The multiplier of the first step's LR at each step: warmup and main schedule, times the
+    coupling of the LR to a scheduled batch (1 when the batch is constant)."""
+
+    schedule: LRSchedule
+    coupling: tuple[float, ...] = ()
+
+    def __call__(self, step: int) -> float:
+        couple = self.coupling[min(step, len(self.coupling) - 1)] if self.coupling else 1.0
+        return self.schedule(step) * couple

@@ -1,0 +1,101 @@
+"""Which global batch each optimizer step uses. Pure, no torch.
+
+A `BatchSchedule` gives the global batch at every step of a run: constant (fixed, accumulation,
+finder), or growing at milestones, linearly, exponentially or from a list (Smith et al. 2018,
+"Don't decay the learning rate, increase the batch size"). `run_steps` lays the whole run out
+step by step, so the loaders, the LR and its coupling to the batch all agree on it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass
+
+from bsexp.batch.plan import PlanError, keep_final
+
+KINDS = ("constant", "step", "linear", "exponential", "list")
+
+
+@dataclass(frozen=True)
+class BatchSchedule:
+    start: int  # the global batch at step 0
+    world_size: int = 1
+    kind: str = "constant"
+    unit: str = "epochs"  # of `milestones` (step kind)
+    milestones: tuple[float, ...] = ()
+    factor: float = 1.0  # step kind: the batch is multiplied by this at each milestone
+    end: int | None = None  # linear/exponential: the batch of the last epoch
+    epochs: int = 1  # linear/exponential: over how many epochs
+    points: tuple[tuple[float, int], ...] = ()  # list kind: (epoch, batch) pairs
+    round_to: int = 1  # linear/exponential sizes: a multiple of round_to x world_size
+
+    def size_at(self, epoch: int, step: int) -> int:
+        """The global batch of the optimizer step `step` (counted over the run), in `epoch`."""
+        if self.kind == "step":
+            reached = sum((step if self.unit == "steps" else epoch) >= m for m in self.milestones)
+            return _exact(self.start * self.factor**reached)
+        if self.kind in ("linear", "exponential"):
+            t = min(1.0, epoch / (self.epochs - 1)) if self.epochs > 1 else 1.0
+            end = self.end if self.end is not None else self.start
+            size = (self.start + (end - self.start) * t if self.kind == "linear"
+                    else self.start * (end / self.start) ** t)
+            quantum = self.round_to * self.world_size
+            return max(quantum, quantum * round(size / quantum))
+        if self.kind == "list":
+            epochs = [p[0] for p in self.points]
+            return self.points[max(0, bisect.bisect_right(epochs, epoch) - 1)][1] if self.points else self.start
+        return self.start
+
+    def sizes(self, epochs: int) -> list[int]:
+        """Every global batch the schedule uses in `epochs` epochs (steps milestones included)."""
+        found = {self.size_at(e, 0) for e in range(epochs)}
+        if self.kind == "step" and self.unit == "steps":
+            found |= {self.size_at(0, math.ceil(m)) for m in self.milestones}
+        return sorted(found)
+
+    def run_steps(self, epochs: int, n: int, drop_last: bool, max_steps: int | None = None) -> "RunSteps":
+        """The global batch of every step of the run, and the step each epoch starts at."""
+        sizes: list[int] = []
+        epoch_starts: list[int] = []
+        for epoch in range(epochs):
+            epoch_starts.append(len(sizes))
+            start = 0
+            while start < n and (max_steps is None or len(sizes) < max_steps):
+                size = self.size_at(epoch, len(sizes))
+                taken = min(size, n - start)
+                if taken < size and not keep_final(taken, self.world_size, drop_last):
+                    break
+                sizes.append(size)
+                start += taken
+        return RunSteps(tuple(sizes), tuple(epoch_starts), n)
+
+
+@dataclass(frozen=True)
+class RunSteps:
+    sizes: tuple[int, ...]  # the scheduled global batch of each step
+    epoch_starts: tuple[int, ...]  # index of each epoch's first step
+    n: int  # training samples an epoch
+
+    @property
+    def total(self) -> int:
+        return len(self.sizes)
+
+    def steps_at(self, epochs: float) -> int:
+        """The step reached after `epochs` epochs (fractions within an epoch by its own steps)."""
+        whole = int(epochs)
+        if whole >= len(self.epoch_starts):
+            return self.total
+        return self.epoch_starts[whole] + round((epochs - whole) * len(self.epoch(whole)))
+
+    def epoch(self, epoch: int) -> tuple[int, ...]:
+        start = self.epoch_starts[epoch]
+        stop = self.epoch_starts[epoch + 1] if epoch + 1 < len(self.epoch_starts) else self.total
+        return self.sizes[start:stop]
+
+
+def _exact(size: float) -> int:
+    rounded = round(size)
+    if abs(size - rounded) > 1e-6 * max(1.0, size):
+        raise PlanError("batch.schedule.factor", size, "must make every scheduled batch a whole number")
+    return rounded

@@ -1,0 +1,109 @@
+"""The parts of a run, each built once from the config: data, model (with SyncBatchNorm and the
+DDP wrapper where the run is distributed, decided here and nowhere else), the training step's
+parts, and the metrics sinks. The training loop (bsexp.loop) and the batch finder's trials
+(bsexp.batch.finder) both build with these, so both train the same model the same way."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from bsexp.batch.scaling import LRFactors, ScaledHparams
+from bsexp.config.checks import call_target
+from bsexp.config.schema import LoggerKind, NoiseMode
+from bsexp.data import Splits
+from bsexp.distributed import GradSync, World, sum_gradients_hook
+from bsexp.errors import ConfigError
+from bsexp.metrics import JsonlSink, Sinks, WandbSink
+from bsexp.noise import NoiseMeter, NoiseScale
+from bsexp.optim import build_optimizer, build_scheduler
+from bsexp.runtime import autocast, grad_scaler
+from bsexp.step import Step
+from bsexp.syncbn import convert_sync_batchnorm
+
+log = logging.getLogger(__name__)
+
+# The name of DDP's switch changed in torch 2.15 (buffers still synchronised once, at wrapping).
+_NO_FORWARD_BUFFER_SYNC = ({"forward_sync_buffers": False}
+                           if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+                           else {"broadcast_buffers": False})
+
+
+def build_data(cfg: DictConfig) -> Splits:
+    splits = call_target("data", cfg.data)
+    if not isinstance(splits, Splits):
+        raise ConfigError("data._target_", cfg.data._target_, f"must return bsexp.data.Splits, got {type(splits).__name__}")
+    return splits
+
+
+def build_model(cfg: DictConfig, splits: Splits) -> nn.Module:
+    model = call_target("model", cfg.model, input_shape=splits.input_shape, num_classes=splits.num_classes)
+    if not isinstance(model, nn.Module):
+        raise ConfigError("model._target_", cfg.model._target_, f"must return a torch.nn.Module, got {type(model).__name__}")
+    return model
+
+
+def sync_batchnorm(cfg: DictConfig, distributed: bool) -> bool:
+    """BatchNorm over the ranks: by default whenever there are several (per-rank statistics, Goyal
+    et al.'s recipe, only when asked for with distributed.sync_batchnorm=false)."""
+    return distributed and cfg.distributed.sync_batchnorm is not False
+
+
+def wrap_model(cfg: DictConfig, model: nn.Module, device: torch.device, distributed: bool,
+               process_group: Any = None) -> tuple[nn.Module, GradSync | None]:
+    """The model as it trains: on the device; when distributed, with synchronised BatchNorm (as
+    configured) inside DDP, whose gradients are summed (not averaged) by bsexp's communication
+    hook. `process_group`: a group of its own (the finder's trials); None: the default one."""
+    if not distributed:
+        return model.to(device), None
+    if sync_batchnorm(cfg, True):
+        model = (nn.SyncBatchNorm.convert_sync_batchnorm(model, process_group) if device.type == "cuda"
+                 else convert_sync_batchnorm(model, device))
+    # Buffers are not broadcast at every forward (ranks may do different numbers of forwards in an
+    # epoch's last step); evaluation takes rank 0's (World.sync_buffers).
+    ddp = DistributedDataParallel(model.to(device), device_ids=[device.index] if device.type == "cuda" else None,
+                                  process_group=process_group, **_NO_FORWARD_BUFFER_SYNC)
+    grad_sync = GradSync(measure=cfg.trainer.noise_scale != NoiseMode.off)
+    ddp.register_comm_hook(grad_sync, sum_gradients_hook)
+    return ddp, grad_sync
+
+
+def make_step(cfg: DictConfig, model: nn.Module, world: World, distributed: bool, hp: ScaledHparams,
+              factors: LRFactors | None, grad_sync: GradSync | None, on_oom=None) -> Step:
+    """The training step's parts for a wrapped model. `distributed`: whether the run has several
+    ranks (a trial of a DDP run has a world of one, and still reduces as training does)."""
+    precision = str(cfg.precision)
+    optimizer = build_optimizer(cfg, model, hp)
+    noise_mode = str(cfg.trainer.noise_scale)
+    noise = None if noise_mode == "off" else NoiseMeter(NoiseScale(decay=cfg.trainer.noise_decay),
+                                                        side_half=noise_mode == "always", grad_sync=grad_sync)
+    reduce = "none" if not distributed else ("flat" if cfg.trainer.oom_recovery else "hook")
+    return Step(model=model, optimizer=optimizer, scaler=grad_scaler(world.device, precision),
+                autocast=autocast(world.device, precision), world=world, reduce=reduce,
+                scheduler=build_scheduler(optimizer, factors) if factors is not None else None,
+                clip_grad_norm=cfg.trainer.clip_grad_norm, grad_sync=grad_sync, noise=noise, on_oom=on_oom)
+
+
+def build_sinks(cfg: DictConfig, run_dir: Path, hparams: dict[str, Any], keep_records: int | None = None,
+                wandb_id: str | None = None) -> Sinks:
+    """metrics.jsonl (continued after its first `keep_records` lines when resuming) and W&B
+    (continuing run `wandb_id` when resuming)."""
+    try:
+        sinks: list = [JsonlSink(run_dir / "metrics.jsonl", keep=keep_records)]
+    except FileExistsError:
+        raise ConfigError("hydra.run.dir", str(run_dir), "already holds metrics.jsonl; choose a new directory") from None
+    if cfg.logger.kind == LoggerKind.wandb:
+        config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+        config["derived"] = hparams
+        try:
+            sinks.append(WandbSink(cfg.logger.wandb, run_dir, config, run_id=wandb_id))
+        except Exception as exc:  # W&B is a view of the run, never a reason to lose it
+            log.warning("W&B could not start (%s); logging locally to %s only", exc, run_dir)
+    return Sinks(*sinks)

@@ -1,0 +1,133 @@
+"""The checks a config passes before anything is built or written: one validator over every
+bound the schemas declare beside their fields, the few rules that relate keys, and the
+`_target_` callables a config names. Torch-free, so a wrong config is refused in a second.
+
+The batch policy's own rules (a batch that divides over the ranks, a schedule that stays whole)
+are the policy's (`bsexp.batch.policy`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import pydoc
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from bsexp.config import schema
+from bsexp.errors import ConfigError
+
+
+def check(cfg: DictConfig) -> None:
+    """Every check that needs neither data nor torch; raises ConfigError on the first problem."""
+    _check_known_keys(cfg)
+    for key in ("lr", "weight_decay", "decay_norm_and_bias"):
+        if key not in cfg.optimizer:
+            raise ConfigError(f"optimizer.{key}", None, "must be set (an optimizer config of your own can "
+                              "start with `defaults: [/schema_optimizer@_here_]`)")
+    _check_bounds(cfg)
+    if "betas" in cfg.optimizer and len(cfg.optimizer.betas) != 2:
+        raise ConfigError("optimizer.betas", list(cfg.optimizer.betas), "must be two values in [0, 1), e.g. [0.9,0.999]")
+    _check_increasing("schedule.milestones", list(cfg.schedule.milestones))
+    if cfg.schedule.main == schema.MainSchedule.step and not cfg.schedule.milestones:
+        raise ConfigError("schedule.milestones", [], "schedule.main=step needs at least one milestone")
+    if cfg.device == schema.Device.cuda:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("device", "cuda", "CUDA is not available here; valid: auto, cpu")
+    for group in ("data", "model", "optimizer"):
+        locate(group, cfg[group].get("_target_"))
+
+
+def _check_bounds(node: DictConfig, prefix: str = "") -> None:
+    """Every field of a bsexp schema that carries a bound, wherever the node stands (a user's own
+    model or dataset node, of no bsexp schema, is left to its own callable)."""
+    cls = OmegaConf.get_type(node)
+    fields = {f.name: f for f in dataclasses.fields(cls)} if _is_schema(cls) else {}
+    for key in node:
+        child = node._get_node(key)
+        full = f"{prefix}{key}"
+        if isinstance(child, DictConfig):
+            _check_bounds(child, f"{full}.")
+            continue
+        spec = fields.get(str(key))
+        bound = spec.metadata.get("bound") if spec is not None else None
+        if bound is None or child._is_missing() or node[key] is None:
+            continue
+        value = node[key]
+        if isinstance(value, ListConfig):
+            _check_list(full, list(value), bound)
+        elif not bound.holds(value):
+            finite = "a finite number " if isinstance(value, float) else ""
+            why = spec.metadata.get("why")
+            raise ConfigError(full, value, f"must be {finite}{bound.text}" + (f" {why}" if why else ""))
+
+
+def _check_list(key: str, values: list, bound: schema.Bound) -> None:
+    if (bound.nonempty and not values) or not all(isinstance(v, (int, float)) and bound.holds(v) for v in values):
+        noun = "sizes" if bound.low is not None and bound.low >= 1 else "values"
+        raise ConfigError(key, values, f"must be a {'non-empty ' if bound.nonempty else ''}list of {noun} {bound.text}")
+
+
+def _check_increasing(key: str, values: list) -> None:
+    if values != sorted(values):
+        raise ConfigError(key, values, "must be non-negative and increasing")
+
+
+def _is_schema(cls: Any) -> bool:
+    return dataclasses.is_dataclass(cls) and cls.__module__ == schema.__name__
+
+
+def _check_known_keys(cfg: DictConfig, prefix: str = "") -> None:
+    """Hydra's `+key=value` adds keys past the schema; refuse any a schema does not define."""
+    for key in cfg:
+        if prefix == "" and key == "hydra":
+            continue
+        node = cfg._get_node(key)
+        cls = OmegaConf.get_type(cfg)
+        if dataclasses.is_dataclass(cls) and key not in {f.name for f in dataclasses.fields(cls)}:
+            full = f"{prefix}{key}"
+            valid = ", ".join(f.name for f in dataclasses.fields(cls))
+            raise ConfigError(full, cfg[key], f"not a key of {prefix.rstrip('.') or 'the config'}; valid: {valid}")
+        if isinstance(node, DictConfig) and dataclasses.is_dataclass(OmegaConf.get_type(node)):
+            _check_known_keys(node, f"{prefix}{key}.")
+
+
+def locate(group: str, target: Any) -> Any:
+    """The callable a `_target_` names, or a ConfigError naming `<group>._target_`."""
+    if not isinstance(target, str) or not target:
+        raise ConfigError(f"{group}._target_", target, "must name an importable callable")
+    try:
+        obj = pydoc.locate(target)
+    except pydoc.ErrorDuringImport as exc:
+        raise ConfigError(f"{group}._target_", target, f"failed to import ({exc.value})") from None
+    if obj is None:
+        raise ConfigError(f"{group}._target_", target, "cannot be imported: no module or attribute of that name")
+    if not callable(obj):
+        raise ConfigError(f"{group}._target_", target, "is not callable")
+    return obj
+
+
+def call_target(group: str, node: DictConfig, *args: Any, exclude: tuple[str, ...] = (), **given: Any) -> Any:
+    """Call `node._target_` with the node's keys (less `exclude`) plus `given`, naming any key it
+    rejects. Enum values arrive as plain strings, as a user's callable expects."""
+    kwargs = OmegaConf.to_container(node, resolve=True, enum_to_str=True)
+    target = kwargs.pop("_target_")
+    for key in exclude:
+        kwargs.pop(key, None)
+    fn = locate(group, target)
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # builtins may have no signature: let the call decide
+        params = {}
+    if params and not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        for key, value in kwargs.items():
+            if key not in params:
+                valid = ", ".join(p for p in list(params)[len(args):] if p not in given)
+                raise ConfigError(f"{group}.{key}", value, f"not an option of {target}; valid: {valid}")
+    try:
+        return fn(*args, **kwargs, **given)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        reason = " ".join(str(exc).split())
+        raise ConfigError(f"{group}._target_", target, f"rejected the options in {group}.* ({reason})") from None

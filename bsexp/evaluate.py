@@ -1,0 +1,93 @@
+"""Evaluation: loss and accuracy over a split, and the `Evaluator` the loop calls after every step,
+which decides its own interval and writes one metrics record when it is due."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from bsexp.data import Split, eval_batches, shard
+from bsexp.distributed import World
+
+log = logging.getLogger(__name__)
+
+
+@torch.no_grad()
+def evaluate(net: torch.nn.Module, split: Split, world: World, autocast, batch_size: int,
+             num_workers: int = 0) -> tuple[float, float]:
+    """Mean loss and accuracy over a whole split, in eval mode; each rank evaluates its shard
+    and the sums are all-reduced, so every sample counts once, whatever the world size."""
+    was_training = net.training
+    net.eval()
+    world.sync_buffers(net)  # rank 0's BatchNorm statistics on every rank
+    sums = torch.zeros(3, device=world.device, dtype=torch.float64)  # loss, correct, count
+    for x, y in eval_batches(shard(split, world.rank, world.size), batch_size, world.device, num_workers):
+        with autocast():
+            logits = net(x)
+        sums[0] += F.cross_entropy(logits.float(), y, reduction="sum")
+        sums[1] += (logits.argmax(dim=1) == y).sum()
+        sums[2] += len(y)
+    net.train(was_training)
+    loss, correct, count = world.all_reduce(sums).tolist()
+    return loss / count, correct / count
+
+
+class Evaluator:
+    """Every `every_steps` steps (0: at each epoch's end), and at the run's last step: validation
+    and train accuracy (both in eval mode, on equal-sized samples), the running training loss,
+    the LR and batch plan of the last step, and the noise scale — one record, to the sinks."""
+
+    def __init__(self, every_steps: int, batch_size: int, sinks) -> None:
+        self.every_steps, self.batch_size, self.sinks = every_steps, batch_size, sinks
+
+    def due(self, step: int, at_epoch_end: bool, total: int) -> bool:
+        if step >= total:
+            return True
+        if self.every_steps:
+            return step % self.every_steps == 0
+        return at_epoch_end
+
+    def split(self, loop, split: Split) -> tuple[float, float]:
+        step = loop.step
+        return evaluate(step.net, split, step.world, step.autocast, self.batch_size, loop.splits.num_workers)
+
+    def record(self, loop, state, epoch: float) -> dict[str, Any]:
+        """One metrics record; train accuracy is measured like val's (eval mode, equal size)."""
+        train_loss, train_batch_acc = state.take_running(loop.step.world)
+        train_eval_loss, train_acc = self.split(loop, loop.splits.train_eval)
+        val_loss, val_acc = self.split(loop, loop.splits.val)
+        state.best_val_acc = max(state.best_val_acc, val_acc)
+        plan, noise = loop.policy.current, loop.step.noise
+        return {
+            "epoch": round(epoch, 4),
+            "step": state.step,
+            "samples_seen": state.samples_seen,
+            "train_loss": train_loss,
+            "train_batch_acc": train_batch_acc,
+            "train_eval_loss": train_eval_loss,
+            "train_acc": train_acc,
+            "val_loss": val_loss,
+            "val_acc": val_acc,
+            "gen_gap": train_acc - val_acc,
+            "lr": state.lr,  # with the batch and plan below: what the last step used
+            "batch_size": plan.size,
+            "micro_size": plan.micro_size,
+            "accum_steps": plan.accum_steps,
+            "norm_batch": loop.norm_batch,
+            "oom_recoveries": loop.policy.oom_recoveries,
+            "samples_per_s": state.samples_seen / max(state.train_time_s, 1e-9),
+            **(noise.scale.record() if noise is not None else {}),
+        }
+
+    def log(self, loop, state, epoch: float) -> None:
+        record = self.record(loop, state, epoch)
+        state.records.append(record)
+        self.sinks.log(record)
+        log.info(
+            f"epoch {record['epoch']:g} step {record['step']}: train_loss {record['train_loss']:.4f} "
+            f"train_acc {record['train_acc']:.4f} val_loss {record['val_loss']:.4f} "
+            f"val_acc {record['val_acc']:.4f} lr {record['lr']:.4g}"
+        )

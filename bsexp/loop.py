@@ -1,0 +1,271 @@
+"""The training loop: `build_loop` puts a run's parts together once; `train` reads top to bottom,
+one `train_step` per optimizer step, the batch policy saying which plan each step uses.
+
+Evaluation and checkpointing are components called after every step that decide their own
+interval (as torchtitan's checkpointer does); the watch looks at the losses (divergence) and at
+stop signals, every step on a CPU and every 16 on a GPU so as not to stall it. Everything the
+loop counts is in `TrainState`, which stays valid if a step raises; everything else is built
+once and not replaced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, open_dict
+from tqdm import tqdm
+
+from bsexp.batch.policy import BatchPolicy, Probe, policy_for
+from bsexp.batch.scaling import ScaledHparams
+from bsexp.build import build_data, build_model, make_step, sync_batchnorm, wrap_model
+from bsexp.checkpoint import Checkpointer
+from bsexp.config import schema
+from bsexp.config.checks import check
+from bsexp.data import Splits, train_batches
+from bsexp.distributed import World
+from bsexp.evaluate import Evaluator
+from bsexp.metrics import Sinks
+from bsexp.runtime import preserved_rng, resolve_device, seed_everything
+from bsexp.step import Step, train_step
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainState:
+    """Counters of the run so far, and the running sums since the last evaluation."""
+
+    step: int = 0
+    samples_seen: int = 0
+    loss_sum: torch.Tensor | float = 0.0  # summed per-sample training loss
+    correct: torch.Tensor | float = 0.0
+    running_samples: int = 0  # this rank's, since the last evaluation
+    train_time_s: float = 0.0
+    best_val_acc: float = 0.0
+    lr: float = 0.0  # the LR of the last step taken
+    epoch: int = 0  # where the run is: the epoch, and the steps of it done (for a resumed run)
+    in_epoch: int = 0
+    last_finite_loss: float | None = None  # the mean training loss of the last step before a divergence
+    diverged_at_step: int | None = None
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, loss_sum: torch.Tensor, correct: torch.Tensor, samples: int) -> None:
+        if self.running_samples:
+            self.loss_sum += loss_sum  # in place: no new tensor per step
+            self.correct += correct
+        else:
+            self.loss_sum, self.correct = loss_sum.clone(), correct.clone()
+        self.running_samples += samples
+
+    def take_running(self, world: World) -> tuple[float, float]:
+        """Mean training loss and accuracy over every micro-batch of every rank since the last call."""
+        sums = world.all_reduce(torch.tensor([float(self.loss_sum), float(self.correct), self.running_samples],
+                                             dtype=torch.float64, device=world.device))
+        n = max(sums[2].item(), 1)
+        self.loss_sum, self.correct, self.running_samples = 0.0, 0.0, 0
+        return sums[0].item() / n, sums[1].item() / n
+
+
+class Watch:
+    """Looks at the losses of the steps since its last look (one wait for the device) and at stop
+    signals, agreeing over the ranks: a non-finite loss on any rank, a signal on any rank."""
+
+    def __init__(self, every: int) -> None:
+        self.every = every
+        self.pending: list[tuple[torch.Tensor, int]] = []
+        self.stop_signal = 0  # set by a SIGTERM/SIGUSR1/SIGINT handler (bsexp.run)
+
+    def add(self, loss_sum: torch.Tensor, samples: int) -> None:
+        self.pending.append((loss_sum, samples))
+
+    @property
+    def ready(self) -> bool:
+        return len(self.pending) >= self.every
+
+    def look(self, world: World, state: TrainState) -> tuple[bool, bool]:
+        """(diverged, stop). Sets the step of the first non-finite loss and the last finite mean
+        loss before it."""
+        losses = torch.stack([loss for loss, _ in self.pending]).double().tolist()
+        means = [loss / max(n, 1) for loss, (_, n) in zip(losses, self.pending)]
+        first_bad = next((i for i, v in enumerate(losses) if not math.isfinite(v)), len(losses))
+        diverged, stop = first_bad < len(losses), bool(self.stop_signal)
+        if world.distributed:
+            flags = world.all_reduce(torch.tensor([float(diverged), float(stop), -float(first_bad)],
+                                                  dtype=torch.float64, device=world.device), op="max")
+            diverged, stop, first_bad = bool(flags[0]), bool(flags[1]), int(-flags[2].item())
+        finite = means[:first_bad]
+        if finite:
+            state.last_finite_loss = finite[-1]
+        if diverged:
+            state.diverged_at_step = state.step - len(self.pending) + first_bad + 1
+        self.pending.clear()
+        return diverged, stop
+
+
+@dataclass(frozen=True)
+class Loop:
+    """A run's parts, built once by `build_loop`."""
+
+    step: Step
+    policy: BatchPolicy
+    splits: Splits
+    batches: Any  # TensorBatches or LoaderBatches
+    hp: ScaledHparams
+    epochs: int
+    drop_last: bool
+    evaluator: Evaluator
+    watch: Watch
+    sinks: Sinks  # filled by the job (bsexp.run) on rank 0; empty elsewhere
+    sync_batchnorm: bool = False
+    checkpointer: Checkpointer | None = None
+    show_progress: bool = True
+
+    @property
+    def world(self) -> World:
+        return self.step.world
+
+    @property
+    def norm_batch(self) -> int:
+        """Samples a BatchNorm layer normalises over in one forward: the micro-batch, over all
+        ranks with SyncBatchNorm."""
+        plan = self.policy.current
+        return plan.micro_size * (plan.world_size if self.sync_batchnorm else 1)
+
+
+def build_loop(cfg: DictConfig, world: World | None = None, run_dir: Path | None = None,
+               resumed: dict | None = None) -> Loop:
+    """Check the config, seed, build data and model, let the batch policy resolve the run (the
+    finder measures here, leaving every random generator as it was), then the step's parts.
+    Every rank builds the same model from the same seed. `run_dir`: checkpoints go there.
+    `resumed`: a checkpoint's state, whose batch policy is taken instead of resolved afresh."""
+    check(cfg)
+    world = world or World(device=resolve_device(str(cfg.device)))
+    policy = policy_for(cfg, world.size)
+    policy.check()
+    if cfg.trainer.threads:
+        torch.set_num_threads(cfg.trainer.threads)
+    seed_everything(cfg.seed, cfg.trainer.deterministic)
+    splits = build_data(cfg).to(world.device)
+    policy.check_data(len(splits.train), splits.name)
+    model = build_model(cfg, splits)
+    measure = lambda batch, steps: _measure_noise(cfg, world, len(splits.train), batch, steps)  # noqa: E731
+    policy.resolve(Probe(splits, model, world, measure), None if resumed is None else resumed["policy"])
+    model, grad_sync = wrap_model(cfg, model, world.device, world.distributed)
+    hp, factors = policy.hparams()
+    step = make_step(cfg, model, world, world.distributed, hp, factors, grad_sync,
+                     on_oom=policy.after_oom if cfg.trainer.oom_recovery else None)
+    sinks = Sinks()
+    node = cfg.checkpoint
+    return Loop(
+        step=step, policy=policy, splits=splits, batches=train_batches(splits, cfg.seed, world.device), hp=hp,
+        epochs=cfg.epochs, drop_last=cfg.batch.drop_last,
+        evaluator=Evaluator(cfg.trainer.eval_every_steps, cfg.trainer.eval_batch_size, sinks),
+        watch=Watch(every=1 if world.device.type == "cpu" else 16), sinks=sinks,
+        sync_batchnorm=sync_batchnorm(cfg, world.distributed),
+        checkpointer=None if run_dir is None else Checkpointer(run_dir, node.every_steps, node.every_epoch, node.keep,
+                                                               cfg),
+        show_progress=cfg.trainer.progress)
+
+
+def _measure_noise(cfg: DictConfig, world: World, n_train: int, batch: int, steps: int) -> float | None:
+    """B_simple from a copy of the run trained `steps` steps at `batch` with the noise measured
+    on every step (trainer.noise_scale=always); every random generator is left as it was."""
+    probe = copy.deepcopy(cfg)
+    with open_dict(probe):
+        probe.batch = {"policy": "fixed", "size": batch, "drop_last": cfg.batch.drop_last}
+        probe.trainer.max_steps, probe.trainer.noise_scale = steps, schema.NoiseMode.always
+        probe.trainer.progress, probe.trainer.eval_every_steps = False, 0
+        probe.epochs = max(cfg.epochs, math.ceil(steps * batch / n_train))
+    with preserved_rng():
+        loop = build_loop(probe, world)
+        train(loop, TrainState())
+    return loop.step.noise.scale.summary()["noise_b_simple"]
+
+
+def train(loop: Loop, state: TrainState) -> str:
+    """Train for the run's steps from where `state` stands (a resumed run continues mid-epoch);
+    returns the status: completed, diverged (a non-finite loss) or preempted (a signal: a
+    checkpoint is saved first)."""
+    world, run, policy = loop.world, loop.policy.run_steps, loop.policy
+    loop.step.model.train()
+    for epoch in range(state.epoch, loop.epochs):
+        sizes = run.epoch(epoch)
+        if not sizes:
+            break
+        skip = state.in_epoch if epoch == state.epoch else 0
+        bar = tqdm(total=len(sizes), initial=skip, desc=f"epoch {epoch + 1}/{loop.epochs}", unit="step", leave=False,
+                   dynamic_ncols=True, disable=None if loop.show_progress and world.is_main else True)
+        clock = _Clock(state)
+        batches = loop.batches.steps(epoch, sizes, world.rank, world.size, loop.drop_last, skip=skip)
+        for in_epoch, (x, y, samples) in enumerate(batches, start=skip + 1):
+            state.lr = loop.step.optimizer.param_groups[0]["lr"]
+            loss_sum, correct, _ = train_step(loop.step, x, y, samples, policy.plan(state.step))
+            state.add(loss_sum, correct, len(y))
+            state.step, state.samples_seen = state.step + 1, state.samples_seen + samples
+            at_epoch_end = in_epoch == len(sizes)
+            state.epoch, state.in_epoch = (epoch + 1, 0) if at_epoch_end else (epoch, in_epoch)
+            bar.update()
+            loop.watch.add(loss_sum, len(y))
+            eval_due = loop.evaluator.due(state.step, at_epoch_end, run.total)
+            save_due = loop.checkpointer is not None and loop.checkpointer.due(state.step, at_epoch_end, run.total)
+            diverged = stop = False
+            if eval_due or save_due or loop.watch.ready:
+                diverged, stop = loop.watch.look(world, state)
+            if diverged:  # no evaluation, no checkpoint: the last good one stays as it was
+                clock.stop()
+                bar.close()
+                log.error("the training loss is not finite at step %d (last finite: %s): stopping, status diverged",
+                          state.diverged_at_step, state.last_finite_loss)
+                return "diverged"
+            if not bar.disable and (state.step % 10 == 0 or bar.n == bar.total):
+                _show_postfix(bar, state, clock.seconds())
+            if eval_due:
+                with clock.paused():
+                    loop.evaluator.log(loop, state, epoch + in_epoch / len(sizes))
+            if loop.checkpointer is not None and (stop or save_due):
+                with clock.paused():
+                    loop.checkpointer.save(loop, state)
+            if stop:
+                clock.stop()
+                bar.close()
+                log.warning("signal %d: checkpoint saved at step %d; stopping, status preempted",
+                            loop.watch.stop_signal, state.step)
+                return "preempted"
+        clock.stop()
+        bar.close()
+    return "completed"
+
+
+class _Clock:
+    """Training time into `state.train_time_s`, paused while evaluating or saving."""
+
+    def __init__(self, state: TrainState) -> None:
+        self.state, self.started = state, time.perf_counter()
+
+    def seconds(self) -> float:
+        return self.state.train_time_s + time.perf_counter() - self.started
+
+    def stop(self) -> None:
+        self.state.train_time_s += time.perf_counter() - self.started
+        self.started = time.perf_counter()
+
+    @contextlib.contextmanager
+    def paused(self):
+        self.stop()
+        yield
+        self.started = time.perf_counter()
+
+
+def _show_postfix(bar: tqdm, state: TrainState, train_seconds: float) -> None:
+    n = max(state.running_samples, 1)
+    bar.set_postfix(loss=f"{float(state.loss_sum) / n:.4f}", acc=f"{float(state.correct) / n:.3f}",
+                    lr=f"{state.lr:.3g}", samples_s=f"{state.samples_seen / max(train_seconds, 1e-9):.0f}",
+                    refresh=False)

@@ -1,0 +1,126 @@
+"""The training step: the one place in bsexp where a model learns from a batch. The loop calls it
+once per optimizer step; the batch finder's trials call it too, so what a trial measures is what
+training allocates.
+
+Every loss is summed per sample and divided by the samples of the whole optimizer step (all
+micro-steps; all ranks once there are several), so accumulation is exact even when the last
+step of an epoch is smaller. Two small hooks ride on it: the noise meter (bsexp.noise) and the
+out-of-memory guard, which retries the same data in micro-batches half as large (every rank
+agreeing under DDP), through the batch policy (`Step.on_oom`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from bsexp.batch.plan import BatchPlan, micro_sizes
+from bsexp.distributed import GradSync, World
+from bsexp.memory import is_oom, release
+from bsexp.noise import NoiseMeter
+
+# How gradients meet over the ranks: not at all (one process); in the last micro-step's backward
+# through DDP's communication hook; or, so that ranks can agree on an out-of-memory error first,
+# once per step in one flat all-reduce after every micro-step ran under no_sync.
+REDUCE = ("none", "hook", "flat")
+
+
+@dataclass(frozen=True)
+class Step:
+    """What a training step works with. Built once (bsexp.build.make_step)."""
+
+    model: nn.Module  # as trained: DDP-wrapped when the run is distributed
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    autocast: Callable[[], Any]
+    world: World
+    reduce: str = "none"
+    scheduler: Any = None  # stepped after every optimizer step
+    clip_grad_norm: float | None = None
+    grad_sync: GradSync | None = None  # the DDP communication hook's state
+    noise: NoiseMeter | None = None
+    on_oom: Callable[[BatchPlan], BatchPlan] | None = None  # the plan to retry with; None: an OOM propagates
+
+    @property
+    def net(self) -> nn.Module:
+        """The model itself, without its DDP wrapper."""
+        return self.model.module if isinstance(self.model, DistributedDataParallel) else self.model
+
+    @property
+    def device(self) -> torch.device:
+        return self.world.device
+
+
+def train_step(step: Step, x: torch.Tensor, y: torch.Tensor, step_samples: int, plan: BatchPlan):
+    """One optimizer step on this rank's share (x, y) of a step of `step_samples` samples, in
+    micro-batches of `plan`. Returns the summed loss and correct count of this rank's samples
+    (detached) and the plan the step ended with (smaller after an out-of-memory error)."""
+    if step.noise is not None:
+        step.noise.begin(step, x, y, len(micro_sizes(len(y), step_samples, plan)))
+    while True:
+        outcome = _forward_backward(step, x, y, step_samples, plan)
+        failed = outcome is None
+        if step.reduce == "flat" and step.world.distributed:  # every rank learns of an OOM anywhere
+            failed = bool(step.world.all_reduce(torch.tensor([float(failed)], device=step.device), op="max"))
+        if not failed:
+            break
+        plan = _shrink(step, plan)
+    if step.reduce == "flat":  # gradients were kept local (no_sync) until every rank had passed
+        step.world.all_reduce_gradients(step.model.parameters(), step.grad_sync)
+    if step.noise is not None:
+        step.noise.end(step, len(y), step_samples)
+    if step.clip_grad_norm is not None:
+        step.scaler.unscale_(step.optimizer)  # clip the true gradient of the whole step
+        nn.utils.clip_grad_norm_(step.model.parameters(), step.clip_grad_norm)
+    step.scaler.step(step.optimizer)
+    step.scaler.update()
+    if step.scheduler is not None:
+        step.scheduler.step()
+    return outcome[0], outcome[1], plan
+
+
+def _forward_backward(step: Step, x: torch.Tensor, y: torch.Tensor, step_samples: int, plan: BatchPlan):
+    """Forward and backward over the micro-batches; None after an OOM (when the guard is on)."""
+    model = step.model
+    step.optimizer.zero_grad(set_to_none=True)
+    sizes = micro_sizes(len(y), step_samples, plan)
+    step_loss = correct = 0
+    try:
+        for i, (xm, ym) in enumerate(zip(x.split(sizes), y.split(sizes))):
+            sync = step.reduce == "none" or (step.reduce == "hook" and i == len(sizes) - 1)
+            with contextlib.nullcontext() if sync else model.no_sync():
+                with step.autocast():
+                    logits = model(xm)
+                    # This micro-batch's share of the mean loss over the step's samples (all
+                    # micro-steps, all ranks); when it is the whole step, that is the plain mean.
+                    if len(ym) == step_samples:
+                        loss = F.cross_entropy(logits, ym)
+                    else:
+                        loss = F.cross_entropy(logits, ym, reduction="sum") / step_samples
+                step.scaler.scale(loss).backward()
+            if step.noise is not None:
+                step.noise.after_micro(step, i, len(sizes), len(ym), step_samples)
+            step_loss = step_loss + loss.detach()
+            correct = correct + (logits.detach().argmax(dim=1) == ym).sum()
+    except Exception as exc:
+        if step.on_oom is None or not is_oom(exc):
+            raise
+        return None
+    return step_loss * step_samples, correct
+
+
+def _shrink(step: Step, plan: BatchPlan) -> BatchPlan:
+    """Abandon the step (gradients, partial outputs) and ask for a smaller micro-batch. A
+    GradScaler keeps no state of a step before unscale_/step, so there is nothing of it to undo."""
+    step.optimizer.zero_grad(set_to_none=True)
+    release(step.device)
+    if plan.micro_size == 1:
+        raise torch.OutOfMemoryError(f"even a micro-batch of 1 sample per rank does not fit (global batch "
+                                     f"{plan.size}): nothing left to halve")
+    return step.on_oom(plan)

@@ -1,0 +1,127 @@
+"""What a run tells about itself: the values it derived (logged at the start, and in W&B's
+config), `summary.json` at the end, and the table printed for a person."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+
+from bsexp.distributed import World
+from bsexp.noise import NoiseScale
+from bsexp.runtime import peak_memory_mb, provenance
+
+log = logging.getLogger(__name__)
+
+
+def hyperparameters(cfg: DictConfig, loop) -> dict[str, Any]:
+    """What the batch policy and the scaling rules made of the config: logged, and in summary.json
+    (the plan the run starts with; `final_*` in the summary say where it ended)."""
+    plan, hp = loop.policy.current, loop.hp
+    return {
+        "batch_size": plan.size, "micro_size": plan.micro_size, "accum_steps": plan.accum_steps,
+        "world_size": plan.world_size, "ref_batch": cfg.scaling.ref_batch, "k": hp.k,
+        "lr_rule": str(cfg.scaling.lr_rule), "wd_rule": str(cfg.scaling.wd_rule),
+        "base_lr": cfg.optimizer.lr, "base_weight_decay": cfg.optimizer.weight_decay,
+        "lr": hp.lr, "lr_peak": hp.lr_peak, "weight_decay": hp.weight_decay,
+        "warmup_steps": hp.warmup_steps, "total_steps": hp.total_steps,
+    }
+
+
+def announce(cfg: DictConfig, loop, hparams: dict[str, Any]) -> None:
+    """The run's set-up, logged before it trains."""
+    splits, h = loop.splits, hparams
+    params = sum(p.numel() for p in loop.step.net.parameters())
+    log.info("data %s: %d train / %d val / %s test, input %s, %d classes", splits.name, len(splits.train),
+             len(splits.val), len(splits.test) if splits.test is not None else "no", splits.input_shape,
+             splits.num_classes)
+    log.info("model %s: %s parameters, on %s, %s", cfg.model._target_, f"{params:,}", loop.world.device, cfg.precision)
+    log.info("batch %d = micro %d x accum %d x world %d; k = %d/%d = %g", h["batch_size"], h["micro_size"],
+             h["accum_steps"], h["world_size"], h["batch_size"], h["ref_batch"], h["k"])
+    log.info("lr %.4g (%s rule from %g), weight decay %.4g (%s rule from %g), warmup %d of %d steps",
+             h["lr"], h["lr_rule"], h["base_lr"], h["weight_decay"], h["wd_rule"], h["base_weight_decay"],
+             h["warmup_steps"], h["total_steps"])
+    if h["lr_peak"] < h["lr"] * (1 - 1e-9):
+        log.warning("schedule.warmup: the warmup (%d steps) does not end within the run (%d steps): the LR "
+                    "peaks at %.4g, below the target %.4g", h["warmup_steps"], h["total_steps"], h["lr_peak"], h["lr"])
+
+
+def make_summary(cfg: DictConfig, status: str, loop, hparams: dict[str, Any], state,
+                 test: tuple[float, float] | None, wall_time_s: float) -> dict[str, Any]:
+    """summary.json: the run's final figures (DESIGN.md's contract), with what it used."""
+    last = state.records[-1] if state.records else {}
+    plan, device, noise = loop.policy.current, loop.world.device, loop.step.noise
+    return {
+        "status": status,
+        **hparams,
+        "diverged_at_step": state.diverged_at_step,
+        "last_finite_loss": state.last_finite_loss,
+        "final_batch_size": plan.size,  # where a batch schedule ended
+        "final_micro_size": plan.micro_size,  # after any OOM recovery
+        "oom_recoveries": loop.policy.oom_recoveries,
+        "epochs": last.get("epoch", 0),  # completed, as a fraction where the run stopped mid-epoch
+        "steps": state.step,
+        "samples_seen": state.samples_seen,
+        **{key: last.get(key) for key in ("train_loss", "train_acc", "val_loss", "val_acc", "gen_gap")},
+        "best_val_acc": state.best_val_acc if state.records else None,
+        "test_loss": test[0] if test else None,
+        "test_acc": test[1] if test else None,
+        "wall_time_s": wall_time_s,
+        "train_time_s": state.train_time_s,
+        "samples_per_s": state.samples_seen / state.train_time_s if state.train_time_s else None,
+        # After a failure a collective could meet a peer stuck in another one: this rank's figure.
+        "peak_memory_mb": (peak_memory_mb(device) if status in ("failed", "preempted")
+                           else _max_over_ranks(loop.world, peak_memory_mb(device))),
+        "seed": cfg.seed,
+        "data": loop.splits.name,
+        "model": cfg.model._target_,
+        "num_classes": loop.splits.num_classes,
+        "parameters": sum(p.numel() for p in loop.step.net.parameters()),
+        "optimizer": cfg.optimizer._target_,
+        "precision": str(cfg.precision),
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+        "finder": loop.policy.found.summary() if loop.policy.found is not None else None,
+        **(noise.scale if noise is not None else NoiseScale()).summary(),
+        "provenance": provenance(),
+    }
+
+
+def _max_over_ranks(world: World, value: float) -> float:
+    return world.all_reduce(torch.tensor([value], dtype=torch.float64, device=world.device), op="max").item()
+
+
+def _changes(summary: dict[str, Any]) -> str:
+    """How the batch moved during the run: the schedule's last batch, OOM recoveries."""
+    notes = []
+    if summary["final_batch_size"] != summary["batch_size"]:
+        notes.append(f"grew to {summary['final_batch_size']}")
+    if summary["oom_recoveries"]:
+        notes.append(f"{summary['oom_recoveries']} OOM recoveries, final micro {summary['final_micro_size']}")
+    return f" ({'; '.join(notes)})" if notes else ""
+
+
+def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
+    pct = lambda v: "-" if v is None else f"{100 * v:.2f} %"  # noqa: E731
+    rows = [
+        ("status", summary["status"]),
+        ("data / model", f"{summary['data']} / {summary['model'].rsplit('.', 1)[-1]} "
+                         f"({summary['parameters']:,} parameters)"),
+        ("batch", f"{summary['batch_size']} = {summary['micro_size']} micro x {summary['accum_steps']} "
+                  f"accum x {summary['world_size']} ranks" + _changes(summary)),
+        ("lr / weight decay", f"{summary['lr']:.4g} ({summary['lr_rule']}, k={summary['k']:g}) / "
+                              f"{summary['weight_decay']:.4g} ({summary['wd_rule']})"),
+        ("epochs / steps", f"{summary['epochs']:g} / {summary['steps']}"),
+        ("train acc", pct(summary["train_acc"])),
+        ("val acc (best)", f"{pct(summary['val_acc'])} ({pct(summary['best_val_acc'])})"),
+        ("test acc", pct(summary["test_acc"])),
+        ("generalisation gap", pct(summary["gen_gap"])),
+        ("train time", f"{summary['train_time_s']:.1f} s ({summary['samples_per_s'] or 0:,.0f} samples/s)"),
+        ("peak memory", f"{summary['peak_memory_mb']:,.0f} MB"),
+        ("outputs", str(run_dir)),
+    ]
+    width = max(len(name) for name, _ in rows)
+    print("\n".join(f"  {name:<{width}}  {value}" for name, value in rows), flush=True)

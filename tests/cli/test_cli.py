@@ -1,0 +1,272 @@
+"""The real command line, in subprocesses: a tiny run, its outputs, and bad input."""
+
+import json
+
+import pytest
+import torch
+import yaml
+
+import wandb_records
+
+TINY_DATA = ["data.num_samples=1000", "data.val_size=100", "epochs=2"]
+TINY = [*TINY_DATA, "model.width=8"]
+SUMMARY_KEYS = {
+    "status", "batch_size", "micro_size", "accum_steps", "world_size", "lr", "weight_decay", "epochs",
+    "steps", "samples_seen", "train_loss", "train_acc", "val_loss", "val_acc", "best_val_acc", "test_acc",
+    "gen_gap", "wall_time_s", "samples_per_s", "peak_memory_mb", "seed", "k", "warmup_steps",
+}
+RECORD_KEYS = {"epoch", "step", "samples_seen", "train_loss", "train_acc", "val_loss", "val_acc", "gen_gap", "lr",
+               "batch_size", "micro_size", "accum_steps"}
+
+
+def test_help_lists_every_group_and_its_options(run_cli):
+    out = run_cli("--help")
+    assert out.returncode == 0, out.stderr
+    for line in ["batch: accumulation, finder, fixed, scheduled",
+                 "data: cifar10, cifar100, digits, fashion_mnist, mnist, mnist1d, synthetic",
+                 "distributed: ddp, none", "logger: none, wandb", "model: cnn, cnn1d, mlp, resnet18",
+                 "optimizer: adamw, lamb, lars, sgd"]:
+        assert line in out.stdout
+    assert "schema" not in out.stdout.split("== Config ==")[0]  # schemas are not options
+
+
+def test_cfg_job_prints_the_composed_config_without_running(run_cli, tmp_path):
+    out = run_cli("--cfg", "job", "batch=accumulation", "batch.micro_size=64", "optimizer=adamw")
+    assert out.returncode == 0, out.stderr
+    cfg = yaml.safe_load(out.stdout)
+    assert cfg["batch"] == {"policy": "accumulation", "size": 512, "drop_last": False, "micro_size": 64,
+                            "accum_steps": None}
+    assert cfg["optimizer"]["_target_"] == "torch.optim.AdamW" and cfg["data"]["_target_"] == "bsexp.data.mnist1d"
+    assert {"seed", "epochs", "device", "precision", "scaling", "schedule", "trainer"} <= cfg.keys()
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_a_tiny_run_writes_config_metrics_summary_and_an_offline_wandb_run(run_cli, tmp_path):
+    run_dir = tmp_path / "run"
+    out = run_cli(*TINY, "batch=accumulation", "batch.size=64", "batch.micro_size=16", f"hydra.run.dir={run_dir}")
+    assert out.returncode == 0, out.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert SUMMARY_KEYS <= summary.keys()
+    assert summary["status"] == "completed"
+    assert (summary["batch_size"], summary["micro_size"], summary["accum_steps"], summary["world_size"]) == (64, 16, 4, 1)
+    assert summary["k"] == 0.5 and summary["lr"] == pytest.approx(0.05)  # linear rule from 0.1 at 128
+    assert summary["weight_decay"] == pytest.approx(5e-4 * 0.5**0.5)  # sqrt rule
+    assert summary["steps"] == 2 * 11 and summary["samples_seen"] == 2 * 700  # 700 train samples
+    assert summary["gen_gap"] == pytest.approx(summary["train_acc"] - summary["val_acc"])
+    assert summary["best_val_acc"] >= summary["val_acc"] and 0 <= summary["test_acc"] <= 1
+    assert "status" in out.stdout and "test acc" in out.stdout  # the final table
+
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records] == [1, 2] and [r["step"] for r in records] == [11, 22]
+    assert all(RECORD_KEYS <= r.keys() for r in records)
+    assert records[-1]["val_acc"] == summary["val_acc"]
+
+    composed = yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text())
+    assert composed["batch"]["micro_size"] == 16
+    assert (run_dir / "train.log").read_text().count("val_acc") == 2
+
+    [run_file] = run_dir.glob("wandb/offline-run-*/run-*.wandb")  # offline by default: no WANDB_MODE set
+    metrics = [r.metric for r in wandb_records.records(run_file) if r.WhichOneof("record_type") == "metric"]
+    assert any(m.glob_name == "*" and m.step_metric == "samples_seen" for m in metrics)  # define_metric
+    rows = wandb_records.history(run_file)
+    assert [row["samples_seen"] for row in rows] == [700, 1400]
+    assert RECORD_KEYS <= rows[-1].keys() and rows[-1]["val_acc"] == pytest.approx(summary["val_acc"])
+    logged = wandb_records.summary(run_file)
+    assert logged["test_acc"] == pytest.approx(summary["test_acc"]) and logged["lr"] == pytest.approx(0.05)
+    [run] = [r.run for r in wandb_records.records(run_file) if r.WhichOneof("record_type") == "run"]
+    config = {item.key: json.loads(item.value_json) for item in run.config.update}
+    assert config["batch"]["micro_size"] == 16 and config["derived"]["lr"] == pytest.approx(0.05)
+
+
+def test_logger_none_writes_no_wandb_run(run_cli, tmp_path):
+    run_dir = tmp_path / "run"
+    out = run_cli(*TINY, "epochs=1", "logger=none", f"hydra.run.dir={run_dir}")
+    assert out.returncode == 0, out.stderr
+    assert (run_dir / "summary.json").exists() and not (run_dir / "wandb").exists()
+
+
+def _no_cuda():
+    return "device=cuda" if not torch.cuda.is_available() else None
+
+
+BAD_INPUTS = [
+    # (overrides, key the message must name, fragment of what is valid)
+    (["batch=accumulation", "batch.size=100", "batch.micro_size=64"], "batch.micro_size", "divisors: 1, 2, 4, 5"),
+    (["batch=accumulation", "batch.micro_size=1024"], "batch.micro_size", "at most"),
+    (["batch=accumulation", "batch.micro_size=null"], "batch.micro_size", "or batch.accum_steps"),
+    (["batch.size=0"], "batch.size", ">= 1"),
+    (["optimizer.lr=0"], "optimizer.lr", "> 0"),
+    (["optimizer.lr=-0.1"], "optimizer.lr", "> 0"),
+    (["scaling.lr_rule=cube"], "scaling.lr_rule", "linear, sqrt, none"),
+    (["scaling.wd_rule=quadratic"], "scaling.wd_rule", "linear, sqrt, none"),
+    (["data=imagenet"], "data=imagenet", "mnist1d"),
+    (["model=transformer"], "model=transformer", "cnn1d"),
+    (["epochs=abc"], "epochs", "Integer"),
+    (["model.widht=64"], "model.widht", "width"),
+    (["precision=fp8"], "precision", "fp32, bf16, fp16"),
+    (["schedule.main=step"], "schedule.milestones", "at least one milestone"),
+    (["trainer.clip_grad_norm=0"], "trainer.clip_grad_norm", "> 0"),
+    (["optimizer=adamw", "optimizer.betas=[0.9]"], "optimizer.betas", "two values"),
+    (["model._target_=nope.Model"], "model._target_", "cannot be imported"),
+    (["seed=-1"], "seed", ">= 0"),
+    (["model.width=0"], "model.width", ">= 1"),
+    (["model=mlp", "model.hidden=[64,-3]"], "model.hidden", "sizes >= 1"),
+    (["model=mlp", "model.dropout=1.5"], "model.dropout", "in [0, 1)"),
+    (["schedule.warmup=nan"], "schedule.warmup", ">= 0"),
+    (["optimizer.lr=inf"], "optimizer.lr", "finite"),
+    (["+trainer.max_step=5"], "trainer.max_step", "max_steps"),
+    (["data=synthetic", "data.num_workers=-1"], "data.num_workers", ">= 0"),
+    (["data=synthetic", "data.num_samples=0"], "data.num_samples", ">= 1"),
+    (["batch=accumulation", "batch.accum_steps=3"], "batch.accum_steps", "must divide"),
+    (["distributed=ddp", "distributed.nproc_per_node=3"], "batch.size", "divisible by the world size 3"),
+    (["batch=scheduled", "batch.schedule.kind=list", "batch.schedule.points=[[0,32],[2,3]]", "distributed=ddp",
+      "distributed.nproc_per_node=2"], "batch.schedule", "multiple of the world size 2"),
+    (["batch=scheduled", "batch.size=33", "batch.schedule.factor=1.5"], "batch.schedule.factor", "whole number"),
+    (["batch=scheduled", "batch.schedule.kind=linear"], "batch.schedule.end", "needs the final batch"),
+    (["trainer.noise_scale=sometimes"], "trainer.noise_scale", "auto, off, always"),
+    (["checkpoint.keep=0"], "checkpoint.keep", ">= 1"),
+    (["batch=finder", "batch.finder.objective=biggest"], "batch.finder.objective", "noise_scale"),
+    pytest.param([_no_cuda()], "device", "auto, cpu",
+                  marks=pytest.mark.skipif(_no_cuda() is None, reason="CUDA is available here")),
+]
+
+
+# Errors found once the data is known (the job has started, into a fresh directory).
+LATE_BAD_INPUTS = [
+    (["data=cifar10"], "data.download", "data.download=true"),
+    (["data=digits", "batch.size=4096"], "batch.size", "training samples"),
+    (["model=cnn"], "model._target_", "(channels, height, width)"),
+    (["model._target_=collections.OrderedDict"], "model._target_", "torch.nn.Module"),
+    (["data=digits", "data.val_size=1500"], "data.val_size", "between 1 and 898"),
+    (["optimizer.nesterov=true", "optimizer.momentum=0"], "optimizer._target_", "Nesterov"),
+]
+
+
+def _assert_one_clear_line(out, key, fragment):
+    assert out.returncode == 2, out.stdout + out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith(f"error: {key}") and fragment in lines[0], lines[0]
+    assert "Traceback" not in out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("overrides, key, fragment", BAD_INPUTS)
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(run_cli, tmp_path, overrides, key, fragment):
+    out = run_cli(*overrides)
+    _assert_one_clear_line(out, key, fragment)
+    assert not (tmp_path / "outputs").exists()
+
+
+@pytest.mark.parametrize("overrides, key, fragment", LATE_BAD_INPUTS)
+def test_bad_input_found_with_the_data_is_one_line_exit_2(run_cli, tmp_path, overrides, key, fragment):
+    out = run_cli(*overrides, f"data.root={tmp_path / 'empty'}" if "data=cifar10" in overrides else "logger=none")
+    _assert_one_clear_line(out, key, fragment)
+    assert not list(tmp_path.glob("outputs/*/*/summary.json")) and not list(tmp_path.glob("outputs/*/*/wandb"))
+
+
+def test_an_unwritable_output_dir_is_refused(run_cli, tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    out = run_cli(f"hydra.run.dir={blocker}/run")
+    _assert_one_clear_line(out, "hydra.run.dir", "cannot be created")
+    assert blocker.read_text() == "not a directory"
+
+
+def test_a_finished_run_is_never_written_over(run_cli, tmp_path):
+    run_dir = tmp_path / "done"
+    (run_dir / ".hydra").mkdir(parents=True)
+    files = {"summary.json": '{"status": "completed"}', "metrics.jsonl": "{}\n", ".hydra/config.yaml": "seed: 7\n"}
+    for name, text in files.items():
+        (run_dir / name).write_text(text)
+    for overrides, key in (([], "hydra.run.dir"), (["optimizer.lr=-1"], "optimizer.lr")):
+        out = run_cli(*overrides, f"hydra.run.dir={run_dir}")
+        _assert_one_clear_line(out, key, "")
+        assert {name: (run_dir / name).read_text() for name in files} == files
+
+
+def test_a_sweep_never_writes_into_an_earlier_sweeps_results(run_cli, tmp_path):
+    sweep = tmp_path / "sweep"
+    (sweep / "0").mkdir(parents=True)
+    (sweep / "0" / "summary.json").write_text('{"status": "completed"}')
+    out = run_cli("-m", "seed=0,1", f"hydra.sweep.dir={sweep}")
+    _assert_one_clear_line(out, "hydra.sweep.dir", "0/summary.json")
+    assert sorted(p.name for p in sweep.iterdir()) == ["0"] and (sweep / "0" / "summary.json").read_text() == '{"status": "completed"}'
+
+
+def test_a_bad_value_shared_by_every_sweep_job_stops_the_sweep_before_it_starts(run_cli, tmp_path):
+    out = run_cli("-m", "seed=0,1", "optimizer.lr=-1", f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    _assert_one_clear_line(out, "optimizer.lr", "> 0")
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_the_default_run_reaches_90_percent_test_accuracy_on_mnist1d(run_cli, tmp_path):
+    # The README's main command, as is: 20 epochs of a 1-D CNN (the dataset paper's CNN: 94 %).
+    out = run_cli("logger=none", f"hydra.run.dir={tmp_path / 'run'}")
+    assert out.returncode == 0, out.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["epochs"] == 20
+    assert summary["test_acc"] >= 0.90, summary["test_acc"]
+
+
+def test_a_users_own_model_gets_the_data_shape_through_its_own_config(run_cli, tmp_path):
+    conf = tmp_path / "my_conf" / "model"
+    conf.mkdir(parents=True)
+    (conf / "tiny.yaml").write_text("_target_: user_models.TinyNet\nhidden: 16\n")
+    run_dir = tmp_path / "run"
+    out = run_cli(*TINY_DATA, "logger=none", f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]", "model=tiny",
+                  "model.hidden=12", f"hydra.run.dir={run_dir}")
+    assert out.returncode == 0, out.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["model"] == "user_models.TinyNet"
+    assert summary["parameters"] == (40 * 12 + 12) + (12 * 10 + 10)  # MNIST-1D: 40 inputs, 10 classes
+    assert summary["status"] == "completed"
+
+
+def test_a_failure_mid_run_keeps_the_metrics_and_finishes_the_wandb_run(run_cli, tmp_path):
+    conf = tmp_path / "my_conf" / "model"
+    conf.mkdir(parents=True)
+    (conf / "tiny.yaml").write_text("_target_: user_models.TinyNet\nfail_at_step: 7\n")
+    run_dir = tmp_path / "run"
+    out = run_cli(*TINY_DATA, f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]", "model=tiny",
+                  "trainer.eval_every_steps=3", f"hydra.run.dir={run_dir}")
+    assert out.returncode == 1
+    assert "TinyNet failed on purpose at training step 7" in out.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["steps"] == 6
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [3, 6]
+    [run_file] = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    exits = [r.exit for r in wandb_records.records(run_file) if r.WhichOneof("record_type") == "exit"]
+    assert [e.exit_code for e in exits] == [1]  # the W&B run was finished, marked failed
+    assert [row["step"] for row in wandb_records.history(run_file)] == [3, 6]
+
+
+def test_progress_bars_show_on_a_terminal_and_not_in_a_pipe(run_cli, tmp_path):
+    import fcntl
+    import os
+    import pty
+    import struct
+    import termios
+
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))  # a 120-column terminal
+    args = (*TINY, "logger=none", "trainer.eval_every_steps=0")
+    out = run_cli(*args, f"hydra.run.dir={tmp_path / 'tty'}", stdout=follower, stderr=follower, stdin=follower,
+                  capture_output=False)
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(leader)
+    terminal = b"".join(chunks).decode(errors="replace")
+    assert out.returncode == 0, terminal
+    assert "epoch 1/2" in terminal and "samples_s=" in terminal and "lr=" in terminal and "acc=" in terminal
+    piped = run_cli(*args, f"hydra.run.dir={tmp_path / 'pipe'}")
+    assert piped.returncode == 0
+    assert "samples_s=" not in piped.stdout + piped.stderr and "val_acc" in piped.stdout

@@ -1,0 +1,94 @@
+"""batch=finder through the CLI: each mode under a real cap, the trial table, the cache, the noise-scale objective."""
+
+import json
+
+import pytest
+
+from conftest import limit_for_size
+
+# Memory grows fast with the batch and compute does not: one wide hidden layer on 40 inputs.
+WIDE = ["data=synthetic", "data.shape=[1,40]", "data.num_samples=8000", "data.val_size=200",
+        "model=mlp", "model.hidden=[8192]", "batch=finder", "trainer.progress=false", "epochs=1"]
+
+
+def finder_run(run_cli, run_dir, *overrides):
+    """`python -m bsexp.train batch=finder ...`: find, then train for an epoch, in one process."""
+    out = run_cli(*WIDE, "logger=none", f"hydra.run.dir={run_dir}", *overrides)
+    finder = json.loads((run_dir / "finder.json").read_text()) if (run_dir / "finder.json").exists() else None
+    return out, finder
+
+
+@pytest.fixture(scope="module")
+def calibrated_limit_gb(data_root, tmp_path_factory):
+    """A memory limit under which the largest batch that fits lies between 2048 and 2048 x 1.15,
+    so that doubling ends close to it too (2048 fits, 4096 does not)."""
+    return limit_for_size(data_root, tmp_path_factory.mktemp("calibration"), WIDE, 2048 * 1.08)
+
+
+# fit is the default; power and binsearch run with scripts/test_slow.sh (and scripts/bench_finder.py).
+@pytest.mark.parametrize("mode", ["fit", pytest.param("power", marks=pytest.mark.slow),
+                                  pytest.param("binsearch", marks=pytest.mark.slow)])
+def test_each_mode_finds_a_size_that_trains_under_the_cap_and_close_to_it(run_cli, tmp_path, calibrated_limit_gb, mode):
+    limit = calibrated_limit_gb
+    # Find and then train a full epoch with evaluation, all under the same real cap.
+    out, finder = finder_run(run_cli, tmp_path / "found", f"batch.finder.mode={mode}", "batch.finder.max_trials=16",
+                             f"batch.finder.memory_limit_gb={limit}", f"trainer.memory_limit_gb={limit}")
+    assert out.returncode == 0, out.stderr[-2000:]
+    size = finder["micro_size"]
+    assert {t["size"]: t["ok"] for t in finder["trials"]}[size] is True  # never an untried size
+    assert finder["plan"]["size"] == size and finder["plan"]["accum_steps"] == 1  # the found size is the batch
+    summary = json.loads((tmp_path / "found" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["batch_size"] == size
+    # 25 % more does not fit: the finder is near the limit, not far below it.
+    bigger = run_cli(*[o for o in WIDE if o != "batch=finder"], "logger=none", f"batch.size={int(size * 1.25)}",
+                     f"trainer.memory_limit_gb={limit}", "trainer.oom_recovery=false", f"hydra.run.dir={tmp_path / 'bigger'}")
+    assert bigger.returncode == 1 and "out of memory" in bigger.stderr
+
+
+def test_a_finder_run_records_its_trials_and_the_input_pipeline_rate(run_cli, tmp_path):
+    run_dir, cache = tmp_path / "run", tmp_path / "cache"
+    args = [*[o for o in WIDE if o != "epochs=1"], "model.hidden=[64]", "batch.finder.max_size=256", "epochs=1",
+            "batch.finder.cache=true", f"batch.finder.cache_dir={cache}"]
+    out = run_cli(*args, f"hydra.run.dir={run_dir}")
+    assert out.returncode == 0, out.stderr[-2000:]
+    finder = json.loads((run_dir / "finder.json").read_text())
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert finder["micro_size"] == summary["micro_size"] == summary["batch_size"] == 243  # 256 fits; 5 % below
+    assert {t["size"] for t in finder["trials"]} >= {8, 32, 128, 243, 256}
+    assert summary["finder"]["trials"] == len(finder["trials"]) and summary["finder"]["cached"] is False
+    assert summary["finder"]["loader_samples_per_s"] > 0 and summary["finder"]["step_samples_per_s"] > 0
+    assert "finder (fit, objective max" in out.stdout and "chosen: micro-batch 243" in out.stdout
+    [run_file] = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    import wandb_records
+
+    assert wandb_records.summary(run_file)["finder/micro_size"] == 243
+    # The same setup again: the cached result, no probing.
+    again = run_cli(*args, f"hydra.run.dir={tmp_path / 'again'}")
+    assert again.returncode == 0, again.stderr[-2000:]
+    cached = json.loads((tmp_path / "again" / "finder.json").read_text())
+    assert cached["cached"] is True and cached["micro_size"] == 243 and " fits" not in again.stdout
+    # Keeping a global batch is another question: its micro-batch must divide it (not the cached 243).
+    kept = run_cli(*args, "batch.size=200", f"hydra.run.dir={tmp_path / 'kept'}")
+    assert kept.returncode == 0, kept.stderr[-2000:]
+    kept_summary = json.loads((tmp_path / "kept" / "summary.json").read_text())
+    # 200 per step fits; 5 % below it, the largest divisor of 200 is 100: 2 micro-steps of 100.
+    assert (kept_summary["batch_size"], kept_summary["micro_size"], kept_summary["accum_steps"]) == (200, 100, 2)
+    assert kept_summary["finder"]["cached"] is False
+
+
+def test_the_finder_trains_at_the_batch_nearest_the_measured_noise_scale(run_cli, tmp_path):
+    common = ["data=digits", "model=mlp", "epochs=2", "logger=none", "trainer.progress=false"]
+    out = run_cli(*common, "batch=finder", "batch.finder.objective=noise_scale", "batch.finder.noise_steps=60",
+                  "batch.finder.max_size=400", f"hydra.run.dir={tmp_path / 'found'}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((tmp_path / "found" / "summary.json").read_text())
+    measured, fits = summary["finder"]["noise_b_simple"], summary["finder"]["micro_size"]
+    size = summary["batch_size"]
+    assert measured > 0 and size == min(max(round(measured), 2), fits)
+    assert f"training at batch {size}" in out.stdout
+    # Measuring left no trace: the run is the fixed run at that batch.
+    fixed = run_cli(*common, f"batch.size={size}", f"hydra.run.dir={tmp_path / 'fixed'}")
+    assert fixed.returncode == 0, fixed.stderr[-3000:]
+    again = json.loads((tmp_path / "fixed" / "summary.json").read_text())
+    assert (again["train_loss"], again["val_acc"], again["steps"]) == (summary["train_loss"], summary["val_acc"],
+                                                                       summary["steps"])

@@ -1,0 +1,460 @@
+"""Sweeps and the report: real multiruns named by their overrides, indexed, logged to W&B by sweep,
+and reported as a table, a CSV and figures; failed and missing points; every experiment config."""
+
+import csv
+import json
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf, open_dict
+
+import wandb_records
+from bsexp.preflight import check_all as check
+from conftest import CONF, ROOT, cli_env
+
+# sklearn's digits (1,797 images): an epoch of a small MLP takes well under a second.
+DIGITS = ["data=digits", "model=mlp", "epochs=2", "trainer.progress=false"]
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def report(data_root, *args):
+    return subprocess.run([sys.executable, "-m", "bsexp.report", *map(str, args)], capture_output=True, text=True,
+                          env=cli_env(data_root), timeout=300)
+
+
+def jobs(sweep: Path) -> dict[str, dict]:
+    return {d.name: json.loads((d / "summary.json").read_text()) for d in sorted(sweep.iterdir())
+            if (d / "summary.json").exists()}
+
+
+@pytest.fixture(scope="module")
+def sweep(data_root, tmp_path_factory):
+    """3 batch sizes x 2 seeds, logged to (offline) W&B, then reported."""
+    tmp = tmp_path_factory.mktemp("sweep")
+    sweep = tmp / "multirun" / "digits" / "sizes"
+    out = subprocess.run([sys.executable, "-m", "bsexp.train", "-m", "batch.size=32,64,128", "seed=0,1", *DIGITS,
+                          "trainer.noise_scale=always", f"hydra.sweep.dir={sweep}"], cwd=tmp, env=cli_env(data_root), capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    reported = report(data_root, sweep)
+    assert reported.returncode == 0, reported.stderr[-3000:]
+    return sweep, out, reported
+
+
+def test_each_point_has_a_directory_named_by_its_overrides_and_a_line_in_the_index(sweep):
+    sweep, out, _ = sweep
+    names = sorted((d.name for d in sweep.iterdir() if (d / ".hydra").is_dir()), key=lambda n: int(n.split("_")[0]))
+    assert names == [f"{i}_batch.size={b},seed={s},data=digits,model=mlp,epochs=2,trainer.noise_scale=always"
+                     for i, (b, s) in enumerate((b, s) for b in (32, 64, 128) for s in (0, 1))]
+    index = [json.loads(line) for line in (sweep / "jobs.jsonl").read_text().splitlines()]
+    assert sorted(e["dir"] for e in index) == sorted(names)
+    assert all(e["status"] == "completed" for e in index)
+    assert {(e["batch_size"], e["seed"]) for e in index} == {(b, s) for b in (32, 64, 128) for s in (0, 1)}
+    assert "sweep: 6 points (6 completed)" in out.stdout
+
+
+def test_each_point_is_a_wandb_run_grouped_under_the_sweep(sweep):
+    sweep, _, _ = sweep
+    runs = {}
+    for run_file in sweep.glob("*/wandb/offline-run-*/run-*.wandb"):
+        [run] = [r.run for r in wandb_records.records(run_file) if r.WhichOneof("record_type") == "run"]
+        runs[run.display_name] = run
+    assert sorted(runs) == sorted(f"bs{b}-seed{s}" for b in (32, 64, 128) for s in (0, 1))
+    assert {run.run_group for run in runs.values()} == {"digits/sizes"}  # the sweep, below multirun/
+    # The report is a run of the same group, holding the table and the figures.
+    [report_file] = sweep.glob("wandb/offline-run-*/run-*.wandb")
+    [run] = [r.run for r in wandb_records.records(report_file) if r.WhichOneof("record_type") == "run"]
+    assert (run.display_name, run.run_group, run.job_type) == ("report", "digits/sizes", "report")
+    logged = set().union(*(row.keys() for row in wandb_records.history(report_file)))
+    for name in ("report/table", "report/accuracy", "report/val_loss", "report/throughput_memory"):
+        assert any(key == name or key.startswith(name + "/") for key in logged), name  # media: nested keys
+
+
+def test_the_report_tables_mean_and_std_over_seeds_marks_the_best_and_names_the_breaking_point(sweep):
+    sweep, _, reported = sweep
+    summaries = jobs(sweep)
+    by_batch = {b: [s for s in summaries.values() if s["batch_size"] == b] for b in (32, 64, 128)}
+    means = {b: statistics.fmean(s["val_acc"] for s in runs) for b, runs in by_batch.items()}
+    stds = {b: statistics.stdev(s["val_acc"] for s in runs) for b, runs in by_batch.items()}
+    with open(sweep / "report.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["batch"]) for r in rows] == [32, 64, 128]
+    for row in rows:  # in %, as report.md shows them
+        b = int(row["batch"])
+        assert float(row["val_acc_pct"]) == pytest.approx(100 * means[b])
+        assert float(row["val_acc_std_pct"]) == pytest.approx(100 * stds[b])
+        assert row["seeds"] == "2/2" and row["status"] == "2 completed"
+        assert float(row["steps"]) == by_batch[b][0]["steps"]
+    best = max(means, key=means.get)
+    # The first batch above the best more than 2 standard errors of the difference below it.
+    breaking = next((b for b in means if b > best and means[best] - means[b]
+                     > 2 * (stds[best] ** 2 / 2 + stds[b] ** 2 / 2) ** 0.5), None)
+    table = (sweep / "report.md").read_text()
+    [starred] = [line for line in table.splitlines() if line.startswith("| ★")]
+    assert f"| {best} |" in starred
+    assert (f"**Breaking point**: batch {breaking}, the first batch above the best, batch {best}," if breaking else
+            "**Breaking point**: none within the swept range") in table
+    assert f"{100 * means[best]:.2f} ± {100 * stds[best]:.2f}" in starred
+    # The critical batch (fitted or refused, with its reason) beside the noise scale the runs measured.
+    assert "**Critical batch**: " in table and "**Gradient noise scale**: B_simple = " in table
+    for name in ("accuracy.png", "val_loss.png", "throughput_memory.png", "noise_scale.png"):
+        import matplotlib.pyplot as plt
+
+        data = (sweep / name).read_bytes()
+        assert data.startswith(PNG) and plt.imread(sweep / name).shape[0] > 100
+    assert "report: " in reported.stdout
+
+
+def test_a_failed_point_is_recorded_the_sweep_goes_on_and_the_report_says_so(run_cli, data_root, tmp_path):
+    sweep = tmp_path / "sweep"
+    # batch 4000 is larger than the digits training set: that point fails, the other two run.
+    out = run_cli("-m", "batch.size=32,4000,64", *DIGITS, "epochs=1", "logger=none", f"hydra.sweep.dir={sweep}")
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1].startswith("error: a sweep point failed (batch.size=4000:")
+    index = {e["num"]: e for e in map(json.loads, (sweep / "jobs.jsonl").read_text().splitlines())}
+    assert [index[i]["status"] for i in range(3)] == ["completed", "failed", "completed"]
+    assert "exceeds the" in index[1]["error"]
+    # A point whose summary is gone (its job killed before writing it) is missing, not skipped.
+    lost = next(d for d in sweep.iterdir() if d.name.startswith("2_"))
+    (lost / "summary.json").unlink()
+    reported = report(data_root, sweep, "--no-wandb")
+    assert reported.returncode == 0, reported.stderr
+    table = (sweep / "report.md").read_text()
+    assert f"- `{lost.name}`: missing" in table
+    assert "failed (batch.size=4000" in table
+    with open(sweep / "report.csv") as f:
+        rows = {r["batch"]: r for r in csv.DictReader(f)}
+    assert rows["32"]["status"] == "1 completed" and rows["4000"]["status"] == "1 failed"
+    assert rows["64"]["status"] == "1 missing" and rows["64"]["val_acc_pct"] == ""
+
+
+def test_the_report_refuses_a_directory_that_is_not_there(data_root, tmp_path):
+    helped = report(data_root, "--help")
+    assert helped.returncode == 0 and "--tolerance" in helped.stdout and "first half" in helped.stdout
+    out = report(data_root, tmp_path / "nope")
+    assert out.returncode == 2 and out.stderr.strip() == f"error: {tmp_path / 'nope'}: no such directory; valid: " \
+                                                         "a multirun directory holding job directories"
+    empty = report(data_root, tmp_path)
+    assert empty.returncode == 2 and "no sweep points" in empty.stderr and "Traceback" not in empty.stderr
+
+
+def test_points_side_by_side_share_the_cores(run_cli, tmp_path):
+    import os
+
+    sweep = tmp_path / "sweep"
+    out = run_cli("-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "batch.size=32,64", *DIGITS, "epochs=1",
+                  "logger=none", f"hydra.sweep.dir={sweep}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    threads = [s["threads"] for s in jobs(sweep).values()]
+    assert threads == [max(1, len(os.sched_getaffinity(0)) // 2)] * 2
+    assert len((sweep / "jobs.jsonl").read_text().splitlines()) == 2
+
+
+EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+
+
+def test_every_arm_of_every_experiment_composes_and_passes_the_checks(data_root, monkeypatch):
+    monkeypatch.setenv("BSEXP_DATA", str(data_root))
+    assert {"linear_scaling", "scaling_rules", "norm_small_batch", "accumulation_vs_large", "generalization_gap",
+            "increase_batch"} <= set(EXPERIMENTS)
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        for name in EXPERIMENTS:
+            arms = sorted(p.stem for p in (CONF / "experiment" / name).glob("*.yaml"))
+            for arm in arms or [None]:
+                overrides = [f"experiment={name}"] + ([f"experiment/{name}={arm}"] if arm else [])
+                cfg = compose("config", overrides=overrides, return_hydra_config=True)
+                swept = cfg.hydra.sweeper.params
+                assert "seed" in swept, name
+                assert (f"experiment/{name}" in swept) == bool(arms), name
+                with open_dict(cfg):
+                    del cfg["hydra"]
+                check(cfg)
+
+
+def test_experiments_that_fit_the_critical_batch_evaluate_often_enough_to_resolve_steps_to_target(data_root,
+                                                                                                  monkeypatch):
+    """An experiment sweeping 3 or more batch sizes gets a B_crit fit, whose target every point
+    reaches within the first half of its run, so the largest batch within half its steps; S_min
+    is at most that. Every batch must then evaluate at least every tenth of those steps, or its
+    steps to target are not resolved on the scale of S_min (evaluating once an epoch, a batch of
+    32 on MNIST-1D reaches the target before its first evaluation)."""
+    from hydra.utils import instantiate
+
+    monkeypatch.setenv("BSEXP_DATA", str(data_root))
+    fitted = []
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        for name in EXPERIMENTS:
+            cfg = compose("config", overrides=[f"experiment={name}"], return_hydra_config=True)
+            batches = [int(b) for b in str(cfg.hydra.sweeper.params.get("batch.size", "")).split(",") if b]
+            if len(batches) < 3:
+                continue
+            fitted.append(name)
+            n_train = len(instantiate(cfg.data).train)
+            steps_per_epoch = {b: -(-n_train // b) for b in batches}  # the smaller last step kept
+            half_of_largest = cfg.epochs * steps_per_epoch[max(batches)] / 2
+            for batch in batches:
+                between = cfg.trainer.eval_every_steps or steps_per_epoch[batch]
+                assert between <= half_of_largest / 10, (name, batch, between, half_of_largest)
+    assert "linear_scaling" in fitted
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_every_experiment_runs_one_step(run_cli, tmp_path, name):
+    out = run_cli(f"experiment={name}", "data.num_samples=1500", "data.val_size=100", "trainer.max_steps=1",
+                  "logger=none", "trainer.progress=false", f"hydra.run.dir={tmp_path / 'run'}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 1
+
+
+def test_a_sweep_of_two_settings_gets_its_grid(run_cli, data_root, tmp_path):
+    sweep = tmp_path / "sweep"
+    out = run_cli("-m", "scaling.lr_rule=linear,sqrt", "schedule.warmup_shape=linear,none", *DIGITS, "epochs=1",
+                  "batch.size=256", "logger=none", f"hydra.sweep.dir={sweep}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    reported = report(data_root, sweep)
+    assert reported.returncode == 0, reported.stderr
+    assert (sweep / "grid.png").read_bytes().startswith(PNG)
+    assert "![grid.png](grid.png)" in (sweep / "report.md").read_text()
+
+
+def test_the_canonical_script_sweeps_and_reports(data_root, tmp_path):
+    import os
+
+    sweep = tmp_path / "linear_scaling"
+    env = cli_env(data_root) | {"SWEEP_DIR": str(sweep), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    out = subprocess.run(["bash", str(ROOT / "scripts" / "sweep_batch_sizes.sh"), "batch.size=64,128", "seed=0",
+                          *DIGITS, "epochs=1", "logger=none"], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == f"report: {sweep}/report.md (figures and report.csv beside it)"
+    with open(sweep / "report.csv") as f:
+        assert [int(r["batch"]) for r in csv.DictReader(f)] == [64, 128]
+    overrides = (next(sweep.glob("0_*")) / ".hydra" / "overrides.yaml").read_text()
+    assert "experiment=linear_scaling" in overrides
+
+
+# ----------------------------------------------------------------------------- the report on synthetic sweeps
+# Sweeps written as bsexp writes them, from known truths (tests/test_report_analysis.py makes the
+# runs), then reported by the real CLI.
+
+
+def write_sweep(sweep: Path, runs: list[dict], config: dict | None = None) -> Path:
+    """Each run as a job directory (.hydra/, summary.json, metrics.jsonl) and a line of jobs.jsonl."""
+    config = config or {"data": {"_target_": "bsexp.data.mnist1d"}, "trainer": {"noise_scale": "auto"},
+                        "logger": {"kind": "none"}}
+    sweep.mkdir(parents=True)
+    with open(sweep / "jobs.jsonl", "w") as index:
+        for num, run in enumerate(runs):
+            job = sweep / f"{num}_{','.join(run['overrides'])}"
+            (job / ".hydra").mkdir(parents=True)
+            OmegaConf.save(OmegaConf.create(run["overrides"]), job / ".hydra" / "overrides.yaml")
+            OmegaConf.save(OmegaConf.create(config), job / ".hydra" / "config.yaml")
+            (job / "summary.json").write_text(json.dumps(run["summary"]))
+            (job / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in run["records"]))
+            index.write(json.dumps({"num": num, "dir": job.name, "overrides": run["overrides"],
+                                    "status": run["summary"]["status"]}) + "\n")
+    return sweep
+
+
+@pytest.fixture(scope="module")
+def known_b_crit(data_root, tmp_path_factory):
+    """5 batches x 2 seeds from a known B_crit of 5,000 on 3,500 samples (each epoch's last step
+    smaller: a "1024" takes 875 samples a step), evaluated every 2 steps, then reported."""
+    from report_runs import known_b_crit_runs
+
+    sweep = write_sweep(tmp_path_factory.mktemp("known") / "sweep", known_b_crit_runs(b_crit=5000, eval_every=2))
+    out = report(data_root, sweep, "--no-wandb")
+    assert out.returncode == 0, out.stderr[-3000:]
+    return sweep, (sweep / "report.md").read_text()
+
+
+def test_the_report_finds_a_known_critical_batch_from_the_samples_each_step_took(known_b_crit):
+    _, table = known_b_crit
+    found = re.search(r"B_crit = E_min / S_min = ([\d,]+)", table)
+    assert found, table
+    assert float(found[1].replace(",", "")) == pytest.approx(5000, rel=0.03)  # nominal batches: about 2,800
+
+
+def test_the_report_s_target_is_reached_by_every_point_within_the_first_half_of_its_samples(known_b_crit):
+    sweep, table = known_b_crit
+    target = float(re.search(r"val_acc >= ([\d.]+) %", table)[1]) / 100
+    for job in (d for d in sweep.iterdir() if d.is_dir()):
+        records = [json.loads(line) for line in (job / "metrics.jsonl").read_text().splitlines()]
+        total = json.loads((job / "summary.json").read_text())["samples_seen"]
+        assert any(r["val_acc"] >= target - 5e-5 for r in records if r["samples_seen"] <= total / 2), job.name
+    assert "within the first half of its training samples" in table
+
+
+@pytest.fixture(scope="module")
+def dip(data_root, tmp_path_factory):
+    """Means 98.0 / 97.6 / 90.0 / 98.0 / 95.0 % for batches 32 ... 512 (3 seeds, 0.3 points apart),
+    and batch 1024 at chance, every point evaluated once."""
+    from report_runs import synthetic_run
+
+    means = {32: 0.980, 64: 0.976, 128: 0.900, 256: 0.980, 512: 0.950, 1024: 0.101}
+    runs = [synthetic_run(b, seed, 1, lambda s, a=m + 0.003 * (seed - 1): a) for b, m in means.items()
+            for seed in range(3)]
+    sweep = write_sweep(tmp_path_factory.mktemp("dip") / "sweep", runs)
+    out = report(data_root, sweep, "--no-wandb")
+    assert out.returncode == 0, out.stderr[-3000:]
+    return sweep, (sweep / "report.md").read_text()
+
+
+def test_the_breaking_point_is_the_first_batch_above_the_best_that_falls_outside_the_tolerance(dip):
+    _, table = dip
+    assert "**Breaking point**: batch 128, the first batch above the best, batch 32," in table
+    assert "2 standard errors of the difference" in table
+
+
+def test_the_table_flags_rows_at_chance_and_has_no_placeholders(dip):
+    _, table = dip
+    lines = table.splitlines()
+    [header] = [line for line in lines if line.startswith("| ") and "batch" in line]
+    assert "configuration" not in header  # the sweep varies the batch alone
+    [row_1024] = [line for line in lines if line.startswith("|") and "| 1024 |" in line]
+    assert "did not train" in row_1024
+    assert sum("did not train" in line for line in lines if line.startswith("|")) == 1
+    for placeholder in ("(-)", "(all)", "configuration: -", " all"):
+        assert placeholder not in table, placeholder
+    assert "**Best**: batch 32, val_acc 98.00 ± 0.30 %" in table
+    assert "mnist1d, CNN1d, 1 epochs, seeds 0, 1, 2" in table
+
+
+def test_report_csv_and_report_md_give_accuracies_in_the_same_unit(dip):
+    sweep, table = dip
+    with open(sweep / "report.csv") as f:
+        rows = list(csv.DictReader(f))
+    [column] = [c for c in rows[0] if c.startswith("val_acc") and "std" not in c]
+    [std_column] = [c for c in rows[0] if c.startswith("val_acc") and "std" in c]
+    for row in rows:
+        [line] = [line for line in table.splitlines() if line.startswith("|") and f"| {row['batch']} |" in line]
+        assert f"| {float(row[column]):.2f} ± {float(row[std_column]):.2f} |" in line
+
+
+@pytest.fixture(scope="module")
+def two_batches(data_root, tmp_path_factory):
+    """Batches 32 and 64 of a plain sweep on one process; the larger is the better."""
+    from report_runs import known_b_crit_runs
+
+    sweep = write_sweep(tmp_path_factory.mktemp("two") / "sweep", known_b_crit_runs(batches=(32, 64), b_crit=10))
+    out = report(data_root, sweep, "--no-wandb")
+    assert out.returncode == 0, out.stderr[-3000:]
+    return sweep, (sweep / "report.md").read_text()
+
+
+def test_two_batch_sizes_get_no_critical_batch_and_the_report_says_why(two_batches):
+    _, table = two_batches
+    assert "B_crit =" not in table
+    assert "**Critical batch**: not fitted: fewer than 3 batch sizes trained (32, 64)" in table
+
+
+def test_no_breaking_point_within_the_sweep_is_said_so(two_batches):
+    _, table = two_batches
+    assert "**Breaking point**: none within the swept range" in table
+
+
+def test_a_plain_sweep_says_why_it_has_no_noise_scale_and_how_to_get_it(two_batches):
+    _, table = two_batches
+    [line] = [line for line in table.splitlines() if line.startswith("**Gradient noise scale**")]
+    assert "not measured" in line and "no two batch sizes" in line and "`trainer.noise_scale=always`" in line
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--target", "1.5"], "error: --target=1.5: valid: an accuracy fraction in (0, 1]"),
+    (["--tolerance", "abc"], "error: --tolerance=abc: valid: an accuracy fraction in [0, 1)"),
+    (["--metric", "loss"], "error: --metric=loss: valid: val_acc or test_acc"),
+])
+def test_bad_report_arguments_get_one_line_naming_the_argument_value_and_what_is_valid(two_batches, data_root,
+                                                                                      args, message):
+    sweep, _ = two_batches
+    out = report(data_root, sweep, "--no-wandb", *args)
+    assert out.returncode == 2 and out.stderr.strip() == message
+
+
+# ----------------------------------------------------------------------------- the figures
+
+
+def analysis_of(runs, **kwargs):
+    from bsexp.report.analysis import analyse
+    from report_runs import points
+
+    return analyse(points(runs), **kwargs)
+
+
+def test_the_accuracy_figure_names_its_data_marks_best_and_breaking_point_and_says_what_its_error_bars_are():
+    from bsexp.report import render
+    from report_runs import synthetic_run
+
+    means = {32: 0.980, 64: 0.976, 128: 0.900, 256: 0.980}
+    analysis = analysis_of([synthetic_run(b, s, 4, lambda st, a=m + 0.003 * (s - 1): a) for b, m in means.items()
+                            for s in range(3)])
+    fig = render.accuracy_figure(analysis)
+    try:
+        assert all(w in fig._suptitle.get_text() for w in ("mnist1d", "CNN1d", "4 epochs", "seeds 0, 1, 2"))
+        acc_ax = fig.axes[0]
+        labels = acc_ax.get_legend_handles_labels()[1]
+        assert "best: batch 32" in labels and "breaking point: batch 128" in labels
+        assert not any(label.endswith(" all") or label.endswith(" -") for label in labels), labels
+        assert "mean ± std over 3 seeds" in acc_ax.get_title()
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+
+
+def test_a_point_evaluated_once_shows_on_the_loss_figure_and_throughput_and_memory_start_at_zero():
+    import matplotlib.pyplot as plt
+
+    from bsexp.report import render
+    from report_runs import synthetic_run
+
+    analysis = analysis_of([synthetic_run(b, 0, 1, lambda s: 0.5, eval_every=10 ** 6) for b in (64, 128, 256)])
+    assert all(len(p.records) == 1 for p in analysis.points)
+    fig = render.val_loss_figure(analysis)
+    lines = fig.axes[0].get_lines()
+    assert len(lines) == 3 and all(line.get_marker() not in (None, "None", "", " ") for line in lines)
+    assert "1 epochs" in fig._suptitle.get_text()
+    plt.close(fig)
+    fig = render.throughput_memory_figure(analysis)
+    assert [ax.get_ylim()[0] for ax in fig.axes] == [0, 0]
+    assert all(max(line.get_ydata()) < ax.get_ylim()[1] for ax in fig.axes for line in ax.get_lines())
+    plt.close(fig)
+
+
+def test_runs_that_measured_the_noise_scale_get_its_figure_beside_the_critical_batch(tmp_path):
+    from bsexp.report import render
+    from report_runs import synthetic_run
+
+    runs = [synthetic_run(b, 0, 2, lambda s: 0.5, noise_b_simple_mean=100.0 + b) for b in (32, 64, 128)]
+    for run in runs:
+        for i, record in enumerate(run["records"]):
+            record["noise/b_simple"] = 50.0 + i
+    analysis = analysis_of(runs)
+    assert render.figures(analysis, tmp_path)[-1] == "noise_scale.png"
+    assert "**Gradient noise scale**: B_simple = 175 " in render.markdown(analysis, [tmp_path], [])
+
+
+def test_a_sweep_at_one_batch_draws_a_bar_per_configuration_not_points_against_the_batch():
+    import matplotlib.pyplot as plt
+
+    from bsexp.report import render
+    from report_runs import synthetic_run
+
+    runs = []
+    for rule, acc in (("linear", 0.9), ("sqrt", 0.8), ("none", 0.5)):
+        for seed in (0, 1):
+            run = synthetic_run(1024, seed, 2, lambda s, a=acc + 0.01 * seed: a)
+            run["overrides"] = [f"scaling.lr_rule={rule}", f"seed={seed}"]
+            runs.append(run)
+    analysis = analysis_of(runs)
+    for make in (render.accuracy_figure, render.throughput_memory_figure):
+        fig = make(analysis)
+        names = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+        assert names == [f"scaling.lr_rule={rule} (batch 1024)" for rule in ("linear", "none", "sqrt")]
+        assert len(fig.axes[0].patches) == 3 and "mnist1d, CNN1d, 2 epochs" in fig._suptitle.get_text()
+        plt.close(fig)

@@ -1,0 +1,129 @@
+"""Checkpoints and resume through the CLI: bit-identical continuation after a kill or a signal, divergence, corrupt and foreign checkpoints; W&B that cannot start."""
+
+import json
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from conftest import cli_env
+from resuming import (
+    POLICIES,
+    SLOW,
+    assert_same_state,
+    final_state,
+    newest_step,
+    records,
+    start,
+    stop_mid_run,
+    uninterrupted,
+)
+
+
+# SIGKILL: a crash (resumed from the last periodic checkpoint); SIGTERM: a preemption; SIGUSR1:
+# SLURM's warning before the time limit (both checkpoint at the next step boundary).
+@pytest.mark.parametrize("policy, sig", [("fixed", signal.SIGKILL), ("accumulation", signal.SIGTERM),
+                                         ("scheduled", signal.SIGUSR1)])
+def test_a_run_stopped_mid_epoch_resumes_bit_identically(make_cfg, data_root, tmp_path, policy, sig):
+    run_dir = tmp_path / "run"
+    # The preempted accumulation run logs to (offline) W&B, to see it resume under the same run id.
+    logger = "logger=wandb" if policy == "accumulation" else "logger=none"
+    args = [*(o for o in SLOW if o != "logger=none"), logger, *POLICIES[policy], f"hydra.run.dir={run_dir}"]
+    code, err = stop_mid_run(start(data_root, tmp_path, *args), run_dir, sig, seed=len(policy))
+    stopped_at = newest_step(run_dir)
+    if sig != signal.SIGKILL:  # a checkpoint at the next step boundary, then status preempted
+        assert code == 128 + sig and f"preempted by {signal.Signals(sig).name}" in err
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["status"] == "preempted" and summary["steps"] == stopped_at
+    else:
+        assert code == -signal.SIGKILL
+    assert 0 < stopped_at < 180 and stopped_at % 60 != 0  # mid-epoch (60 steps an epoch at 64)
+    resumed = subprocess.run([sys.executable, "-m", "bsexp.train", *args, "resume=auto"], cwd=tmp_path,
+                             env=cli_env(data_root), capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["resumed_from"].endswith(f"step-{stopped_at:09d}.pt")
+    loop, progress = uninterrupted(make_cfg, *POLICIES[policy])
+    state = final_state(run_dir)
+    assert_same_state(state["model"], loop.step.net.state_dict())
+    for key, value in loop.step.optimizer.state_dict()["state"].items():
+        assert_same_state(state["optimizer"]["state"][key], value)
+    # metrics.jsonl goes on where the checkpoint left it: no record missing, none twice.
+    logged = records(run_dir)
+    assert [r["step"] for r in logged] == [r["step"] for r in progress.records]
+    assert [r["val_loss"] for r in logged] == [r["val_loss"] for r in progress.records]
+    assert [r["train_loss"] for r in logged] == [r["train_loss"] for r in progress.records]
+    if logger == "logger=wandb":  # both attempts wrote to one W&B run id
+        run_files = sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
+        assert len(run_files) == 2 and run_files[0].name == run_files[1].name
+
+
+DIVERGES = ["data=synthetic", "data.shape=[1,16]", "data.num_samples=1000", "data.val_size=100", "model=mlp",
+            "model.norm=none", "optimizer.lr=1e6", "schedule.warmup_shape=none", "trainer.progress=false"]
+
+
+def test_a_diverging_run_stops_with_its_step_and_last_finite_loss_and_keeps_its_checkpoint(run_cli, tmp_path):
+    run_dir = tmp_path / "run"
+    out = run_cli(*DIVERGES, "checkpoint.every_steps=1", "logger=none", f"hydra.run.dir={run_dir}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "diverged" and summary["diverged_at_step"] == summary["steps"]
+    assert summary["last_finite_loss"] is not None and summary["last_finite_loss"] == summary["last_finite_loss"]
+    assert newest_step(run_dir) == summary["steps"] - 1  # the last good step's checkpoint, nothing after it
+    assert "status diverged" in out.stdout
+
+
+def test_a_corrupt_newest_checkpoint_is_skipped_for_the_one_before(make_cfg, data_root, run_cli, tmp_path):
+    run_dir = tmp_path / "run"
+    args = [*SLOW, "batch.size=64", "epochs=1", f"hydra.run.dir={run_dir}"]
+    first = run_cli(*args)
+    assert first.returncode == 0, first.stderr[-2000:]
+    newest = sorted((run_dir / "checkpoints").glob("step-*.pt"))[-1]
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])  # cut short, as by a full disk
+    again = run_cli(*args, "resume=auto")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "is unreadable" in again.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["resumed_from"].endswith("step-000000056.pt") and summary["status"] == "completed"
+    loop, _ = uninterrupted(make_cfg, "batch.size=64", "epochs=1")
+    assert_same_state(final_state(run_dir)["model"], loop.step.net.state_dict())
+
+
+@pytest.mark.parametrize("other, fragment", [(["model.hidden=[32,16]"], "parameter shapes"),
+                                             (["batch.size=128"], "global batch (64 there, 128 here)")])
+def test_a_checkpoint_of_another_run_is_refused(run_cli, tmp_path, other, fragment):
+    source = tmp_path / "source"
+    small = [*SLOW, "data.shape=[1,16]", "data.num_samples=700", "model.hidden=[32,32]", "batch.size=64", "epochs=1"]
+    first = run_cli(*small, f"hydra.run.dir={source}")
+    assert first.returncode == 0, first.stderr[-2000:]
+    checkpoint = sorted((source / "checkpoints").glob("step-*.pt"))[-1]
+    out = run_cli(*small, *other, f"resume={checkpoint}", f"hydra.run.dir={tmp_path / 'other'}")
+    assert out.returncode == 2
+    [line] = out.stderr.strip().splitlines()
+    assert line.startswith(f"error: resume={checkpoint}: was written by another run") and fragment in line
+    assert "checkpoint.allow_mismatch=true" in line
+
+
+@pytest.mark.parametrize("value, fragment", [("/no/such/file.pt", "no such checkpoint file"),
+                                             ("{tmp}/junk.pt", "is not a readable checkpoint")])
+def test_resume_from_a_path_that_is_not_a_checkpoint_is_one_clear_line(run_cli, tmp_path, value, fragment):
+    (tmp_path / "junk.pt").write_text("not a checkpoint")
+    value = value.format(tmp=tmp_path)
+    out = run_cli(*SLOW, "epochs=1", f"resume={value}", f"hydra.run.dir={tmp_path / 'run'}")
+    assert out.returncode == 2
+    [line] = out.stderr.strip().splitlines()
+    assert line.startswith(f"error: resume={value}:") and fragment in line
+
+
+def test_wandb_that_cannot_start_leaves_training_to_go_on(data_root, tmp_path):
+    env = cli_env(data_root) | {"WANDB_MODE": "online", "WANDB_BASE_URL": "http://127.0.0.1:9",
+                                "WANDB_API_KEY": "x" * 40, "WANDB_INIT_TIMEOUT": "10"}
+    run_dir = tmp_path / "run"
+    out = subprocess.run([sys.executable, "-m", "bsexp.train", "data=digits", "model=mlp", "epochs=1",
+                          "trainer.progress=false", f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "W&B could not start" in out.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and len(records(run_dir)) == 1

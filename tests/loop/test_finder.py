@@ -1,0 +1,114 @@
+"""The batch-size finder under real memory caps: real allocator failures in a child process."""
+
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from bsexp.batch.finder.find import find_plan
+from bsexp.build import build_data, build_model
+from bsexp.distributed import World
+from bsexp.errors import ConfigError
+from bsexp.loop import TrainState, build_loop, train
+from bsexp.preflight import check_all as check
+
+# Memory grows fast with the batch and compute does not: one wide hidden layer on 40 inputs.
+WIDE = ["data=synthetic", "data.shape=[1,40]", "data.num_samples=8000", "data.val_size=200",
+        "model=mlp", "model.hidden=[8192]", "batch=finder", "trainer.progress=false", "epochs=1"]
+GIB = 2**30
+
+
+def find(make_cfg, *overrides, limit_gb=None, base=WIDE):
+    cfg = make_cfg(*base, *overrides)
+    check(cfg)
+    splits = build_data(cfg)
+    limit = None if limit_gb is None else int(limit_gb * GIB)
+    return find_plan(cfg, World(), splits, build_model(cfg, splits), limit, keep_size=cfg.batch.size)
+
+
+def test_a_real_cpu_oom_is_recognised_and_other_errors_are_not():
+    script = """
+import torch
+from bsexp import memory
+memory.return_freed_memory()
+memory.cap_memory(memory.rss() + 200 * memory.MIB)
+try:
+    torch.empty(2**30, dtype=torch.uint8).fill_(1)
+except Exception as exc:
+    print("oom" if memory.is_oom(exc) else "other", type(exc).__name__, "|", str(exc).splitlines()[0][:160])
+small = torch.empty(10 * memory.MIB, dtype=torch.uint8).fill_(1)  # the process goes on
+print("alive", memory.is_oom(RuntimeError("shape mismatch")), memory.is_oom(torch.OutOfMemoryError("x")))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    first, second = out.stdout.strip().splitlines()
+    assert first.startswith("oom RuntimeError") and "can't allocate memory" in first
+    assert second == "alive False True"
+
+
+def test_finding_leaves_the_run_exactly_as_a_fixed_run_at_that_size(make_cfg):
+    finder_cfg = make_cfg(*WIDE, "model.hidden=[64]", "batch.finder.max_size=200", "trainer.max_steps=3")
+    finder_loop = build_loop(finder_cfg)
+    size = finder_loop.policy.current.size
+    rng_after_finder = torch.get_rng_state()
+    fixed_cfg = make_cfg(*[o for o in WIDE if o != "batch=finder"], "model.hidden=[64]", f"batch.size={size}",
+                         "trainer.max_steps=3")
+    fixed_loop = build_loop(fixed_cfg)
+    assert size == 190 and finder_loop.policy.found.trials  # 200 fits; 5 % below it
+    assert torch.equal(torch.get_rng_state(), rng_after_finder)
+    for loop in (finder_loop, fixed_loop):
+        train(loop, TrainState())
+    for key, value in fixed_loop.step.model.state_dict().items():
+        assert torch.equal(finder_loop.step.model.state_dict()[key], value), key
+
+
+def test_max_size_reached_while_doubling_is_tried_not_assumed(make_cfg):
+    result = find(make_cfg, "model.hidden=[64]", "batch.finder.mode=power", "batch.finder.max_size=100")
+    sizes = sorted(t.size for t in result.trials)
+    assert sizes == [8, 16, 32, 64, 95, 100] and result.micro_size == 95  # 100 tried; 5 % margin below it
+
+
+def test_a_global_batch_is_kept_by_choosing_micro_batch_and_accumulation(make_cfg):
+    result = find(make_cfg, "model.hidden=[64]", "batch.size=1000", "batch.finder.max_size=300")
+    plan = result.plan
+    assert (plan.size, plan.micro_size, plan.accum_steps) == (1000, 250, 4)  # 300 fits; 285 -> divisor 250
+    assert {t.size: t.ok for t in result.trials}[250] is True
+
+
+def test_init_that_does_not_fit_is_a_clear_error(make_cfg):
+    from bsexp import memory
+
+    room_gb = (memory.rss() + 150 * memory.MIB) / GIB  # 4096 samples need about 500 MB
+    with pytest.raises(ConfigError) as info:
+        find(make_cfg, "batch.finder.init=4096", limit_gb=room_gb)
+    assert info.value.key == "batch.finder.init"
+    assert "even 4096 samples do not fit" in str(info.value) and "precision=bf16" in str(info.value)
+
+
+def test_a_limit_below_what_the_process_holds_is_a_clear_error(make_cfg):
+    with pytest.raises(ConfigError) as info:
+        find(make_cfg, "batch.finder.memory_limit_gb=0.02")
+    assert info.value.key == "batch.finder.memory_limit_gb" and "holds already" in str(info.value)
+
+
+def test_an_error_that_is_not_out_of_memory_propagates_unchanged(make_cfg, tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "raises.yaml").write_text("_target_: user_models.RaisesAbove\nabove: 100\n")
+    with pytest.raises(ValueError, match=r"RaisesAbove: batch of \d+ > 100"):
+        find(make_cfg, f"hydra.searchpath=[file://{tmp_path}]", "model=raises",
+             base=[o for o in WIDE if not o.startswith("model")])
+
+
+def test_throughput_objective_takes_the_smallest_size_near_the_best_rate(make_cfg):
+    result = find(make_cfg, "model.hidden=[64]", "batch.finder.objective=throughput", "batch.finder.max_size=512",
+                  "batch.finder.throughput_tolerance=0.5")
+    timed = [t for t in result.trials if t.ok and t.samples_per_s]
+    best = max(t.samples_per_s for t in timed)
+    near = sorted(t.size for t in timed if t.samples_per_s >= 0.5 * best)
+    largest = max(t.size for t in result.trials if t.ok)
+    # The smallest size near the best rate, but never above the margin below the largest that fit
+    # (on a busy machine the largest may be the only size near the best rate).
+    assert result.micro_size == min(near[0], math.floor(largest * (1 - 0.05)))
+    assert "Throughput objective" in result.note

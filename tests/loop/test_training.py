@@ -1,0 +1,165 @@
+"""The loop's arithmetic: accumulation equals one big batch, exact normalisation, honest logs."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bsexp.data import eval_batches
+from bsexp.loop import TrainState, build_loop, train
+from bsexp.step import train_step
+from tiny import TINY, assert_close, params
+
+
+def trained(make_cfg, *overrides):
+    cfg = make_cfg(*TINY, *overrides)
+    loop, progress = build_loop(cfg), TrainState()
+    assert train(loop, progress) == "completed"
+    return loop, progress
+
+
+def test_micro_8_times_4_equals_one_batch_of_32(make_cfg):
+    big, _ = trained(make_cfg, "batch.size=32", "trainer.max_steps=3")
+    accum, _ = trained(make_cfg, "batch=accumulation", "batch.size=32", "batch.micro_size=8", "trainer.max_steps=3")
+    assert accum.policy.current.accum_steps == 4 and big.policy.current.accum_steps == 1
+    start = build_loop(make_cfg(*TINY, "batch.size=32"))
+    moved = max((big.step.model.state_dict()[k] - v).abs().max() for k, v in start.step.model.state_dict().items())
+    assert moved > 1e-3  # the three steps did change the parameters
+    assert_close(params(big), params(accum), atol=1e-6)
+
+
+def test_a_smaller_last_step_is_normalised_by_its_own_samples(make_cfg):
+    # 84 training samples in steps of 32: 32, 32, 20; the last one as micro-batches of 16 + 4.
+    shape = ["data.num_samples=100", "data.val_size=16", "epochs=2"]
+    big, big_progress = trained(make_cfg, *shape, "batch.size=32")
+    accum, _ = trained(make_cfg, *shape, "batch=accumulation", "batch.size=32", "batch.micro_size=16")
+    assert big_progress.step == 6 and big_progress.samples_seen == 168
+    assert_close(params(big), params(accum), atol=1e-6)
+
+
+def test_drop_last_skips_the_partial_step(make_cfg):
+    _, progress = trained(make_cfg, "data.num_samples=100", "data.val_size=16", "batch.size=32", "batch.drop_last=true")
+    assert progress.step == 20 * 2 and progress.samples_seen == 20 * 64
+
+
+def test_running_train_loss_is_the_mean_over_every_micro_batch(make_cfg):
+    # With a vanishing LR the model stays put, so the epoch's running loss must equal the loss of
+    # the whole training set, whatever the micro-batching (the last micro-batch is smaller).
+    loop, progress = trained(make_cfg, "batch=accumulation", "batch.size=64", "batch.micro_size=16",
+                             "optimizer.lr=1e-12", "optimizer.weight_decay=0", "epochs=1")
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for x, y in eval_batches(loop.splits.train, 1000, loop.world.device):
+            total += F.cross_entropy(loop.step.model(x), y, reduction="sum").item()
+            count += len(y)
+    assert count == 512 and len(loop.splits.train) % 16 == 0  # 512 = 8 steps of 64
+    record = progress.records[-1]
+    assert record["train_loss"] == pytest.approx(total / count, rel=1e-5)
+
+
+def test_train_accuracy_is_measured_like_validation(make_cfg):
+    # With BatchNorm and heavy dropout, train mode and eval mode disagree; the record's train_acc
+    # must be the eval-mode accuracy of a fixed train sample as large as val, not the running one.
+    loop, progress = trained(make_cfg, "model.norm=batch", "model.dropout=0.5", "epochs=2")
+    assert len(loop.splits.train_eval) == len(loop.splits.val) == 88
+    train_ids = {tuple(row.tolist()) for row in loop.splits.train.x.flatten(1)}
+    assert all(tuple(row.tolist()) in train_ids for row in loop.splits.train_eval.x.flatten(1))
+    loop.step.model.eval()
+    with torch.no_grad():
+        x, y = loop.splits.train_eval.x, loop.splits.train_eval.y
+        eval_acc = (loop.step.model(x).argmax(1) == y).float().mean().item()
+        loop.step.model.train()
+        train_mode_acc = (loop.step.model(x).argmax(1) == y).float().mean().item()
+    record = progress.records[-1]
+    assert record["train_acc"] == pytest.approx(eval_acc)
+    assert train_mode_acc != pytest.approx(eval_acc)  # the measurement mode matters here
+    assert record["gen_gap"] == pytest.approx(record["train_acc"] - record["val_acc"])
+    assert [r["epoch"] for r in progress.records] == [1, 2]
+    assert progress.records[-1]["samples_seen"] == 2 * len(loop.splits.train)
+
+
+def test_same_seed_same_parameters_other_seed_other_parameters(make_cfg):
+    a, _ = trained(make_cfg, "trainer.max_steps=5")
+    b, _ = trained(make_cfg, "trainer.max_steps=5")
+    c, _ = trained(make_cfg, "trainer.max_steps=5", "seed=1")
+    assert all(torch.equal(a.step.model.state_dict()[k], v) for k, v in b.step.model.state_dict().items())
+    assert not all(torch.equal(a.step.model.state_dict()[k], v) for k, v in c.step.model.state_dict().items())
+
+
+def test_scaled_lr_warmup_and_weight_decay_reach_the_optimizer(make_cfg):
+    # batch 512 at ref 128: k = 4, lr 0.1 -> 0.4 (linear), wd 5e-4 -> 1e-3 (sqrt); warmup from 0.1.
+    cfg = make_cfg(*TINY, "data.num_samples=3160", "batch.size=512", "schedule.warmup_shape=linear",
+                   "schedule.unit=steps", "schedule.warmup=4", "trainer.max_steps=6")
+    loop = build_loop(cfg)
+    decay, no_decay = loop.step.optimizer.param_groups
+    assert decay["weight_decay"] == pytest.approx(1e-3) and no_decay["weight_decay"] == 0.0
+    assert all(p.ndim == 1 for p in no_decay["params"]) and all(p.ndim > 1 for p in decay["params"])
+    seen = []
+    for step, (x, y, samples) in enumerate(loop.batches.steps(0, loop.policy.run_steps.epoch(0))):
+        seen.append(loop.step.optimizer.param_groups[0]["lr"])
+        train_step(loop.step, x, y, samples, loop.policy.plan(step))
+        if step == 5:
+            break
+    assert seen == pytest.approx([0.1, 0.175, 0.25, 0.325, 0.4, 0.4])
+
+
+def test_gradient_clipping_bounds_the_update(make_cfg):
+    # Plain SGD, one step: the update is lr x the clipped gradient, so its norm is at most lr x clip.
+    overrides = ["optimizer.momentum=0", "optimizer.weight_decay=0", "optimizer.lr=1.0", "trainer.max_steps=1"]
+    cfg = make_cfg(*TINY, *overrides, "trainer.clip_grad_norm=0.01")
+    loop = build_loop(cfg)
+    before = torch.cat([p.detach().flatten().clone() for p in loop.step.model.parameters()])
+    train(loop, TrainState())
+    after = torch.cat([p.detach().flatten() for p in loop.step.model.parameters()])
+    assert (after - before).norm().item() == pytest.approx(0.01, rel=1e-4)
+
+
+def test_clipping_acts_on_the_accumulated_gradient_of_the_whole_step(make_cfg):
+    clip = ["trainer.clip_grad_norm=0.05", "trainer.max_steps=3"]
+    big, _ = trained(make_cfg, "batch.size=32", *clip)
+    accum, _ = trained(make_cfg, "batch=accumulation", "batch.size=32", "batch.micro_size=8", *clip)
+    unclipped, _ = trained(make_cfg, "batch=accumulation", "batch.size=32", "batch.micro_size=8", "trainer.max_steps=3")
+    assert_close(params(big), params(accum), atol=1e-6)  # clipped once, after the last micro-step
+    moved = max((params(accum)[k] - v).abs().max() for k, v in params(unclipped).items())
+    assert moved > 1e-3  # the clip did bind
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_reduced_precision_trains(make_cfg, precision):
+    loop, progress = trained(make_cfg, f"precision={precision}", "epochs=3")
+    with loop.step.autocast():
+        logits = loop.step.model(loop.splits.val.x[:4])
+    assert logits.dtype == {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    assert loop.step.scaler.is_enabled() == (precision == "fp16")  # loss scaling only for fp16
+    losses = [r["train_loss"] for r in progress.records]
+    assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0]
+    assert progress.records[-1]["val_acc"] > 0.5  # ten classes: chance is 0.1
+
+
+def test_a_warmup_longer_than_the_run_reports_the_lr_it_reached(make_cfg):
+    # batch 512 at ref 128: target 0.4 from 0.1 over 8 steps, but the run stops after 4.
+    cfg = make_cfg(*TINY, "data.num_samples=3160", "batch.size=512", "schedule.warmup_shape=linear",
+                   "schedule.unit=steps", "schedule.warmup=8", "trainer.max_steps=4")
+    loop = build_loop(cfg)
+    assert loop.hp.lr == pytest.approx(0.4)
+    assert loop.hp.lr_peak == pytest.approx(0.1 + 0.3 * 3 / 8)  # the LR of the last step taken
+
+
+@pytest.mark.parametrize("rule", ["linear", "sqrt", "none"])
+@pytest.mark.parametrize("shape", ["linear", "constant"])
+def test_warmup_starts_at_the_reference_batchs_lr_under_every_rule(make_cfg, rule, shape):
+    # Goyal et al. 2017 sec. 2.2: the warmup begins at the LR the reference batch uses (0.1 at 128),
+    # whatever the rule makes of the target at batch 1024 (0.8 linear, 0.1 x sqrt 8 sqrt, 0.1 none).
+    from bsexp.loop import build_loop
+
+    cfg = make_cfg("batch.size=1024", f"scaling.lr_rule={rule}", f"schedule.warmup_shape={shape}",
+                   "schedule.warmup=2", "trainer.progress=false")
+    loop = build_loop(cfg)
+    target = {"linear": 0.8, "sqrt": 0.1 * math.sqrt(8), "none": 0.1}[rule]
+    assert loop.hp.lr == pytest.approx(target)
+    assert loop.step.optimizer.param_groups[0]["lr"] == pytest.approx(0.1)  # the first step's LR
+    warmup = loop.hp.warmup_steps
+    last_warmup_lr = loop.hp.lr * loop.step.scheduler.lr_lambdas[0](warmup - 1)
+    assert last_warmup_lr == pytest.approx(0.1 if shape == "constant" else 0.1 + (target - 0.1) * (warmup - 1) / warmup)
+    assert loop.hp.lr * loop.step.scheduler.lr_lambdas[0](warmup) == pytest.approx(target)  # warmup reached the target

@@ -1,0 +1,38 @@
+"""The finder's trial runs the trainer's own training step, so it holds what training holds."""
+
+import pytest
+
+from bsexp import memory
+from bsexp.batch.finder.probe import ChildProber
+
+# 17 M parameters and tiny activations: the gradients dominate what a step adds. Plain SGD
+# without weight decay updates in place (with weight decay, its foreach step makes a gradient-sized
+# copy of its own, which would hide the buffer this test looks for).
+BIG_GRADIENTS = ["data=synthetic", "data.shape=[1,40]", "data.num_samples=600", "data.val_size=100", "model=mlp",
+                 "model.hidden=[4096,4096]", "model.norm=none", "batch=finder", "trainer.noise_scale=off",
+                 "trainer.eval_batch_size=8", "distributed=ddp", "distributed.nproc_per_node=2", "optimizer.momentum=0",
+                 "optimizer.weight_decay=0"]
+
+
+def trial_peak_mb(make_cfg, *overrides) -> float:
+    """The training peak of a trial at micro-batch 8 in the real probe process (a DDP run's trial:
+    a one-rank process group, the DDP wrapper, gradients reduced as training reduces them)."""
+    cfg = make_cfg(*BIG_GRADIENTS, *overrides)
+    prober = ChildProber(cfg, 16 * memory.GIB, distributed=True)
+    try:
+        trial = prober.attempt(8)
+    finally:
+        prober.close()
+    assert trial.ok
+    return trial.train_peak_mb
+
+
+def test_a_ddp_trial_with_oom_recovery_holds_the_flat_gradient_buffer_training_all_reduces(make_cfg):
+    # With OOM recovery on (the default) a DDP step keeps gradients local until every rank has
+    # passed, then all-reduces one flat copy of them all: 4 bytes a parameter more than DDP's
+    # own overlapped all-reduce, which the trial must see to plan for it.
+    parameters = 40 * 4096 + 4096 + 4096 * 4096 + 4096 + 4096 * 10 + 10
+    flat_mb = 4 * parameters / memory.MIB
+    recovering = trial_peak_mb(make_cfg, "trainer.oom_recovery=true")
+    overlapped = trial_peak_mb(make_cfg, "trainer.oom_recovery=false")
+    assert recovering - overlapped == pytest.approx(flat_mb, rel=0.25), (recovering, overlapped, flat_mb)

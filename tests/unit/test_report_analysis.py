@@ -1,0 +1,196 @@
+"""The report's analysis alone (pure, fast): the critical-batch fit, the steps-to-target target,
+the breaking point, rows that did not train, the noise scale's absence, on synthetic sweeps made
+from known truths. The end-to-end report (files, figures, CLI) is in test_report.py."""
+
+from __future__ import annotations
+
+import ast
+import math
+from pathlib import Path
+
+import pytest
+
+from bsexp.report.analysis import (
+    TARGET_BY,
+    TOLERANCE_SE,
+    Point,
+    analyse,
+    breaking_point,
+    choose_target,
+    critical_batch,
+    fit_critical_batch,
+    fit_steps_samples,
+    make_rows,
+    reach,
+)
+from report_runs import effective_batch, known_b_crit_runs, points, synthetic_run
+
+
+def rows_of(runs: list[dict]):
+    return make_rows(points(runs))
+
+
+# ----------------------------------------------------------------------------- the critical batch (item 7)
+
+
+def test_the_critical_batch_is_fitted_to_the_samples_each_step_took_not_the_nominal_batch():
+    rows = rows_of(known_b_crit_runs(b_crit=5000))
+    target = 0.6
+    critical = critical_batch(rows, "val_acc", target)
+    assert critical.refused is None and critical.batches == [64, 128, 256, 512, 1024]
+    assert critical.b_crit == pytest.approx(5000, rel=0.03)
+    # The samples each batch took are the records' own: 875 a step at a nominal 1024.
+    by_batch = {row.batch: got for row, got in critical.reached}
+    assert by_batch[1024].batch == pytest.approx(effective_batch(1024), rel=0.01)
+    # The same steps against the nominal batches miss B_crit by a third: the test tells them apart.
+    nominal = fit_critical_batch([row.batch for row, _ in critical.reached], [got.steps for _, got in critical.reached])
+    assert abs(nominal[2] / 5000 - 1) > 0.2
+
+
+@pytest.mark.parametrize("b_crit", [300, 2000])
+def test_the_fit_recovers_a_known_critical_batch_at_the_default_target(b_crit):
+    critical = critical_batch(rows_of(known_b_crit_runs(b_crit=b_crit, eval_every=3)), "val_acc")
+    assert critical.refused is None
+    assert critical.b_crit == pytest.approx(b_crit, rel=0.05)
+    assert critical.fit.rms < 0.05
+
+
+def test_two_batch_sizes_are_refused_with_the_reason():
+    critical = critical_batch(rows_of(known_b_crit_runs(batches=(64, 128))), "val_acc", 0.6)
+    assert critical.b_crit is None and critical.fit is None
+    assert critical.refused.startswith("fewer than 3 batch sizes trained (64, 128)")
+    assert fit_critical_batch([64, 64, 128], [10, 11, 6]) is None  # two distinct batches, however many points
+
+
+def test_a_degenerate_fit_is_refused_with_the_reason():
+    batches = [64, 128, 256, 512]
+    faster = [100_000 / b - 20 for b in batches]  # steps fall faster than 1/B: S_min < 0
+    fit = fit_steps_samples(faster, [s * b for s, b in zip(faster, batches)])
+    assert fit.b_crit is None and fit.s_min < 0 and fit.refused.startswith("S_min = ")
+    rising = [100 + b / 10 for b in batches]  # steps grow with the batch: E_min < 0
+    fit = fit_steps_samples(rising, [s * b for s, b in zip(rising, batches)])
+    assert fit.b_crit is None and fit.e_min < 0 and fit.refused.startswith("E_min = ")
+
+
+def test_steps_to_target_interpolate_between_evaluations_and_flag_a_first_evaluation():
+    run = synthetic_run(100, 0, 2, lambda s: s / 100, n_train=1000, eval_every=4)  # reaches 0.1 at step 10
+    [point] = points([run])
+    got = reach(point, "val_acc", 0.1)
+    assert got.steps == pytest.approx(10) and got.samples == pytest.approx(1000) and not got.at_first_eval
+    first = reach(point, "val_acc", 0.02)  # already passed at the first evaluation (step 4)
+    assert first.at_first_eval and first.steps == 4
+    assert reach(point, "val_acc", 0.5) is None
+
+
+# ----------------------------------------------------------------------------- the target (item 8)
+
+
+def test_the_default_target_is_reached_by_every_point_within_the_first_half_of_its_samples():
+    runs = known_b_crit_runs(b_crit=2000)
+    rows = rows_of(runs)
+    target = choose_target(rows, "val_acc")
+    assert target.refused is None
+    for point in (p for r in rows for p in r.done):
+        assert reach(point, "val_acc", target.value).samples <= TARGET_BY * point.final_samples
+    # ... and it is the highest such target: a little higher, some point needs more than half its samples.
+    assert any(reach(p, "val_acc", target.value + 1e-3).samples > TARGET_BY * p.final_samples
+               for r in rows for p in r.done)
+    # The lowest final accuracy of any batch, the old target, is one the slowest batch reaches only at its end.
+    lowest_best = min(max(rec["val_acc"] for rec in p.records) for r in rows for p in r.done)
+    assert lowest_best > target.value
+
+
+def test_a_point_evaluated_only_late_refuses_the_target_and_says_how_to_evaluate_more_often():
+    runs = known_b_crit_runs(batches=(64, 128, 256))
+    runs[0]["records"] = runs[0]["records"][-1:]  # evaluated once, at its end
+    critical = critical_batch(rows_of(runs), "val_acc")
+    assert critical.b_crit is None and "trainer.eval_every_steps" in critical.refused
+
+
+# ----------------------------------------------------------------------------- the breaking point (item 9)
+
+
+def rows_with_means(means: dict[int, list[float]]):
+    runs = [synthetic_run(b, seed, 1, lambda s, a=acc: a) for b, accs in means.items() for seed, acc in enumerate(accs)]
+    return rows_of(runs)
+
+
+def test_the_breaking_point_is_the_first_batch_above_the_best_outside_the_tolerance_not_the_last_within():
+    # Means 98.0 / 97.6 / 90.0 / 98.0 / 95.0 for batches 32 ... 512, spread 0.3 points each.
+    means = {32: 0.980, 64: 0.976, 128: 0.900, 256: 0.980, 512: 0.950}
+    rows = rows_with_means({b: [m - 0.003, m, m + 0.003] for b, m in means.items()})
+    found = breaking_point(rows, "val_acc")
+    assert found.best.batch == 32 and found.row.batch == 128 and found.held.batch == 64
+    se = math.sqrt(2 * 0.003 ** 2 / 3)  # both rows' spread: the standard error of the difference
+    assert found.tolerance == pytest.approx(TOLERANCE_SE * se)
+
+
+def test_the_tolerance_counts_the_spread_of_both_rows():
+    # The best's seeds agree exactly; batch 64's spread widely around a slightly lower mean.
+    rows = rows_with_means({32: [0.90, 0.90, 0.90], 64: [0.85, 0.89, 0.93]})
+    found = breaking_point(rows, "val_acc")
+    assert found.row is None and found.held.batch == 64  # 1 point lower, 2.3 points of standard error
+    assert breaking_point(rows, "val_acc", tolerance=0.005).row.batch == 64  # --tolerance is taken as given
+
+
+def test_no_breaking_point_within_the_swept_range_and_none_judged_without_spread():
+    rows = rows_with_means({32: [0.80, 0.81], 64: [0.81, 0.80], 128: [0.82, 0.81]})
+    found = breaking_point(rows, "val_acc")
+    assert found.row is None and found.refused is None and found.best.batch == 128
+    single = breaking_point(rows_with_means({32: [0.9], 64: [0.8]}), "val_acc")
+    assert single.row is None and "one seed each" in single.refused
+    assert breaking_point(rows_with_means({32: [0.9], 64: [0.8]}), "val_acc", tolerance=0.05).row.batch == 64
+
+
+# ----------------------------------------------------------------------------- rows, chance, noise (item 10)
+
+
+def test_rows_at_chance_level_did_not_train_with_the_classes_summary_json_gives():
+    rows = rows_with_means({32: [0.85, 0.86], 64: [0.12, 0.11]})
+    assert [r.did_not_train("val_acc") for r in rows] == [False, True]  # mnist1d: 10 classes
+    hundred = rows_of([synthetic_run(64, 0, 1, lambda s: 0.12, num_classes=100)])
+    assert hundred[0].chance == pytest.approx(0.01) and not hundred[0].did_not_train("val_acc")
+    configured = Point("0", (), (), {"data": {"_target_": "bsexp.data.synthetic", "num_classes": 4}},
+                       {"status": "completed", "data": "synthetic"}, (), "completed")
+    assert configured.num_classes == 4
+    # A row that did not train is left out of the fit, and the fit says so.
+    critical = critical_batch(rows_of(known_b_crit_runs(batches=(64, 128, 256, 512))
+                                      + [synthetic_run(1024, 0, 60, lambda s: 0.1)]), "val_acc")
+    assert "batch 1024: did not train" in critical.left_out and 1024 not in critical.batches
+
+
+def test_a_sweep_of_the_batch_alone_has_no_configuration_column_and_names_the_data():
+    analysis = analyse(points(known_b_crit_runs(batches=(64, 128, 256), epochs=20)))
+    assert not analysis.varies_configuration
+    assert analysis.labels.data == ("mnist1d",) and analysis.labels.model == ("CNN1d",)
+    assert analysis.labels.epochs == (20.0,) and analysis.labels.seeds == (0, 1)
+    assert analysis.labels.seeds_per_row == (2, 2)
+    mixed = points(known_b_crit_runs(batches=(64, 128), epochs=2))
+    mixed[0] = Point(mixed[0].name, ("batch.size=64", "model.norm=group"), mixed[0].overrides, {},
+                     mixed[0].summary, mixed[0].records, "completed")
+    assert analyse(mixed).varies_configuration
+
+
+def test_the_noise_scale_says_why_it_is_absent_and_is_the_mean_where_measured():
+    fixed = analyse(points(known_b_crit_runs(batches=(64, 128), epochs=2)))
+    assert fixed.noise.b_simple is None and "no two batch sizes" in fixed.noise.absent
+    off = [Point(p.name, p.setting, p.overrides, {"trainer": {"noise_scale": "off"}}, p.summary, p.records, p.status)
+           for p in fixed.points]
+    assert "trainer.noise_scale=off" in analyse(off).noise.absent
+    measured = [synthetic_run(64, s, 2, lambda st: 0.5, noise_b_simple_mean=v) for s, v in ((0, 300.0), (1, 500.0))]
+    assert analyse(points(measured)).noise.b_simple == pytest.approx(400.0)
+
+
+# ----------------------------------------------------------------------------- purity
+
+
+def test_the_analysis_imports_no_plotting_no_wandb_no_torch_and_reads_no_files():
+    source = Path(__import__("bsexp.report.analysis", fromlist=["_"]).__file__).read_text()
+    imported = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            imported |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            imported.add((node.module or "").split(".")[0])
+    assert imported <= {"__future__", "math", "statistics", "dataclasses", "pathlib", "typing"}, imported
+    assert "open(" not in source and "read_text" not in source

@@ -1,0 +1,100 @@
+"""The large-batch rules, each against its paper: LR and weight-decay scaling, warmup, schedules."""
+
+import math
+
+import pytest
+
+from bsexp.batch import scaling
+from bsexp.batch.scaling import LRSchedule
+
+
+def test_goyal_linear_rule_reference_numbers():
+    # Goyal et al. 2017: LR 0.1 at batch 256; at 8k (k = 32) the linear rule gives 3.2.
+    k = scaling.scale_factor(8192, 256)
+    assert k == 32
+    assert scaling.scaled_lr(0.1, k, "linear") == pytest.approx(3.2)
+    assert scaling.scaled_lr(0.1, k, "sqrt") == pytest.approx(0.1 * math.sqrt(32))
+    assert scaling.scaled_lr(0.1, k, "none") == 0.1
+
+
+def per_epoch_decay(make_cfg, batch: int, lr_rule: str, wd_rule: str) -> float:
+    """eta * lambda * N / B: the exponent of SGD's weight shrinkage over one epoch, from the LR and
+    weight decay the configured rules give at `batch` (N / B steps, each shrinking by eta * lambda)."""
+    from bsexp.batch.policy import policy_for
+
+    cfg = make_cfg(f"batch.size={batch}", f"scaling.lr_rule={lr_rule}", f"scaling.wd_rule={wd_rule}")
+    policy = policy_for(cfg)
+    n = 3500  # MNIST-1D's training split
+    policy.lay_out(n)
+    hp, _ = policy.hparams()
+    return hp.lr * hp.weight_decay * n / batch
+
+
+@pytest.mark.parametrize("k", [0.25, 4, 8])
+def test_sqrt_weight_decay_keeps_the_per_epoch_decay_only_under_the_sqrt_lr_rule(make_cfg, k):
+    # Loshchilov & Hutter's normalised weight decay (lambda x sqrt(k)) keeps B / (eta lambda N) with
+    # eta x sqrt(k); under the linear LR rule (the default) the per-epoch decay grows by sqrt(k).
+    batch = int(128 * k)
+    ref = per_epoch_decay(make_cfg, 128, "linear", "sqrt")
+    assert per_epoch_decay(make_cfg, batch, "sqrt", "sqrt") == pytest.approx(ref)
+    assert per_epoch_decay(make_cfg, batch, "linear", "sqrt") == pytest.approx(ref * math.sqrt(k))
+    assert per_epoch_decay(make_cfg, batch, "linear", "none") == pytest.approx(ref)  # Goyal et al.'s recipe
+
+
+def test_unknown_rule_is_refused():
+    with pytest.raises(ValueError, match="valid: linear, sqrt, none"):
+        scaling.rule_multiplier("cube", 2.0)
+
+
+def test_gradual_warmup_starts_at_the_unscaled_lr_and_reaches_the_target():
+    k = 8.0
+    start = scaling.warmup_start_factor(None, k, "linear")
+    assert start == 1 / 8
+    schedule = LRSchedule(total_steps=100, warmup_steps=10, start_factor=start, main="constant")
+    assert schedule(0) == pytest.approx(1 / 8)  # lr(0) = target / k = the reference LR
+    assert schedule(5) == pytest.approx(1 / 8 + (7 / 8) * 0.5)
+    assert schedule(10) == 1.0 and schedule(99) == 1.0
+    values = [schedule(s) for s in range(11)]
+    assert values == sorted(values)
+
+
+def test_start_factor_never_exceeds_one_and_zero_is_allowed():
+    for rule in ("linear", "sqrt", "none"):
+        assert scaling.warmup_start_factor(None, 0.5, rule) == 1.0  # batch below ref_batch: no ramp down
+    schedule = LRSchedule(total_steps=10, warmup_steps=4, start_factor=0.0, main="constant")
+    assert schedule(0) == 0.0 and schedule(2) == 0.5
+
+
+def test_constant_warmup_holds_low_then_jumps():
+    schedule = LRSchedule(total_steps=20, warmup_steps=5, warmup_shape="constant", start_factor=0.1, main="constant")
+    assert [schedule(s) for s in (0, 4, 5, 6)] == [0.1, 0.1, 1.0, 1.0]
+
+
+def test_no_warmup_ignores_warmup_steps():
+    schedule = LRSchedule(total_steps=10, warmup_steps=5, warmup_shape="none", start_factor=0.1, main="cosine")
+    assert schedule(0) == 1.0
+    assert schedule(5) == pytest.approx(0.5)  # cosine runs over the whole run: halfway
+
+
+def test_cosine_after_warmup_ends_at_the_final_factor():
+    schedule = LRSchedule(total_steps=110, warmup_steps=10, start_factor=0.5, main="cosine", final_factor=0.1)
+    assert schedule(10) == pytest.approx(1.0)
+    assert schedule(60) == pytest.approx(0.1 + 0.9 * 0.5)
+    assert schedule(110) == pytest.approx(0.1)
+    assert schedule(500) == pytest.approx(0.1)  # past the end it stays at the floor
+
+
+def test_step_schedule_multiplies_at_each_milestone():
+    schedule = LRSchedule(total_steps=100, main="step", milestones=(30, 60), factor=0.1)
+    assert [schedule(s) for s in (0, 29, 30, 59, 60, 99)] == pytest.approx([1, 1, 0.1, 0.1, 0.01, 0.01])
+
+
+def test_a_milestone_inside_warmup_takes_effect_when_warmup_ends():
+    schedule = LRSchedule(total_steps=20, warmup_steps=10, start_factor=0.5, main="step", milestones=(5, 15))
+    assert schedule(4) == pytest.approx(0.5 + 0.5 * 4 / 10)  # still ramping
+    assert schedule(10) == pytest.approx(0.1) and schedule(15) == pytest.approx(0.01)
+
+
+def test_a_one_step_run_uses_the_start_of_its_schedule():
+    assert LRSchedule(total_steps=1, warmup_steps=0, main="cosine")(0) == 1.0
+    assert LRSchedule(total_steps=1, warmup_steps=3, start_factor=0.25, main="cosine")(0) == 0.25

@@ -1,0 +1,84 @@
+"""Batch schedules (Smith et al. 2018) laid out step by step, the LR coupled to them, and the policy's checks."""
+
+import math
+
+import pytest
+
+from bsexp.batch.plan import PlanError, micro_sizes, plan_for
+from bsexp.batch.scaling import lr_coupling
+from bsexp.batch.schedule import BatchSchedule
+from bsexp.errors import ConfigError
+from bsexp.preflight import check_all as check
+
+# --- the schedule itself -------------------------------------------------------------------
+
+
+def test_step_schedule_multiplies_the_batch_at_each_milestone_epoch():
+    schedule = BatchSchedule(32, kind="step", milestones=(2.0, 4.0), factor=5.0)
+    run = schedule.run_steps(6, 1600, drop_last=False)
+    assert [set(run.epoch(e)) for e in range(6)] == [{32}, {32}, {160}, {160}, {800}, {800}]
+    assert run.epoch_starts == (0, 50, 100, 110, 120, 122) and run.total == 124
+    assert schedule.sizes(6) == [32, 160, 800]
+
+
+def test_step_milestones_in_steps_and_the_last_step_of_an_epoch():
+    schedule = BatchSchedule(32, kind="step", unit="steps", milestones=(3, 5), factor=2.0)
+    # 320 samples: 3 x 32 + 2 x 64 = 224, then a step of 128 scheduled with 96 samples left.
+    kept = schedule.run_steps(2, 320, drop_last=False)
+    assert kept.sizes == (32, 32, 32, 64, 64, 128, 128, 128, 128) and kept.epoch_starts == (0, 6)
+    dropped = schedule.run_steps(2, 320, drop_last=True)
+    assert dropped.sizes == (32, 32, 32, 64, 64, 128, 128) and dropped.epoch_starts == (0, 5)
+    assert schedule.sizes(2) == [32, 64, 128]
+
+
+def test_linear_and_exponential_schedules_round_to_what_the_ranks_allow():
+    linear = BatchSchedule(32, world_size=2, kind="linear", end=104, epochs=4, round_to=4)
+    assert [linear.size_at(e, 0) for e in range(4)] == [32, 56, 80, 104]
+    # 30 -> 480 doubling per epoch, in multiples of 2 x 4 ranks: 30 and 60 round to 32 and 64.
+    exponential = BatchSchedule(30, world_size=4, kind="exponential", end=480, epochs=5, round_to=2)
+    assert [exponential.size_at(e, 0) for e in range(5)] == [32, 64, 120, 240, 480]
+    assert exponential.size_at(9, 0) == 480  # held at the end
+
+
+def test_list_schedule_holds_each_size_until_the_next_point():
+    schedule = BatchSchedule(32, kind="list", points=((0, 32), (3, 128), (5, 64)))
+    assert [schedule.size_at(e, 0) for e in range(7)] == [32, 32, 32, 128, 128, 64, 64]
+
+
+def test_a_factor_that_makes_a_fractional_batch_is_refused(make_cfg):
+    with pytest.raises(PlanError):
+        BatchSchedule(33, kind="step", milestones=(1.0,), factor=1.5).size_at(1, 0)
+    cfg = make_cfg("batch=scheduled", "batch.size=33", "batch.schedule.factor=1.5")
+    with pytest.raises(ConfigError) as info:
+        check(cfg)
+    assert info.value.key == "batch.schedule.factor"
+
+
+@pytest.mark.parametrize("points, key", [("[[0,32],[2,3]]", "batch.schedule"), ("[[1,32]]", "batch.schedule.points")])
+def test_a_schedule_below_what_the_ranks_need_is_refused(make_cfg, points, key):
+    cfg = make_cfg("batch=scheduled", "batch.schedule.kind=list", f"batch.schedule.points={points}",
+                   "distributed=ddp", "distributed.nproc_per_node=2")
+    with pytest.raises(ConfigError) as info:
+        check(cfg)
+    assert info.value.key == key
+
+
+@pytest.mark.parametrize("rule, expected", [("linear", [1, 1, 5, 5, 25]), ("sqrt", [1, 1, math.sqrt(5), math.sqrt(5), 5]),
+                                            ("none", [1] * 5)])
+def test_the_lr_follows_the_batch_through_the_rule(rule, expected):
+    sizes = (32, 32, 160, 160, 800)
+    assert lr_coupling(sizes, 64, rule, True, 0) == pytest.approx(expected)  # relative to the first step
+    assert lr_coupling(sizes, 64, rule, False, 0) == [1.0] * 5  # couple_lr=false holds it
+
+
+def test_an_lr_jump_is_ramped_over_ramp_steps():
+    factors = lr_coupling((32, 32, 160, 160, 160, 160, 160), 32, "linear", True, 4)
+    assert factors == pytest.approx([1, 1, 2, 3, 4, 5, 5])
+
+
+def test_a_batch_above_the_micro_cap_accumulates_the_largest_divisor_under_it():
+    assert (plan_for(160, 2, 32).micro_size, plan_for(160, 2, 32).accum_steps) == (20, 4)
+    assert (plan_for(800, 1, 256).micro_size, plan_for(800, 1, 256).accum_steps) == (200, 4)
+    assert (plan_for(64, 2, None).micro_size, plan_for(64, 2, 32).accum_steps) == (32, 1)
+    # A smaller last step keeps equal micro-batch counts on every rank.
+    assert micro_sizes(48, 96, plan_for(128, 2, 16)) == [16, 16, 16]

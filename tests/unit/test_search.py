@@ -1,0 +1,100 @@
+"""The finder's search strategies against a memory oracle: pure, no torch."""
+
+import random
+
+import pytest
+
+from bsexp.batch.finder.search import (
+    Attempt,
+    Searcher,
+    largest_divisor_at_most,
+    predict_size,
+    throughput_choice,
+)
+
+
+def oracle(boundary: int, fixed: float = 50e6, per_sample: float = 1e5, noise_below: int = 0):
+    """Memory = fixed + per_sample x size (plus fixed costs that hide it below `noise_below`);
+    a size fits when its memory stays within the budget that makes `boundary` the largest fit."""
+    budget = fixed + per_sample * boundary
+    tried = []
+
+    def attempt(size: int) -> Attempt:
+        tried.append(size)
+        peak = fixed + per_sample * max(size, noise_below)
+        return Attempt(size, peak <= budget, peak - fixed * 0.9, 1000.0 * min(size, 256))
+
+    return attempt, tried, budget - fixed * 0.9
+
+
+def test_power_doubles_from_init_until_the_first_failure():
+    attempt, tried, _ = oracle(300)
+    assert Searcher(attempt, 20, 10_000).power(8) == 256
+    assert tried == [8, 16, 32, 64, 128, 256, 512]
+
+
+def test_power_tries_max_size_itself_instead_of_returning_it_untried():
+    # Lightning's doubling can return max_val without trying it; here max_size is a trial.
+    attempt, tried, _ = oracle(10_000)
+    assert Searcher(attempt, 20, 100).power(8) == 100
+    assert tried == [8, 16, 32, 64, 100]
+
+
+def test_binsearch_finds_the_exact_boundary():
+    attempt, tried, _ = oracle(777)
+    assert Searcher(attempt, 40, 10_000).binsearch(8) == 777
+    assert 777 in tried and 778 in tried
+
+
+def test_fit_settles_the_boundary_within_two_percent_in_fewer_trials_than_doubling_and_bisecting():
+    attempt, tried, budget = oracle(3_000, noise_below=200)
+    found = Searcher(attempt, 12, 100_000).fit(8, budget)
+    assert 0.98 * 3_000 <= found <= 3_000
+    bisecting, bisected, _ = oracle(3_000, noise_below=200)
+    searcher = Searcher(bisecting, 40, 100_000)
+    searcher.power(8)
+    assert 0.98 * 3_000 <= searcher.bisect(0.02) <= 3_000
+    assert len(tried) < len(bisected)
+
+
+def test_a_search_stops_after_max_trials_with_the_best_it_tried():
+    attempt, tried, _ = oracle(5_000)
+    found = Searcher(attempt, 4, 100_000).binsearch(8)
+    assert len(tried) == 4 and found == 64
+
+
+@pytest.mark.parametrize("mode", ["power", "binsearch", "fit"])
+def test_every_search_returns_a_size_it_tried_that_fit_and_never_more_than_max_size(mode):
+    rng = random.Random(0)
+    for _ in range(60):
+        boundary, max_size = rng.randint(10, 20_000), rng.randint(10, 30_000)
+        attempt, tried, budget = oracle(boundary, per_sample=rng.uniform(1e3, 1e6), noise_below=rng.choice([0, 100]))
+        searcher = Searcher(attempt, rng.randint(3, 14), max_size)
+        found = {"power": lambda: searcher.power(8), "binsearch": lambda: searcher.binsearch(8),
+                 "fit": lambda: searcher.fit(8, budget)}[mode]()
+        assert all(size <= max_size for size in tried)
+        assert found is None or (found in tried and found <= min(boundary, max_size))
+
+
+def test_init_that_does_not_fit_leaves_nothing_to_return():
+    attempt, tried, budget = oracle(5)
+    assert Searcher(attempt, 10, 1_000).fit(8, budget) is None and tried == [8]
+
+
+def test_predict_size_on_the_line_through_two_measurements():
+    a, b = Attempt(100, True, 20e6), Attempt(300, True, 60e6)  # 0.2 MB a sample, nothing fixed
+    assert predict_size(a, b, 100e6) == 500
+    assert predict_size(a, Attempt(300, True, 20e6), 100e6) is None  # no per-sample cost measured
+
+
+def test_throughput_choice_is_the_smallest_size_near_the_best_rate():
+    attempts = [Attempt(64, True, 1, 900.0), Attempt(128, True, 1, 980.0), Attempt(256, True, 1, 1000.0),
+                Attempt(512, True, 1, 1001.0), Attempt(1024, False)]
+    assert throughput_choice(attempts, 0.05) == 128
+    assert throughput_choice(attempts, 0.0) == 512
+
+
+def test_largest_divisor_at_most():
+    assert largest_divisor_at_most(1000, 285) == 250
+    assert largest_divisor_at_most(97, 50) == 1
+    assert largest_divisor_at_most(64, 64) == 64
