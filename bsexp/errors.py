@@ -59,8 +59,22 @@ def _omegaconf_line(exc) -> str:
         parent = key.rpartition(".")[0]
         known = _known_keys(exc)
         where = f"a key of {parent}" if parent else "a top-level key"
-        return f"{key}: not {where}" + (f"; valid: {', '.join(known)}" if known else "")
+        return f"{key}: not {where}" + _elsewhere(key) + (f"; valid: {', '.join(known)}" if known else "")
     return f"{key}: {message}"
+
+
+def _elsewhere(key: str) -> str:
+    """Where the config does have that name: the full key (`lr` -> optimizer.lr), or the group
+    options whose schema defines it (batch.micro_size -> batch=accumulation)."""
+    from bsexp.config.schema import where_defined
+
+    parent, _, name = key.rpartition(".")
+    full, options = where_defined(name, parent)
+    if full:
+        return f" (did you mean {' or '.join(full)}?)"
+    if options:
+        return f" (it is a key of {' or '.join(options)})"
+    return ""
 
 
 def _known_keys(exc) -> list[str]:

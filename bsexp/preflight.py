@@ -1,8 +1,10 @@
 """Checks run before Hydra creates a job's directory, so a bad config writes nothing: the
-config's own checks, the batch policy's, and the output directory's."""
+config's own checks, the batch policy's, a resume's (it must not change the run), and the output
+directory's, which the run then holds as its own (a lock) for as long as it lives."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 from pathlib import Path
 from typing import Any
@@ -10,6 +12,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from bsexp import resume
 from bsexp.batch.plan import BatchPlan
 from bsexp.batch.policy import policy_for
 from bsexp.config.checks import check
@@ -17,6 +20,7 @@ from bsexp.config.env import env_rank, restarted, under_torchrun
 from bsexp.errors import ConfigError, exit_on_config_error
 
 RESULTS = ("summary.json", "metrics.jsonl")
+LOCK = ".bsexp.lock"
 
 
 def check_all(cfg: DictConfig) -> BatchPlan | None:
@@ -30,6 +34,8 @@ def check_output_dir(key: str, path: str) -> None:
     """The output directory (of a run, or of a sweep's jobs) must be creatable and must not
     already hold a run's results."""
     directory = Path(path)
+    if _held_elsewhere(directory):
+        raise ConfigError(key, path, "is in use by another run right now; choose a new directory")
     for name in RESULTS:
         found = next(iter(directory.glob(f"**/{name}")), None) if directory.is_dir() else None
         if found is not None:
@@ -43,6 +49,40 @@ def check_output_dir(key: str, path: str) -> None:
         raise ConfigError(key, path, "is not writable")
 
 
+def _held_elsewhere(directory: Path) -> bool:
+    """Whether a live process holds the directory (its lock file exists and is locked)."""
+    try:
+        handle = os.open(directory / LOCK, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(handle)
+
+
+_CLAIMS: list[int] = []  # open, locked descriptors: held for the life of the process
+
+
+def claim(key: str, path: str) -> None:
+    """Make the directory this process's alone for as long as it lives (an exclusive lock on
+    `<dir>/.bsexp.lock`; the kernel drops it when the process ends, however it ends). A second
+    run given the same directory is refused here, before it writes anything of its own there."""
+    directory = Path(path)
+    directory.mkdir(parents=True, exist_ok=True)
+    handle = os.open(directory / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(handle)
+        raise ConfigError(key, path, "is in use by another run right now; choose a new directory") from None
+    _CLAIMS.append(handle)
+
+
 class Preflight(Callback):
     """Hydra turns exceptions from callbacks into warnings and carries on, so a failed check
     exits here (SystemExit passes through Hydra untouched)."""
@@ -50,9 +90,13 @@ class Preflight(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         with exit_on_config_error():
             check_all(config)
-            resuming = config.get("resume") is not None or restarted()  # into the directory it left
-            if env_rank() == 0 and not resuming:  # other ranks of a torchrun job write nothing (bsexp.train)
+            if env_rank() != 0:  # other ranks of a torchrun job write nothing (bsexp.train)
+                return
+            if config.get("resume") is not None:  # into the directory it left, as it was started
+                resume.check(config, config.hydra.run.dir)
+            elif not restarted():
                 check_output_dir("hydra.run.dir", config.hydra.run.dir)
+            claim("hydra.run.dir", config.hydra.run.dir)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         # The config without the swept values: what is wrong here is wrong for every job.
@@ -62,3 +106,4 @@ class Preflight(Callback):
                                   "with distributed=ddp distributed.nproc_per_node=N instead")
             check_all(config)
             check_output_dir("hydra.sweep.dir", config.hydra.sweep.dir)
+            claim("hydra.sweep.dir", config.hydra.sweep.dir)

@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from bsexp import checkpoint as ckpt
+from bsexp import resume
 from bsexp.build import build_sinks
 from bsexp.config.env import restarted
 from bsexp.distributed import World, close_world, init_world
@@ -45,7 +46,10 @@ def _run_on(world: World, cfg: DictConfig, run_dir: Path, started: float) -> dic
     state = TrainState()
     wandb_id = None if resumed is None else ckpt.restore(cfg, loop, state, *resumed)
     hparams = hyperparameters(cfg, loop)
+    changed = resume.changes(cfg, str(cfg.resume), str(run_dir)) if cfg.resume is not None else []
     if world.is_main:
+        for key, was, now in changed:  # taken with checkpoint.allow_mismatch=true, and recorded
+            log.warning("resume: %s changed from %s to %s (checkpoint.allow_mismatch=true)", key, was, now)
         announce(cfg, loop, hparams)
         loop.sinks.attach(build_sinks(cfg, run_dir, hparams, keep_records=len(state.records) if resumed else None,
                                       wandb_id=wandb_id))
@@ -69,6 +73,7 @@ def _run_on(world: World, cfg: DictConfig, run_dir: Path, started: float) -> dic
     finally:
         summary = make_summary(cfg, status, loop, hparams, state, test, time.perf_counter() - started)
         summary["resumed_from"] = str(resumed[0]) if resumed is not None else None
+        summary["resume_changes"] = [{"key": k, "was": was, "now": now} for k, was, now in changed]
         if status == "preempted" and loop.watch.stop_signal:
             summary["preempted_by"] = signal.Signals(loop.watch.stop_signal).name
         if world.is_main:

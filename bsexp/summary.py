@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
+from bsexp.batch.scaling import cautions
 from bsexp.distributed import World
 from bsexp.noise import NoiseScale
 from bsexp.runtime import peak_memory_mb, provenance
@@ -44,9 +45,11 @@ def announce(cfg: DictConfig, loop, hparams: dict[str, Any]) -> None:
     log.info("lr %.4g (%s rule from %g), weight decay %.4g (%s rule from %g), warmup %d of %d steps",
              h["lr"], h["lr_rule"], h["base_lr"], h["weight_decay"], h["wd_rule"], h["base_weight_decay"],
              h["warmup_steps"], h["total_steps"])
-    if h["lr_peak"] < h["lr"] * (1 - 1e-9):
-        log.warning("schedule.warmup: the warmup (%d steps) does not end within the run (%d steps): the LR "
-                    "peaks at %.4g, below the target %.4g", h["warmup_steps"], h["total_steps"], h["lr_peak"], h["lr"])
+    run = loop.policy.run_steps
+    per_epoch = len(run.epoch(0)) if run.epoch_starts else run.total
+    for key, what in cautions(h["lr"] / h["base_lr"], str(cfg.schedule.warmup_shape), h["warmup_steps"],
+                              h["total_steps"], per_epoch, h["lr_peak"] / h["lr"]):
+        log.warning("%s: %s", key, what)
 
 
 def make_summary(cfg: DictConfig, status: str, loop, hparams: dict[str, Any], state,

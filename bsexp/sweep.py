@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,9 @@ def job_dirname() -> str:
 
 def register_resolvers() -> None:
     OmegaConf.register_new_resolver("bsexp_job_dir", job_dirname, replace=True)
+    # In default output directories after the time: runs started in the same second on one
+    # machine get directories of their own (the process id).
+    OmegaConf.register_new_resolver("bsexp_pid", lambda: str(os.getpid()), replace=True, use_cache=True)
 
 
 def in_multirun() -> bool:

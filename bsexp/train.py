@@ -17,6 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from bsexp import resume
 from bsexp.config.env import env_rank, remember_torchrun_dir, torchrun_first_dir, under_torchrun
 from bsexp.config.schema import register_configs
 from bsexp.errors import ConfigError, exit_on_config_error, one_line
@@ -50,8 +51,10 @@ def _job(cfg: DictConfig) -> float | None:
         with exit_on_config_error():
             summary = job(cfg, run_dir)
         if summary.get("preempted_by"):  # a checkpoint is saved: resume=auto continues the run
-            print(f"preempted by {summary['preempted_by']}: checkpoint saved; continue with resume=auto "
-                  f"hydra.run.dir={run_dir}", file=sys.stderr, flush=True)
+            launcher = "torchrun <the same torchrun options> -m bsexp.train" if under_torchrun() else \
+                "python -m bsexp.train"
+            print(f"stopped by {summary['preempted_by']} at step {summary['steps']}: checkpoint saved; continue "
+                  f"with:\n  {launcher} resume=auto hydra.run.dir={run_dir}", file=sys.stderr, flush=True)
             sys.exit(128 + signal.Signals[summary["preempted_by"]].value)
         return summary.get("val_acc")
     except KeyboardInterrupt:
@@ -93,6 +96,9 @@ def main() -> None:
         from bsexp.distributed import agree_on_attempt
 
         agree_on_attempt()
+    if not _multirun_requested():
+        with exit_on_config_error():  # a resume continues the run's own config
+            sys.argv = resume.prepare_argv(sys.argv)
     if env_rank() != 0:
         # Ranks of a torchrun job share rank 0's output directory (run() hands it round) and write
         # nothing themselves: no directory of their own, no .hydra/, no log file.

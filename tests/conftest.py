@@ -63,7 +63,7 @@ def limit_for_size(data_root: Path, tmp: Path, overrides: list[str], size: float
     guessed: the fixed memory of torch and the model differ between machines."""
     finder = [] if "batch=finder" in overrides else ["batch=finder"]
     out = subprocess.run([sys.executable, "-m", "bsexp.train", *overrides, *finder, "logger=none",
-                          "batch.finder.margin=0", "batch.finder.memory_limit_gb=1.0", "trainer.max_steps=1",
+                          "batch.finder.margin=0", "batch.finder.data_fraction=null", "batch.finder.memory_limit_gb=1.0", "trainer.max_steps=1",
                           f"hydra.run.dir={tmp / 'run'}"],
                          cwd=tmp, env=cli_env(data_root), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -143,16 +143,20 @@ class BatchPolicy:
         lr = scaling.scaled_lr(cfg.optimizer.lr, k, rule)
         wd = scaling.scaled_weight_decay(cfg.optimizer.weight_decay, k, str(cfg.scaling.wd_rule))
         node = cfg.schedule
-        in_steps = (lambda length: int(round(length))) if node.unit == "steps" else run.steps_at
-        warmup = 0 if node.warmup_shape == "none" else in_steps(node.warmup)
+        # Counted in samples seen, so that a batch that changes (batch=scheduled) can neither stretch
+        # nor cut the warmup or the decay; lengths given in steps are the samples of those steps.
+        in_samples = ((lambda steps: run.samples_before_step(int(round(steps)))) if node.unit == "steps"
+                      else run.samples_at)
+        warmup = 0 if node.warmup_shape == "none" else in_samples(node.warmup)
         lr_schedule = scaling.LRSchedule(
-            total_steps=run.total, warmup_steps=warmup, warmup_shape=str(node.warmup_shape),
+            total=run.total_samples, warmup=warmup, warmup_shape=str(node.warmup_shape),
             start_factor=scaling.warmup_start_factor(node.start_factor, k, rule), main=str(node.main),
-            milestones=tuple(in_steps(m) for m in node.milestones), factor=node.factor,
+            milestones=tuple(in_samples(m) for m in node.milestones), factor=node.factor,
             final_factor=node.final_factor)
-        factors = scaling.LRFactors(lr_schedule, self.lr_coupling())
+        factors = scaling.LRFactors(lr_schedule, self.lr_coupling(), run.before)
         peak = lr * max((factors(step) for step in range(run.total)), default=1.0)
-        return scaling.ScaledHparams(k, lr, peak, wd, warmup, run.total), factors
+        warmup_steps = sum(1 for position in run.before if position < warmup)
+        return scaling.ScaledHparams(k, lr, peak, wd, warmup_steps, run.total), factors
 
     def state_dict(self) -> dict[str, Any]:
         return {"plan": asdict(self._plan), "micro_cap": self.micro_cap, "oom_recoveries": self.oom_recoveries}

@@ -50,34 +50,36 @@ def scaled_weight_decay(base_wd: float, k: float, rule: str) -> float:
 
 @dataclass(frozen=True)
 class LRSchedule:
-    """Multiplier of the scaled LR at each optimizer step: warmup, then the main schedule.
+    """Multiplier of the scaled LR at a position of the run: warmup, then the main schedule.
 
-    All lengths are in optimizer steps. `start_factor` is the warmup's first multiplier
-    (Goyal et al. §2.2 ramp from the reference batch's LR: base LR / scaled LR).
+    Positions and lengths are in one unit, whatever the caller counts in; bsexp counts samples
+    seen, so that a change of batch can neither stretch nor cut the warmup or the decay.
+    `start_factor` is the warmup's first multiplier (Goyal et al. §2.2 ramp from the reference
+    batch's LR: base LR / scaled LR).
     """
 
-    total_steps: int
-    warmup_steps: int = 0
+    total: int
+    warmup: int = 0
     warmup_shape: str = "linear"  # linear | constant | none
     start_factor: float = 1.0
     main: str = "constant"  # cosine | step | constant
-    milestones: tuple[int, ...] = ()  # absolute steps at which `step` multiplies by `factor`
+    milestones: tuple[int, ...] = ()  # positions at which `step` multiplies by `factor`
     factor: float = 0.1
     final_factor: float = 0.0  # cosine ends at final_factor × the peak
 
-    def __call__(self, step: int) -> float:
-        if self.warmup_shape != "none" and step < self.warmup_steps:
+    def __call__(self, position: float) -> float:
+        if self.warmup_shape != "none" and position < self.warmup:
             if self.warmup_shape == "constant":  # low LR, then a jump (Goyal's ablation)
                 return self.start_factor
-            return self.start_factor + (1.0 - self.start_factor) * step / self.warmup_steps
+            return self.start_factor + (1.0 - self.start_factor) * position / self.warmup
         if self.main == "cosine":
-            begin = self.warmup_steps if self.warmup_shape != "none" else 0
-            span = max(1, self.total_steps - begin)
-            progress = min(1.0, (step - begin) / span)
+            begin = self.warmup if self.warmup_shape != "none" else 0
+            span = max(1, self.total - begin)
+            progress = min(1.0, (position - begin) / span)
             cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
             return self.final_factor + (1.0 - self.final_factor) * cosine
         if self.main == "step":
-            return self.factor ** sum(step >= m for m in self.milestones)
+            return self.factor ** sum(position >= m for m in self.milestones)
         return 1.0
 
 
@@ -119,12 +121,47 @@ class ScaledHparams:
 
 @dataclass(frozen=True)
 class LRFactors:
-    """The multiplier of the first step's LR at each step: warmup and main schedule, times the
-    coupling of the LR to a scheduled batch (1 when the batch is constant)."""
+    """The multiplier of the first step's LR at each step: warmup and main schedule at the
+    step's position (`positions[step]`, samples seen before it; the step itself without them),
+    times the coupling of the LR to a scheduled batch (1 when the batch is constant)."""
 
     schedule: LRSchedule
     coupling: tuple[float, ...] = ()
+    positions: tuple[int, ...] = ()
 
     def __call__(self, step: int) -> float:
         couple = self.coupling[min(step, len(self.coupling) - 1)] if self.coupling else 1.0
-        return self.schedule(step) * couple
+        if self.positions:
+            position = self.positions[step] if step < len(self.positions) else self.schedule.total
+        else:
+            position = step
+        return self.schedule(position) * couple
+
+
+FEW_STEPS = 8  # optimizer steps an epoch below which a batch is called large for its data
+LARGEST_VERIFIED_K = 32  # Goyal et al. 2017 trained up to 8k = 32 x 256 with no loss of accuracy
+
+
+def cautions(lr_multiplier: float, warmup_shape: str, warmup_steps: int, total_steps: int,
+             steps_per_epoch: int, peak_fraction: float = 1.0) -> list[tuple[str, str]]:
+    """(key, what) for each way the run's set-up is likely to train badly: a batch that leaves
+    few steps an epoch, an LR scaled past what the warmup can carry (or past what Goyal et al.
+    verified), a warmup that takes the whole run."""
+    found = []
+    if steps_per_epoch < FEW_STEPS:
+        found.append(("batch.size", f"the batch leaves {steps_per_epoch} optimizer step(s) an epoch (fewer than "
+                                    f"{FEW_STEPS}): few updates, and a batch near the training set's size is far "
+                                    f"above the useful (critical) batch"))
+    if lr_multiplier > LARGEST_VERIFIED_K:
+        found.append(("scaling.lr_rule", f"the LR is scaled x{lr_multiplier:.3g}, beyond the largest factor Goyal et "
+                                         f"al. trained without loss (x{LARGEST_VERIFIED_K})"))
+    if warmup_shape == "linear" and lr_multiplier > 1 and warmup_steps < lr_multiplier - 1:
+        found.append(("schedule.warmup", f"a warmup of {warmup_steps} step(s) raises the LR x{lr_multiplier:.3g}, "
+                                         f"more than the reference LR in each step; lengthen it"))
+    if warmup_shape != "none" and warmup_steps and warmup_steps >= total_steps:
+        peak = (f"; the LR peaks at {100 * peak_fraction:.0f} % of its target" if peak_fraction < 1 - 1e-9
+                else "")
+        found.append(("schedule.warmup", f"the warmup ({warmup_steps} steps) takes the whole run ({total_steps} "
+                                         f"steps): the LR never follows schedule.main{peak}; shorten the warmup "
+                                         f"or train longer"))
+    return found

@@ -57,6 +57,7 @@ class BatchSchedule:
     def run_steps(self, epochs: int, n: int, drop_last: bool, max_steps: int | None = None) -> "RunSteps":
         """The global batch of every step of the run, and the step each epoch starts at."""
         sizes: list[int] = []
+        taken_by_step: list[int] = []
         epoch_starts: list[int] = []
         for epoch in range(epochs):
             epoch_starts.append(len(sizes))
@@ -67,8 +68,9 @@ class BatchSchedule:
                 if taken < size and not keep_final(taken, self.world_size, drop_last):
                     break
                 sizes.append(size)
+                taken_by_step.append(taken)
                 start += taken
-        return RunSteps(tuple(sizes), tuple(epoch_starts), n)
+        return RunSteps(tuple(sizes), tuple(epoch_starts), n, tuple(taken_by_step))
 
 
 @dataclass(frozen=True)
@@ -76,10 +78,48 @@ class RunSteps:
     sizes: tuple[int, ...]  # the scheduled global batch of each step
     epoch_starts: tuple[int, ...]  # index of each epoch's first step
     n: int  # training samples an epoch
+    taken: tuple[int, ...] = ()  # the samples each step trains on (an epoch's last step may take fewer)
 
     @property
     def total(self) -> int:
         return len(self.sizes)
+
+    @property
+    def before(self) -> tuple[int, ...]:
+        """Samples seen before each step: where the LR schedule, counted in samples, stands."""
+        seen, out = 0, []
+        for taken in self.taken or self.sizes:
+            out.append(seen)
+            seen += taken
+        return tuple(out)
+
+    @property
+    def total_samples(self) -> int:
+        return sum(self.taken or self.sizes)
+
+    def epoch_samples(self) -> list[int]:
+        """Samples each epoch trains on (0 for epochs past a run cut short by max_steps)."""
+        taken = self.taken or self.sizes
+        bounds = [*self.epoch_starts, self.total]
+        return [sum(taken[a:b]) for a, b in zip(bounds, bounds[1:])]
+
+    def samples_at(self, epochs: float) -> int:
+        """Samples seen after `epochs` epochs (a fraction of an epoch by that epoch's samples);
+        past the run's last step (a run cut short by max_steps), at a whole epoch's rate."""
+        whole = int(epochs)
+        per_epoch = self.epoch_samples()
+        if whole < len(per_epoch) and per_epoch[whole] and (whole + 1 == len(per_epoch) or per_epoch[whole + 1]
+                                                             or epochs == whole):
+            return sum(per_epoch[:whole]) + round((epochs - whole) * per_epoch[whole])
+        rate = per_epoch[0] if len(per_epoch) > 1 and per_epoch[1] else self.n
+        return max(round(epochs * rate), sum(per_epoch[:whole]) if whole <= len(per_epoch) else 0)
+
+    def samples_before_step(self, step: int) -> int:
+        """Samples seen before step `step`; past the run's end, at its last step's size."""
+        if step < self.total:
+            return self.before[step]
+        taken = self.taken or self.sizes
+        return self.total_samples + (step - self.total) * (taken[-1] if taken else 0)
 
     def steps_at(self, epochs: float) -> int:
         """The step reached after `epochs` epochs (fractions within an epoch by its own steps)."""

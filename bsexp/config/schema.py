@@ -273,6 +273,10 @@ class FinderConfig:
     max_trials: int = at_least(2, 12)
     steps_per_trial: int = at_least(1, 2)  # training steps per trial (the first one after warm-up allocates)
     max_size: Optional[int] = at_least(2, None)  # largest micro-batch considered (also: the training set per rank)
+    # The found global batch is at most this fraction of the training set, unless batch.size is
+    # given (McCandlish et al. 2018, Smith et al. 2018: the useful batch lies well below N);
+    # null: only memory bounds it.
+    data_fraction: Optional[float] = bounded(0.1, low=0, high=1, open_low=True)
     margin: float = bounded(0.05, low=0, high=0.9)  # headroom: the answer is this fraction below the largest that fit
     memory_limit_gb: Optional[float] = positive(None)  # null: the GPU's memory, or what the machine has free
     throughput_tolerance: float = bounded(0.05, low=0, high=0.5)  # objective=throughput: within this of the best
@@ -429,6 +433,35 @@ SCHEMAS = {
     "schema_distributed": DistributedConfig,
     "schema_logger": LoggerConfig,
 }
+
+
+GROUPS = ("data", "model", "optimizer", "batch", "distributed", "logger")
+
+
+def where_defined(name: str, parent: str) -> tuple[list[str], list[str]]:
+    """For a key `parent.name` the config does not have: the full keys of that name elsewhere in
+    the top-level schema (`lr` -> optimizer.lr; from the top level only), and the group options
+    whose schema defines `name` under `parent` (`batch.micro_size` -> batch=accumulation)."""
+    from dataclasses import MISSING as NO_DEFAULT, fields, is_dataclass
+
+    full: list[str] = []
+    if not parent:
+        for f in fields(Config):
+            default = f.default_factory() if f.default_factory is not NO_DEFAULT else None
+            if is_dataclass(default) and name in {g.name for g in fields(default)}:
+                full.append(f"{f.name}.{name}")
+        for group in GROUPS:
+            if any(name in {g.name for g in fields(cls)} for key, cls in SCHEMAS.items()
+                   if key.startswith(f"schema_{group}")) and f"{group}.{name}" not in full:
+                full.append(f"{group}.{name}")
+    options = []
+    if parent in GROUPS:
+        for key, cls in SCHEMAS.items():
+            option = key.removeprefix(f"schema_{parent}_")
+            if key.startswith(f"schema_{parent}_") and name in {g.name for g in fields(cls)}:
+                names = "|".join(VISION_SETS) if option == "torchvision" else option
+                options.append(f"{parent}={names}")
+    return full, options
 
 
 def register_configs() -> None:

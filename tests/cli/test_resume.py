@@ -33,7 +33,7 @@ def test_a_run_stopped_mid_epoch_resumes_bit_identically(make_cfg, data_root, tm
     code, err = stop_mid_run(start(data_root, tmp_path, *args), run_dir, sig, seed=len(policy))
     stopped_at = newest_step(run_dir)
     if sig != signal.SIGKILL:  # a checkpoint at the next step boundary, then status preempted
-        assert code == 128 + sig and f"preempted by {signal.Signals(sig).name}" in err
+        assert code == 128 + sig and f"stopped by {signal.Signals(sig).name}" in err
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["status"] == "preempted" and summary["steps"] == stopped_at
     else:
@@ -98,10 +98,21 @@ def test_a_checkpoint_of_another_run_is_refused(run_cli, tmp_path, other, fragme
     first = run_cli(*small, f"hydra.run.dir={source}")
     assert first.returncode == 0, first.stderr[-2000:]
     checkpoint = sorted((source / "checkpoints").glob("step-*.pt"))[-1]
+    # Beside its run, the checkpoint's own config refuses the change, naming the key.
     out = run_cli(*small, *other, f"resume={checkpoint}", f"hydra.run.dir={tmp_path / 'other'}")
     assert out.returncode == 2
     [line] = out.stderr.strip().splitlines()
-    assert line.startswith(f"error: resume={checkpoint}: was written by another run") and fragment in line
+    key, value = other[0].split("=")
+    assert line.startswith(f"error: {key}=") and "differs from the run being resumed" in line
+    assert "checkpoint.allow_mismatch=true" in line
+    # A checkpoint file alone (no run config beside it) is refused by what it holds.
+    alone = tmp_path / "alone" / checkpoint.name
+    alone.parent.mkdir()
+    alone.write_bytes(checkpoint.read_bytes())
+    out = run_cli(*small, *other, f"resume={alone}", f"hydra.run.dir={tmp_path / 'other2'}")
+    assert out.returncode == 2
+    [line] = out.stderr.strip().splitlines()
+    assert line.startswith(f"error: resume={alone}: was written by another run") and fragment in line
     assert "checkpoint.allow_mismatch=true" in line
 
 

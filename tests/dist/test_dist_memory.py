@@ -10,7 +10,8 @@ from tiny import assert_close, params
 
 # Memory grows fast with the batch and compute does not: one wide hidden layer on 40 inputs.
 WIDE = ["data=synthetic", "data.shape=[1,40]", "data.num_samples=8000", "data.val_size=200",
-        "model=mlp", "model.hidden=[8192]", "batch=finder", "trainer.progress=false", "epochs=1"]
+        "model=mlp", "model.hidden=[8192]", "batch=finder", "trainer.progress=false", "epochs=1",
+        "batch.finder.data_fraction=null"]  # memory alone bounds the answer here
 WIDE_SCHEDULED = ["data=synthetic", "data.shape=[1,40]", "data.val_size=200", "model=mlp", "model.hidden=[8192]",
                   "model.norm=none", "trainer.eval_batch_size=256", "schedule.warmup_shape=none", "epochs=1"]
 

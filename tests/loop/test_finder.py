@@ -82,7 +82,7 @@ def test_init_that_does_not_fit_is_a_clear_error(make_cfg):
 
     room_gb = (memory.rss() + 150 * memory.MIB) / GIB  # 4096 samples need about 500 MB
     with pytest.raises(ConfigError) as info:
-        find(make_cfg, "batch.finder.init=4096", limit_gb=room_gb)
+        find(make_cfg, "batch.finder.init=4096", "batch.finder.data_fraction=null", limit_gb=room_gb)
     assert info.value.key == "batch.finder.init"
     assert "even 4096 samples do not fit" in str(info.value) and "precision=bf16" in str(info.value)
 

@@ -161,5 +161,8 @@ def test_warmup_starts_at_the_reference_batchs_lr_under_every_rule(make_cfg, rul
     assert loop.step.optimizer.param_groups[0]["lr"] == pytest.approx(0.1)  # the first step's LR
     warmup = loop.hp.warmup_steps
     last_warmup_lr = loop.hp.lr * loop.step.scheduler.lr_lambdas[0](warmup - 1)
-    assert last_warmup_lr == pytest.approx(0.1 if shape == "constant" else 0.1 + (target - 0.1) * (warmup - 1) / warmup)
+    # The ramp is counted in samples: 2 epochs of 3,500, the last warmup step starting after 6,572.
+    seen = loop.policy.run_steps.before[warmup - 1]
+    assert (warmup, seen) == (8, 6572)
+    assert last_warmup_lr == pytest.approx(0.1 if shape == "constant" else 0.1 + (target - 0.1) * seen / 7000)
     assert loop.hp.lr * loop.step.scheduler.lr_lambdas[0](warmup) == pytest.approx(target)  # warmup reached the target

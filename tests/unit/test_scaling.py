@@ -50,7 +50,7 @@ def test_gradual_warmup_starts_at_the_unscaled_lr_and_reaches_the_target():
     k = 8.0
     start = scaling.warmup_start_factor(None, k, "linear")
     assert start == 1 / 8
-    schedule = LRSchedule(total_steps=100, warmup_steps=10, start_factor=start, main="constant")
+    schedule = LRSchedule(total=100, warmup=10, start_factor=start, main="constant")
     assert schedule(0) == pytest.approx(1 / 8)  # lr(0) = target / k = the reference LR
     assert schedule(5) == pytest.approx(1 / 8 + (7 / 8) * 0.5)
     assert schedule(10) == 1.0 and schedule(99) == 1.0
@@ -61,23 +61,23 @@ def test_gradual_warmup_starts_at_the_unscaled_lr_and_reaches_the_target():
 def test_start_factor_never_exceeds_one_and_zero_is_allowed():
     for rule in ("linear", "sqrt", "none"):
         assert scaling.warmup_start_factor(None, 0.5, rule) == 1.0  # batch below ref_batch: no ramp down
-    schedule = LRSchedule(total_steps=10, warmup_steps=4, start_factor=0.0, main="constant")
+    schedule = LRSchedule(total=10, warmup=4, start_factor=0.0, main="constant")
     assert schedule(0) == 0.0 and schedule(2) == 0.5
 
 
 def test_constant_warmup_holds_low_then_jumps():
-    schedule = LRSchedule(total_steps=20, warmup_steps=5, warmup_shape="constant", start_factor=0.1, main="constant")
+    schedule = LRSchedule(total=20, warmup=5, warmup_shape="constant", start_factor=0.1, main="constant")
     assert [schedule(s) for s in (0, 4, 5, 6)] == [0.1, 0.1, 1.0, 1.0]
 
 
 def test_no_warmup_ignores_warmup_steps():
-    schedule = LRSchedule(total_steps=10, warmup_steps=5, warmup_shape="none", start_factor=0.1, main="cosine")
+    schedule = LRSchedule(total=10, warmup=5, warmup_shape="none", start_factor=0.1, main="cosine")
     assert schedule(0) == 1.0
     assert schedule(5) == pytest.approx(0.5)  # cosine runs over the whole run: halfway
 
 
 def test_cosine_after_warmup_ends_at_the_final_factor():
-    schedule = LRSchedule(total_steps=110, warmup_steps=10, start_factor=0.5, main="cosine", final_factor=0.1)
+    schedule = LRSchedule(total=110, warmup=10, start_factor=0.5, main="cosine", final_factor=0.1)
     assert schedule(10) == pytest.approx(1.0)
     assert schedule(60) == pytest.approx(0.1 + 0.9 * 0.5)
     assert schedule(110) == pytest.approx(0.1)
@@ -85,16 +85,16 @@ def test_cosine_after_warmup_ends_at_the_final_factor():
 
 
 def test_step_schedule_multiplies_at_each_milestone():
-    schedule = LRSchedule(total_steps=100, main="step", milestones=(30, 60), factor=0.1)
+    schedule = LRSchedule(total=100, main="step", milestones=(30, 60), factor=0.1)
     assert [schedule(s) for s in (0, 29, 30, 59, 60, 99)] == pytest.approx([1, 1, 0.1, 0.1, 0.01, 0.01])
 
 
 def test_a_milestone_inside_warmup_takes_effect_when_warmup_ends():
-    schedule = LRSchedule(total_steps=20, warmup_steps=10, start_factor=0.5, main="step", milestones=(5, 15))
+    schedule = LRSchedule(total=20, warmup=10, start_factor=0.5, main="step", milestones=(5, 15))
     assert schedule(4) == pytest.approx(0.5 + 0.5 * 4 / 10)  # still ramping
     assert schedule(10) == pytest.approx(0.1) and schedule(15) == pytest.approx(0.01)
 
 
 def test_a_one_step_run_uses_the_start_of_its_schedule():
-    assert LRSchedule(total_steps=1, warmup_steps=0, main="cosine")(0) == 1.0
-    assert LRSchedule(total_steps=1, warmup_steps=3, start_factor=0.25, main="cosine")(0) == 0.25
+    assert LRSchedule(total=1, warmup=0, main="cosine")(0) == 1.0
+    assert LRSchedule(total=1, warmup=3, start_factor=0.25, main="cosine")(0) == 0.25

@@ -82,3 +82,32 @@ def test_a_batch_above_the_micro_cap_accumulates_the_largest_divisor_under_it():
     assert (plan_for(64, 2, None).micro_size, plan_for(64, 2, 32).accum_steps) == (32, 1)
     # A smaller last step keeps equal micro-batch counts on every rank.
     assert micro_sizes(48, 96, plan_for(128, 2, 16)) == [16, 16, 16]
+
+
+def test_the_run_counts_the_samples_each_step_takes():
+    # 100 samples in steps of 32: 32, 32, 32 and a last step of 4 (kept: 2 a rank at least).
+    run = BatchSchedule(32).run_steps(epochs=2, n=100, drop_last=False)
+    assert run.taken == (32, 32, 32, 4) * 2 and run.before == (0, 32, 64, 96, 100, 132, 164, 196)
+    assert run.total_samples == 200 and run.samples_at(1) == 100 and run.samples_at(1.5) == 150
+    assert run.samples_before_step(3) == 96 and run.samples_before_step(10) == 200 + 2 * 4  # past the end
+    cut = BatchSchedule(32).run_steps(epochs=4, n=100, drop_last=False, max_steps=5)
+    assert cut.samples_at(3) == 300  # past a run cut short: at a whole epoch's rate
+
+
+def test_the_lr_schedule_is_counted_in_samples_when_the_batch_grows(make_cfg):
+    # Smith et al.'s schedule, 32 -> 160 -> 800 at epochs 8 and 14 of 20: 800 of the run's 944
+    # steps come before the first increase. Counted in steps, a cosine decay would be at 9 % of its
+    # peak when the batch grows; counted in samples it stands where 8 epochs of 20 put it.
+    from bsexp.batch.policy import policy_for
+
+    cfg = make_cfg("batch=scheduled", "data.val_size=800", "batch.schedule.couple_lr=false")
+    policy = policy_for(cfg)
+    policy.lay_out(3200)
+    hp, factors = policy.hparams()
+    run = policy.run_steps
+    first_of_epoch_8 = run.epoch_starts[8]
+    assert first_of_epoch_8 == 800 and run.total == 944  # 8 x 100 steps of 32, then 6 x 20, 6 x 4
+    progress = (8 - 2) / (20 - 2)  # past a 2-epoch warmup, in samples
+    assert factors(first_of_epoch_8) == pytest.approx(0.5 * (1 + math.cos(math.pi * progress)))
+    assert factors(run.epoch_starts[14]) == pytest.approx(0.5 * (1 + math.cos(math.pi * 12 / 18)))
+    assert hp.warmup_steps == 200  # 2 epochs of 100 steps

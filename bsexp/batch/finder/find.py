@@ -43,13 +43,24 @@ def find_plan(cfg: DictConfig, world: World, splits: Splits, model: torch.nn.Mod
     node = cfg.batch.finder
     limit = limit_bytes if limit_bytes is not None else memory_limit(cfg, world.device)
     per_rank = None if keep_size is None else keep_size // world.size
-    max_size = min(node.max_size or math.inf, len(splits.train) // world.size, per_rank or math.inf,
-                   largest or math.inf)
+    n_train = len(splits.train)
+    bounds = {"the training set per rank": n_train // world.size}
+    if node.max_size:
+        bounds["batch.finder.max_size"] = node.max_size
+    if per_rank is not None:
+        bounds["batch.size per rank (kept)"] = per_rank
+    if largest is not None:
+        bounds["the largest scheduled batch per rank"] = largest
+    if keep_size is None and largest is None and node.data_fraction is not None:
+        bounds[f"batch.finder.data_fraction={node.data_fraction:g} of {n_train:,} training samples"] = \
+            max(MIN_MICRO, math.floor(node.data_fraction * n_train / world.size))
+    bound_by, max_size = min(bounds.items(), key=lambda item: item[1])
     key = cache_key(cfg, world, splits, keep_size, largest)
     cached = cache_load(cfg, key)
     if cached is not None:
         trials = [Trial(**t) for t in cached["trials"]]
-        result = _result(cfg, world, trials, cached["micro_size"], limit, cached["budget_mb"], keep_size, True)
+        result = _result(cfg, world, trials, cached["micro_size"], limit, cached["budget_mb"], keep_size, True,
+                         (max_size, bound_by))
         log.info("finder: micro-batch %d from the cache (%s)", result.micro_size, node.cache_dir)
         return result
     started = time.perf_counter()
@@ -94,7 +105,8 @@ def find_plan(cfg: DictConfig, world: World, splits: Splits, model: torch.nn.Mod
                           else math.floor(chosen * (1 - node.margin)))
         finally:
             prober.close()
-        result = _result(cfg, world, list(trials.values()), chosen, limit, budget / memory.MIB, keep_size, False)
+        result = _result(cfg, world, list(trials.values()), chosen, limit, budget / memory.MIB, keep_size, False,
+                         (max_size, bound_by))
         result.seconds = time.perf_counter() - started
         result.loader_samples_per_s = _loader_rate(splits, cfg, result.plan, world)
     if result.loader_samples_per_s and result.step_samples_per_s and result.loader_samples_per_s < result.step_samples_per_s:
@@ -125,7 +137,7 @@ def _agree(world: World, trial: Trial) -> Trial:
 
 
 def _result(cfg: DictConfig, world: World, trials: list[Trial], micro: int, limit: int, budget_mb: float,
-            keep_size: int | None, cached: bool) -> FinderResult:
+            keep_size: int | None, cached: bool, bound: tuple[int, str]) -> FinderResult:
     node = cfg.batch.finder
     plan = (make_plan(micro * world.size, world.size) if keep_size is None
             else make_plan(keep_size, world.size, micro_size=micro))
@@ -136,7 +148,7 @@ def _result(cfg: DictConfig, world: World, trials: list[Trial], micro: int, limi
                 f"best measured samples/s, not the largest that fits.")
     return FinderResult(str(node.mode), str(node.objective), limit / memory.GIB, node.margin, budget_mb,
                         trials, micro, plan, note, step_samples_per_s=chosen.samples_per_s if chosen else None,
-                        cached=cached, world_size=world.size)
+                        cached=cached, world_size=world.size, max_size=bound[0], max_size_by=bound[1])
 
 
 def _loader_rate(splits: Splits, cfg: DictConfig, plan: BatchPlan, world: World, seconds: float = 1.0) -> float | None:

@@ -45,11 +45,14 @@ class FinderResult:
     world_size: int = 1
     seconds: float = 0.0  # spent probing, start of the probe process included
     noise_b_simple: float | None = None  # objective=noise_scale: the measured gradient noise scale
+    max_size: int | None = None  # the largest micro-batch per rank considered
+    max_size_by: str = ""  # what set it (memory aside): the data, batch.finder.max_size, ...
 
     def summary(self) -> dict[str, Any]:
         """The short form for summary.json (finder.json holds every trial)."""
         keys = ("mode", "objective", "limit_gb", "margin", "budget_mb", "micro_size", "note",
-                "loader_samples_per_s", "step_samples_per_s", "cached", "seconds", "noise_b_simple")
+                "loader_samples_per_s", "step_samples_per_s", "cached", "seconds", "noise_b_simple", "max_size",
+                "max_size_by")
         return {**{k: getattr(self, k) for k in keys}, "trials": len(self.trials),
                 "batch_size": self.plan.size, "accum_steps": self.plan.accum_steps}
 
@@ -67,6 +70,8 @@ class FinderResult:
             fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
             lines.append(f"  {t.size:>6}  {result:<10}  {fmt(t.peak_mb, '9,.1f')}  {fmt(t.reserved_mb, '11,.1f')}  "
                          f"{fmt(t.alloc_retries, '7d')}  {t.seconds:7.2f}  {fmt(t.samples_per_s, '9,.0f')}")
+        if self.max_size is not None:
+            lines.append(f"  sizes considered up to {self.max_size:,} per rank, set by {self.max_size_by}")
         lines.append(f"  chosen: micro-batch {self.micro_size} -> batch {self.plan.size} = {self.plan.micro_size} "
                      f"x {self.plan.accum_steps} x {self.plan.world_size}. {self.note}".rstrip())
         return "\n".join(lines)

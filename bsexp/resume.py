@@ -1,0 +1,112 @@
+"""A resumed run continues the run's own config, whatever the command line repeats or omits.
+
+`python -m bsexp.train resume=auto hydra.run.dir=D` composes D's own overrides (its
+`.hydra/overrides.yaml`, written when it started and never overwritten) followed by the command
+line's, so nothing the run was started with is lost; the resume's own config and overrides go
+to `D/.hydra/resume-<n>/`. Before anything runs, the composed config is held against D's
+`.hydra/config.yaml`: a value that would change the run is refused with one line, or, with
+`checkpoint.allow_mismatch=true`, taken and recorded (`resume_changes` in summary.json).
+Torch-free: it runs before Hydra composes anything.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+
+from bsexp.errors import ConfigError
+
+CHECKPOINTS = "checkpoints"
+# Keys that say how a run is run or shown, not what it computes: a resume may set them freely.
+RUN_ONLY = ("resume", "checkpoint.allow_mismatch", "checkpoint.keep", "checkpoint.every_steps",
+            "checkpoint.every_epoch", "trainer.progress", "trainer.threads", "distributed.timeout_s",
+            "logger.wandb.mode")
+
+
+def _last(args: list[str], key: str) -> str | None:
+    values = [a.split("=", 1)[1] for a in args if a.split("=", 1)[0].lstrip("+~") == key and "=" in a]
+    return values[-1] if values else None
+
+
+def source_dir(resume: str, run_dir: str | None) -> Path:
+    """The directory of the run a resume continues: `hydra.run.dir` for resume=auto; for a path,
+    the run that holds it (a checkpoint file, its checkpoints/ folder, or the run directory)."""
+    if resume == "auto":
+        return Path(str(run_dir))
+    path = Path(resume).expanduser()
+    if path.name == CHECKPOINTS:
+        return path.parent
+    if path.suffix == ".pt":
+        return path.parent.parent if path.parent.name == CHECKPOINTS else path.parent
+    return path
+
+
+def prepare_argv(argv: list[str]) -> list[str]:
+    """The command line of a resume: the run's own overrides first, then the given ones, and this
+    resume's Hydra files beside (not over) the run's. Any other command line is returned as is."""
+    args = list(argv[1:])
+    resume = _last(args, "resume")
+    if resume in (None, "null"):
+        return argv
+    run_dir = _last(args, "hydra.run.dir")
+    if resume == "auto" and run_dir is None:
+        raise ConfigError("resume", "auto", "needs the run to continue: add hydra.run.dir=<its directory> "
+                                            "(e.g. hydra.run.dir=outputs/2026-11-23/10-00-00-1234)")
+    source = source_dir(resume, run_dir)
+    if resume == "auto" and not any((source / CHECKPOINTS).glob("step-*.pt")):
+        raise ConfigError("resume", "auto", f"{source} holds no checkpoint to continue from "
+                                            f"({CHECKPOINTS}/step-*.pt); nothing to resume")
+    if run_dir is None:  # resume=PATH alone: continue in the run's own directory
+        run_dir = str(source)
+        args.append(f"hydra.run.dir={source}")
+    saved = source / ".hydra" / "overrides.yaml"
+    original = [str(o) for o in (yaml.safe_load(saved.read_text()) or [])] if saved.is_file() else []
+    original = [o for o in original if not o.lstrip("+~").startswith(("hydra.", "hydra/", "resume="))]
+    hydra_dir = Path(run_dir) / ".hydra"
+    if hydra_dir.is_dir():  # the run's own .hydra/ stays as it is
+        args.append(f"hydra.output_subdir=.hydra/resume-{len(list(hydra_dir.glob('resume-*'))) + 1}")
+    return [argv[0], *original, *args]
+
+
+def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict):
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            out.update(_flat(value, f"{prefix}{key}."))
+        return out
+    return {prefix.rstrip("."): node}
+
+
+def changes(cfg: DictConfig, resume: str, run_dir: str) -> list[tuple[str, Any, Any]]:
+    """(key, the run's value, this command's value) for every key, beyond those that only say
+    how the run is run, where the config differs from the resumed run's own."""
+    saved_path = source_dir(resume, run_dir) / ".hydra" / "config.yaml"
+    if not saved_path.is_file():
+        return []
+    saved = _flat(yaml.safe_load(saved_path.read_text()) or {})
+    container = OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)
+    container.pop("hydra", None)
+    now = _flat(container)
+    found = []
+    for key in sorted(saved.keys() | now.keys()):
+        if any(key == k or key.startswith(k + ".") for k in RUN_ONLY):
+            continue
+        if str(saved.get(key)) != str(now.get(key)):
+            found.append((key, saved.get(key), now.get(key)))
+    return found
+
+
+def check(cfg: DictConfig, run_dir: str) -> list[tuple[str, Any, Any]]:
+    """Refuse a resume that would change the run (one line naming the key), unless
+    checkpoint.allow_mismatch=true; returns the changes taken."""
+    found = changes(cfg, str(cfg.resume), run_dir)
+    if found and not cfg.checkpoint.allow_mismatch:
+        key, theirs, ours = found[0]
+        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+        raise ConfigError(key, ours, f"differs from the run being resumed, which has {key}={theirs}{more}; a resume "
+                                     f"continues the run's own config: leave it out, or set "
+                                     f"checkpoint.allow_mismatch=true to change it")
+    return found

@@ -1,0 +1,175 @@
+"""A user's first hour, through the real command line: a resume continues the run's own config,
+runs never share a directory, Ctrl-C checkpoints and says how to go on, the default finder run
+trains, and the set-up warns where it is likely to train badly."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from conftest import cli_env
+from resuming import SLOW, assert_same_state, final_state, newest_step, start, stop_mid_run, uninterrupted
+
+TINY = ["data.num_samples=600", "data.val_size=100", "epochs=1", "model.width=8", "logger=none",
+        "trainer.progress=false"]
+
+
+def command(data_root, cwd, *args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "bsexp.train", *args], cwd=cwd, env=cli_env(data_root),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def one_line(out, key, fragment):
+    assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
+    [line] = out.stderr.strip().splitlines()
+    assert line.startswith(f"error: {key}") and fragment in line, line
+
+
+def test_a_resume_continues_the_runs_own_config_whatever_the_command_line_omits(make_cfg, data_root, tmp_path):
+    run_dir = tmp_path / "run"
+    code, _ = stop_mid_run(start(data_root, tmp_path, *SLOW, "batch.size=64", f"hydra.run.dir={run_dir}"),
+                           run_dir, signal.SIGTERM, seed=3)
+    assert code == 128 + signal.SIGTERM
+    saved = (run_dir / ".hydra" / "config.yaml").read_text()
+    # The README's command: only the run directory. Everything the run was started with stays.
+    resumed = command(data_root, tmp_path, "resume=auto", f"hydra.run.dir={run_dir}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["epochs"] == 3 and summary["steps"] == 180
+    assert summary["data"] == "synthetic" and summary["resume_changes"] == []
+    loop, _ = uninterrupted(make_cfg, "batch.size=64")
+    assert_same_state(final_state(run_dir)["model"], loop.step.net.state_dict())
+    # The run's own .hydra/ is as it was; the resume's overrides are kept beside it.
+    assert (run_dir / ".hydra" / "config.yaml").read_text() == saved
+    resume_overrides = yaml.safe_load((run_dir / ".hydra" / "resume-1" / "overrides.yaml").read_text())
+    assert "resume=auto" in resume_overrides and "batch.size=64" in resume_overrides
+
+
+def test_a_resume_that_would_change_the_run_is_refused_or_taken_and_recorded(data_root, tmp_path):
+    run_dir = tmp_path / "run"
+    code, _ = stop_mid_run(start(data_root, tmp_path, *SLOW, "batch.size=64", f"hydra.run.dir={run_dir}"),
+                           run_dir, signal.SIGTERM, seed=5)
+    files = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    refused = command(data_root, tmp_path, "resume=auto", f"hydra.run.dir={run_dir}", "epochs=20")
+    one_line(refused, "epochs=20", "differs from the run being resumed, which has epochs=3")
+    assert "checkpoint.allow_mismatch=true" in refused.stderr
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == files  # nothing touched
+    taken = command(data_root, tmp_path, "resume=auto", f"hydra.run.dir={run_dir}", "epochs=4",
+                    "checkpoint.allow_mismatch=true")
+    assert taken.returncode == 0, taken.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 240
+    assert summary["resume_changes"] == [{"key": "epochs", "was": 3, "now": 4}]
+
+
+def test_resume_auto_with_nothing_to_resume_says_so(data_root, tmp_path):
+    one_line(command(data_root, tmp_path, "resume=auto"), "resume=auto", "hydra.run.dir=")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    one_line(command(data_root, tmp_path, "resume=auto", f"hydra.run.dir={empty}"), "resume=auto",
+             "holds no checkpoint")
+    assert not (tmp_path / "outputs").exists() and list(empty.iterdir()) == []
+
+
+def test_ctrl_c_checkpoints_and_prints_the_exact_command_that_continues(data_root, tmp_path):
+    run_dir = tmp_path / "run"
+    args = [*[o for o in SLOW if not o.startswith("checkpoint.every_steps")], "checkpoint.every_steps=1000",
+            "batch.size=64", f"hydra.run.dir={run_dir}"]
+    proc = start(data_root, tmp_path, *args)
+    deadline = time.time() + 240
+    while not (run_dir / "train.log").exists() or "lr " not in (run_dir / "train.log").read_text():
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-2000:]
+        time.sleep(0.05)
+    time.sleep(0.5)  # mid-epoch: no checkpoint yet (the first is at the epoch's end)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "preempted" and summary["preempted_by"] == "SIGINT"
+    assert newest_step(run_dir) == summary["steps"] > 0  # a checkpoint at the step it stopped
+    [resume_line] = [line.strip() for line in err.splitlines() if "resume=auto" in line]
+    assert resume_line == f"python -m bsexp.train resume=auto hydra.run.dir={run_dir}"
+    again = command(data_root, tmp_path, *resume_line.split()[3:])
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 180
+
+
+def test_runs_started_in_the_same_second_get_directories_of_their_own(data_root, tmp_path):
+    procs = [subprocess.Popen([sys.executable, "-m", "bsexp.train", *TINY, f"seed={s}"], cwd=tmp_path,
+                              env=cli_env(data_root), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for s in (0, 1, 2)]
+    for proc in procs:
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-2000:]
+    runs = sorted(tmp_path.glob("outputs/*/*/summary.json"))
+    assert len(runs) == 3
+    seeds = set()
+    for path in runs:
+        config = yaml.safe_load((path.parent / ".hydra" / "config.yaml").read_text())
+        assert json.loads(path.read_text())["seed"] == config["seed"]  # each directory, one run
+        assert (path.parent / "train.log").read_text().count("status") <= 1
+        seeds.add(config["seed"])
+    assert seeds == {0, 1, 2}
+
+
+def test_a_second_run_given_the_same_directory_is_refused_before_it_writes_there(data_root, tmp_path):
+    run_dir = tmp_path / "run"
+    first = start(data_root, tmp_path, *SLOW, "batch.size=64", f"hydra.run.dir={run_dir}")
+    deadline = time.time() + 240
+    while not (run_dir / "train.log").exists():  # its .hydra/ written in full, its lock held
+        assert first.poll() is None and time.time() < deadline
+        time.sleep(0.05)
+    before = (run_dir / ".hydra" / "config.yaml").read_text()
+    second = command(data_root, tmp_path, *TINY, "seed=7", f"hydra.run.dir={run_dir}")
+    one_line(second, "hydra.run.dir", "in use by another run")
+    assert (run_dir / ".hydra" / "config.yaml").read_text() == before
+    first.send_signal(signal.SIGTERM)
+    first.communicate(timeout=120)
+    assert "seed: 7" not in (run_dir / ".hydra" / "config.yaml").read_text()
+    assert "seed=7" not in (run_dir / "train.log").read_text()
+
+
+def test_the_default_finder_run_trains_as_well_as_the_default_run(data_root, tmp_path):
+    # Bounded by the data (a tenth of the training set, McCandlish et al., Smith et al.), the
+    # finder's batch keeps enough steps an epoch and an LR the warmup can carry.
+    fixed = command(data_root, tmp_path, "logger=none", "trainer.progress=false", f"hydra.run.dir={tmp_path / 'fixed'}")
+    found = command(data_root, tmp_path, "batch=finder", "logger=none", "trainer.progress=false",
+                    f"hydra.run.dir={tmp_path / 'found'}")
+    assert fixed.returncode == 0 and found.returncode == 0, found.stderr[-3000:]
+    a = json.loads((tmp_path / "fixed" / "summary.json").read_text())
+    b = json.loads((tmp_path / "found" / "summary.json").read_text())
+    finder = json.loads((tmp_path / "found" / "finder.json").read_text())
+    assert b["batch_size"] <= 350 and "batch.finder.data_fraction=0.1 of 3,500" in finder["max_size_by"]
+    assert "set by batch.finder.data_fraction" in found.stdout  # shown in the finder's table
+    assert b["test_acc"] >= a["test_acc"] - 0.03, (a["test_acc"], b["test_acc"])
+
+
+@pytest.mark.parametrize("overrides, fragment", [
+    (["data=digits", "model=mlp", "batch.size=512", "epochs=1"], "fewer than 8"),
+    (["epochs=2", "model.width=8"], "takes the whole run"),
+])
+def test_a_set_up_likely_to_train_badly_is_warned_about(data_root, tmp_path, overrides, fragment):
+    out = command(data_root, tmp_path, *overrides, "logger=none", "trainer.progress=false")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert fragment in out.stdout + out.stderr
+
+
+def test_under_a_batch_schedule_the_lr_decay_is_counted_in_samples(data_root, tmp_path):
+    # 32 -> 160 -> 800 at epochs 8 and 14 of 20, the LR held apart from its cosine decay: after
+    # epoch 8 the decay stands where 8 epochs of 20 put it (counted in steps, 800 of 944 steps would
+    # have taken the LR to a tenth of its peak before the batch first grows).
+    run_dir = tmp_path / "run"
+    out = command(data_root, tmp_path, "batch=scheduled", "data.val_size=800", "batch.schedule.couple_lr=false",
+                  "model.width=8", "logger=none", "trainer.progress=false", f"hydra.run.dir={run_dir}")
+    assert out.returncode == 0, out.stderr[-2000:]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    import math
+
+    seen = records[7]["samples_seen"] - 32  # before the last step of epoch 8
+    progress = (seen - 2 * 3200) / (18 * 3200)
+    assert records[7]["lr"] == pytest.approx(0.025 * 0.5 * (1 + math.cos(math.pi * progress)))
+    assert records[7]["lr"] > 0.7 * 0.025
