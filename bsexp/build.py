@@ -76,12 +76,16 @@ def wrap_model(cfg: DictConfig, model: nn.Module, device: torch.device, distribu
 
 
 def make_step(cfg: DictConfig, model: nn.Module, world: World, distributed: bool, hp: ScaledHparams,
-              factors: LRFactors | None, grad_sync: GradSync | None, on_oom=None) -> Step:
+              factors: LRFactors | None, grad_sync: GradSync | None, on_oom=None, measure_noise: bool = False) -> Step:
     """The training step's parts for a wrapped model. `distributed`: whether the run has several
-    ranks (a trial of a DDP run has a world of one, and still reduces as training does)."""
+    ranks (a trial of a DDP run has a world of one, and still reduces as training does).
+    `measure_noise`: the batch policy steers by B_simple, so `auto` measures it on every step
+    (on the side where the step has one micro-batch, which leaves training unchanged)."""
     precision = str(cfg.precision)
     optimizer = build_optimizer(cfg, model, hp)
     noise_mode = str(cfg.trainer.noise_scale)
+    if measure_noise and noise_mode == "auto":
+        noise_mode = "always"
     noise = None if noise_mode == "off" else NoiseMeter(NoiseScale(decay=cfg.trainer.noise_decay),
                                                         side_half=noise_mode == "always", grad_sync=grad_sync)
     reduce = "none" if not distributed else ("flat" if cfg.trainer.oom_recovery else "hook")

@@ -80,6 +80,7 @@ class Evaluator:
             "oom_recoveries": loop.policy.oom_recoveries,
             "samples_per_s": state.samples_seen / max(state.train_time_s, 1e-9),
             **(noise.scale.record() if noise is not None else {}),
+            **loop.policy.record(),
         }
 
     def log(self, loop, state, epoch: float) -> None:

@@ -161,7 +161,7 @@ def build_loop(cfg: DictConfig, world: World | None = None, run_dir: Path | None
     model, grad_sync = wrap_model(cfg, model, world.device, world.distributed)
     hp, factors = policy.hparams()
     step = make_step(cfg, model, world, world.distributed, hp, factors, grad_sync,
-                     on_oom=policy.after_oom if cfg.trainer.oom_recovery else None)
+                     on_oom=policy.after_oom if cfg.trainer.oom_recovery else None, measure_noise=policy.measures_noise)
     sinks = Sinks()
     node = cfg.checkpoint
     return Loop(
@@ -194,11 +194,11 @@ def train(loop: Loop, state: TrainState) -> str:
     """Train for the run's steps from where `state` stands (a resumed run continues mid-epoch);
     returns the status: completed, diverged (a non-finite loss) or preempted (a signal: a
     checkpoint is saved first)."""
-    world, run, policy = loop.world, loop.policy.run_steps, loop.policy
+    world, policy = loop.world, loop.policy
     loop.step.model.train()
     for epoch in range(state.epoch, loop.epochs):
-        sizes = run.epoch(epoch)
-        if not sizes:
+        sizes = policy.epoch_sizes(epoch)  # read step by step: a closed-loop policy changes the steps ahead
+        if not len(sizes):
             break
         skip = state.in_epoch if epoch == state.epoch else 0
         bar = tqdm(total=len(sizes), initial=skip, desc=f"epoch {epoch + 1}/{loop.epochs}", unit="step", leave=False,
@@ -210,12 +210,15 @@ def train(loop: Loop, state: TrainState) -> str:
             loss_sum, correct, _ = train_step(loop.step, x, y, samples, policy.plan(state.step))
             state.add(loss_sum, correct, len(y))
             state.step, state.samples_seen = state.step + 1, state.samples_seen + samples
+            policy.adapt(state.step, loop.step)
             at_epoch_end = in_epoch == len(sizes)
             state.epoch, state.in_epoch = (epoch + 1, 0) if at_epoch_end else (epoch, in_epoch)
+            bar.total = len(sizes)
             bar.update()
             loop.watch.add(loss_sum, len(y))
-            eval_due = loop.evaluator.due(state.step, at_epoch_end, run.total)
-            save_due = loop.checkpointer is not None and loop.checkpointer.due(state.step, at_epoch_end, run.total)
+            total = policy.run_steps.total
+            eval_due = loop.evaluator.due(state.step, at_epoch_end, total)
+            save_due = loop.checkpointer is not None and loop.checkpointer.due(state.step, at_epoch_end, total)
             diverged = stop = False
             if eval_due or save_due or loop.watch.ready:
                 diverged, stop = loop.watch.look(world, state)

@@ -140,6 +140,11 @@ class WandbSink:
     def wandb_id(self) -> str | None:
         return self.run.id
 
+    def image(self, name: str, path: Path) -> None:
+        import wandb
+
+        self.run.log({name: wandb.Image(str(path))})
+
     def close(self, status: str) -> None:
         sync_dir = getattr(self.run.settings, "sync_dir", None)
         self.run.finish(exit_code=0 if status == "completed" else 1)
@@ -160,20 +165,29 @@ class Sinks:
 
     def _each(self, method: str, *args: Any) -> None:
         for sink in self.sinks:
-            try:
-                getattr(sink, method)(*args)
-            except Exception as exc:
-                if isinstance(sink, JsonlSink):
-                    raise
-                log.warning("%s failed (%s); going on with the local logs (metrics.jsonl, summary.json) only",
-                            type(sink).__name__, one_line(exc)[:200])
-                self.sinks = tuple(s for s in self.sinks if s is not sink)
+            self._each_one(sink, method, *args)
+
+    def _each_one(self, sink: MetricsSink, method: str, *args: Any) -> None:
+        try:
+            getattr(sink, method)(*args)
+        except Exception as exc:
+            if isinstance(sink, JsonlSink):
+                raise
+            log.warning("%s failed (%s); going on with the local logs (metrics.jsonl, summary.json) only",
+                        type(sink).__name__, one_line(exc)[:200])
+            self.sinks = tuple(s for s in self.sinks if s is not sink)
 
     def log(self, record: dict[str, Any]) -> None:
         self._each("log", record)
 
     def table(self, name: str, rows: list[dict[str, Any]]) -> None:
         self._each("table", name, rows)
+
+    def image(self, name: str, path: Path) -> None:
+        """A figure, to the sinks that show images (W&B)."""
+        for sink in self.sinks:
+            if hasattr(sink, "image"):
+                self._each_one(sink, "image", name, path)
 
     def summary(self, summary: dict[str, Any]) -> None:
         self._each("summary", summary)

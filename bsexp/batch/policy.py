@@ -14,6 +14,7 @@ Torch-free at import: the finder is imported only by the policies that search.
 
 from __future__ import annotations
 
+import bisect
 import logging
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
@@ -21,6 +22,7 @@ from typing import Any, Callable
 from omegaconf import DictConfig
 
 from bsexp.batch import scaling
+from bsexp.batch.adaptive import Controller, adascale_gain, efficiency
 from bsexp.batch.plan import MIN_MICRO, BatchPlan, PlanError, make_plan, plan_for
 from bsexp.batch.schedule import BatchSchedule, RunSteps
 from bsexp.config.env import world_size
@@ -51,6 +53,7 @@ class BatchPolicy:
     split by `plan_for` under the micro-batch cap."""
 
     name = ""
+    measures_noise = False  # whether the policy needs B_simple measured on every step (side halves)
 
     def __init__(self, cfg: DictConfig, world: int) -> None:
         self.cfg, self.world = cfg, world
@@ -120,6 +123,25 @@ class BatchPolicy:
         """The global batch of each step: constant, unless the policy schedules it."""
         return BatchSchedule(start=start, world_size=self.world)
 
+    def adapt(self, step: int, parts) -> None:
+        """Called after every optimizer step with the number of steps taken and the training
+        step's parts (bsexp.step.Step): a closed-loop policy may change the batch of the steps
+        to come. Open-loop policies decided everything in `resolve`."""
+        return None
+
+    def epoch_sizes(self, epoch: int) -> "EpochSizes":
+        """The global batch of each step of `epoch`, read as the epoch goes (a policy may change
+        the steps ahead between two steps)."""
+        return EpochSizes(self, epoch)
+
+    def record(self) -> dict[str, Any]:
+        """What the policy adds to each metrics record."""
+        return {}
+
+    def summary(self) -> dict[str, Any]:
+        """What the policy adds to summary.json."""
+        return {}
+
     def lr_coupling(self) -> tuple[float, ...]:
         """Per step, how the LR follows the batch relative to the first step's (empty: it does not)."""
         return ()
@@ -153,10 +175,14 @@ class BatchPolicy:
             start_factor=scaling.warmup_start_factor(node.start_factor, k, rule), main=str(node.main),
             milestones=tuple(in_samples(m) for m in node.milestones), factor=node.factor,
             final_factor=node.final_factor)
-        factors = scaling.LRFactors(lr_schedule, self.lr_coupling(), run.before)
+        factors = self.lr_factors(lr_schedule)
         peak = lr * max((factors(step) for step in range(run.total)), default=1.0)
         warmup_steps = sum(1 for position in run.before if position < warmup)
         return scaling.ScaledHparams(k, lr, peak, wd, warmup_steps, run.total), factors
+
+    def lr_factors(self, lr_schedule: scaling.LRSchedule):
+        """The LR multiplier of every step (a callable of the step, as torch's LambdaLR takes)."""
+        return scaling.LRFactors(lr_schedule, self.lr_coupling(), self.run_steps.before)
 
     def state_dict(self) -> dict[str, Any]:
         return {"plan": asdict(self._plan), "micro_cap": self.micro_cap, "oom_recoveries": self.oom_recoveries}
@@ -277,6 +303,10 @@ class ScheduledPolicy(BatchPolicy):
 
     def schedule(self, start: int) -> BatchSchedule:
         node = self.cfg.batch.schedule
+        if node.kind == ScheduleKind.seesaw:  # the batch x alpha at the LR schedule's own decay points
+            lr = self.cfg.schedule
+            return BatchSchedule(start=start, world_size=self.world, kind="step", unit=str(lr.unit),
+                                 milestones=tuple(lr.milestones), factor=1 / lr.factor, epochs=self.cfg.epochs)
         return BatchSchedule(
             start=start, world_size=self.world, kind=str(node.kind), unit=str(node.unit),
             milestones=tuple(node.milestones), factor=node.factor, end=node.end, epochs=self.cfg.epochs,
@@ -285,6 +315,15 @@ class ScheduledPolicy(BatchPolicy):
     def check(self) -> BatchPlan:
         """Every batch the schedule reaches must split over the ranks."""
         cfg, node, world = self.cfg, self.cfg.batch.schedule, self.world
+        if node.kind == ScheduleKind.seesaw:
+            main = cfg.schedule
+            if str(main.main) != "step" or not main.milestones:
+                raise ConfigError("batch.schedule.kind", "seesaw", "needs schedule.main=step with schedule.milestones: "
+                                                                   "the batch grows where the LR would decay")
+            alpha = 1 / main.factor
+            if main.factor >= 1 or abs(alpha - round(alpha)) > 1e-6:
+                raise ConfigError("schedule.factor", main.factor, "must be 1/alpha for a whole alpha >= 2 under "
+                                                                  "batch.schedule.kind=seesaw (the batch grows x alpha)")
         milestones = list(node.milestones)
         if milestones != sorted(milestones):
             raise ConfigError("batch.schedule.milestones", milestones, "must be non-negative and increasing")
@@ -329,13 +368,231 @@ class ScheduledPolicy(BatchPolicy):
 
     def lr_coupling(self) -> tuple[float, ...]:
         node = self.cfg.batch.schedule
+        if node.kind == ScheduleKind.seesaw:
+            # Seesaw (Meterez et al. 2025): where the step schedule multiplies the LR by 1/alpha, the
+            # batch grows x alpha and the LR falls by 1/sqrt(alpha) only: x sqrt(batch / start) on it.
+            start = self.run_steps.sizes[0]
+            return tuple((size / start) ** 0.5 for size in self.run_steps.sizes)
         return tuple(scaling.lr_coupling(self.run_steps.sizes, self.cfg.scaling.ref_batch,
                                          str(self.cfg.scaling.lr_rule), node.couple_lr, node.ramp_steps))
+
+
+class AdaptivePolicy(BatchPolicy):
+    """batch=adaptive: a closed loop. Every `batch.adaptive.interval` steps the controller
+    (bsexp.batch.adaptive) sets the global batch of the steps ahead from the measured gradient
+    noise scale; all ranks take the same decision. The run is laid out again from that step on:
+    the data, the LR (by scaling.lr_rule, or AdaScale's gain) and the weight decay (by
+    scaling.wd_rule) follow, with warmup and decay counted in samples, so a change of batch
+    neither stretches nor cuts them. Batches above the micro-batch cap accumulate."""
+
+    name = "adaptive"
+    measures_noise = True
+
+    def __init__(self, cfg: DictConfig, world: int) -> None:
+        super().__init__(cfg, world)
+        self.points: list[tuple[int, int]] = []  # (step, global batch from that step on)
+        self.gains: list[tuple[int, float]] = []  # (step, LR gain from that step on): AdaScale's r, or 1
+        self.decisions: list[dict[str, Any]] = []
+        self.rates: list[tuple[int, float]] = []  # (micro-batch, samples/s) of the finder's trials
+        self.n_train = 0
+        self._positions: tuple[float, ...] = ()  # where the LR schedule stands before each step (samples)
+        self._coupling: tuple[float, ...] = ()
+
+    def check(self) -> BatchPlan:
+        node, world, size = self.cfg.batch.adaptive, self.world, self.cfg.batch.size
+        low = node.min_size if node.min_size is not None else size
+        if size % world or size < world * MIN_MICRO:
+            raise ConfigError("batch.size", size, f"must be a multiple of the world size {world} and at least "
+                                                  f"{world * MIN_MICRO}")
+        if not low <= size:
+            raise ConfigError("batch.adaptive.min_size", low, f"must be at most batch.size={size}")
+        if node.max_size is not None and node.max_size < size:
+            raise ConfigError("batch.adaptive.max_size", node.max_size, f"must be at least batch.size={size}")
+        if str(self.cfg.trainer.noise_scale) == "off":
+            raise ConfigError("trainer.noise_scale", "off", "batch=adaptive steers by the measured noise scale: "
+                                                            "use auto or always")
+        if not self.cfg.data.get("in_memory", True):
+            raise ConfigError("batch.policy", "adaptive", "needs the data in memory (data.in_memory=true): the "
+                                                          "steps ahead change as the run goes")
+        if str(node.objective) == "goodput" and not self.cfg.batch.find_micro_size:
+            raise ConfigError("batch.adaptive.objective", "goodput", "needs the finder's throughput at each size: "
+                                                                     "set batch.find_micro_size=true")
+        try:
+            return plan_for(size, world, self.cfg.batch.micro_size)
+        except PlanError as exc:
+            raise _plan_error(exc) from None
+
+    def controller(self) -> Controller:
+        node, size = self.cfg.batch.adaptive, self.cfg.batch.size
+        high = self.n_train if node.max_size is None else min(node.max_size, self.n_train)
+        return Controller(start=size, min_size=node.min_size if node.min_size is not None else size,
+                          max_size=high, quantum=self.world, c=node.c, max_growth=node.max_growth,
+                          shrink=node.shrink, objective=str(node.objective))
+
+    def _start(self, probe: Probe, state: dict | None, n_train: int) -> int:
+        cfg = self.cfg
+        self.n_train, self.micro_cap = n_train, cfg.batch.micro_size
+        self.points, self.gains = [(0, cfg.batch.size)], [(0, 1.0)]
+        if cfg.batch.find_micro_size and state is None:
+            from bsexp.batch.finder.find import find_plan
+
+            largest = self.controller().max_size // self.world
+            self.found = find_plan(cfg, probe.world, probe.splits, probe.model.to(probe.world.device), largest=largest)
+            cap = self.found.micro_size
+            self.micro_cap = cap if self.micro_cap is None else min(self.micro_cap, cap)
+            self.rates = sorted((t.size, t.samples_per_s) for t in self.found.trials if t.ok and t.samples_per_s)
+        return cfg.batch.size
+
+    def schedule(self, start: int) -> BatchSchedule:
+        return BatchSchedule(start=start, world_size=self.world, kind="by_step",
+                             step_points=tuple(self.points) or ((0, start),))
+
+    def check_data(self, n_train: int, data: str = "the data", start: int | None = None) -> None:
+        start = self.cfg.batch.size if start is None else start
+        if start > n_train:
+            raise ConfigError("batch.size", start, f"exceeds the {n_train} training samples of {data}")
+
+    def lay_out(self, n_train: int, start: int | None = None, data: str = "the data") -> None:
+        super().lay_out(n_train, start, data)
+        self.n_train = n_train
+        self._follow()
+
+    def _relay_out(self) -> None:
+        """The run from the batches decided so far: steps already taken keep their batches."""
+        cfg = self.cfg
+        self.run_steps = self.schedule(self.points[0][1]).run_steps(cfg.epochs, self.n_train, cfg.batch.drop_last,
+                                                                    cfg.trainer.max_steps)
+        self._follow()
+
+    def _follow(self) -> None:
+        """The LR's position (samples; AdaScale: scale-invariant samples) and coupling to the
+        batch before every step, from the run as laid out now."""
+        run, b0 = self.run_steps, self.points[0][1]
+        ref, rule = self.cfg.scaling.ref_batch, str(self.cfg.scaling.lr_rule)
+        adascale = str(self.cfg.batch.adaptive.lr) == "adascale"
+        positions, coupling, seen = [], [], 0.0
+        gain_steps = [g[0] for g in self.gains]
+        for step, (size, taken) in enumerate(zip(run.sizes, run.taken or run.sizes)):
+            positions.append(seen)
+            if adascale:  # r b0-steps of progress a step: taken x r / S samples of b0
+                gain = self.gains[max(0, bisect.bisect_right(gain_steps, step) - 1)][1]
+                coupling.append(gain)
+                seen += taken * gain * b0 / size
+            else:
+                coupling.append(scaling.rule_multiplier(rule, size / ref) / scaling.rule_multiplier(rule, b0 / ref))
+                seen += taken
+        self._positions, self._coupling = tuple(positions), tuple(coupling)
+
+    def lr_factors(self, lr_schedule: scaling.LRSchedule):
+        # A function, not an object: torch's LambdaLR saves (and on loading, overwrites) the
+        # attributes of a callable object, which would cut it off from this policy.
+        def factor(step: int) -> float:
+            return scaling.LRFactors(lr_schedule, self._coupling, self._positions)(step)
+        return factor
+
+    def adapt(self, step: int, parts) -> None:
+        node = self.cfg.batch.adaptive
+        if step % node.interval or step >= self.run_steps.total:
+            return
+        current = self.run_steps.sizes[step]
+        averaged = parts.noise.scale.averaged() if parts.noise is not None else None
+        b_simple = averaged[1] / averaged[0] if averaged is not None and averaged[0] > 0 else None
+        decision = self.controller().next_size(current, b_simple, self._throughput(), step)
+        size, gain = decision.size, 1.0
+        if str(node.lr) == "adascale":
+            gain = adascale_gain(b_simple, self.points[0][1], size)
+        if parts.world.distributed:  # one decision for every rank: rank 0's
+            size, gain = parts.world.broadcast_object((size, gain))
+        self.decisions.append({"step": step, "b_simple": decision.b_simple, "target": decision.target,
+                               "size": size, "previous": current, "gain": gain,
+                               "efficiency": None if b_simple is None else efficiency(b_simple, self.points[0][1], size)})
+        if size == current and gain == self.gains[-1][1]:
+            return
+        if size != current:
+            self.points.append((step, size))
+            wd_rule = str(self.cfg.scaling.wd_rule)
+            ratio = scaling.rule_multiplier(wd_rule, size / current)
+            for group in parts.optimizer.param_groups:  # weight decay follows the batch by its rule
+                group["weight_decay"] *= ratio
+        if gain != self.gains[-1][1]:
+            self.gains.append((step, gain))
+        self._relay_out()
+        self._plan = plan_for(size, self.world, self.micro_cap)
+        # The scheduler set this step's LR from the layout before the change: set it again.
+        scheduler = parts.scheduler
+        if scheduler is not None:
+            for group, base, factor in zip(parts.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+                group["lr"] = base * factor(step)
+            scheduler._last_lr = [group["lr"] for group in parts.optimizer.param_groups]
+        log.info("adaptive batch at step %d: B_simple %s -> global batch %d (was %d)%s", step,
+                 "unknown" if b_simple is None else f"{b_simple:.0f}", size, current,
+                 f", AdaScale gain {gain:.3g}" if str(node.lr) == "adascale" else "")
+
+    def _throughput(self):
+        """objective=goodput: samples/s at a global batch, from the finder's trials (a batch above
+        the micro-batch cap runs at the cap's rate, accumulating)."""
+        timed = self.rates
+        if not timed:
+            return None
+        cap = self.micro_cap or timed[-1][0]
+
+        def rate(batch: int) -> float:  # linear between the sizes tried, flat beyond them
+            micro = min(batch / self.world, cap)
+            if micro <= timed[0][0]:
+                return timed[0][1]
+            for (a, ra), (b, rb) in zip(timed, timed[1:]):
+                if micro <= b:
+                    return ra + (rb - ra) * (micro - a) / (b - a)
+            return timed[-1][1]
+        return rate
+
+    def first_plan(self, start: int) -> BatchPlan:
+        size = self.run_steps.sizes[0] if self.run_steps and self.run_steps.sizes else start
+        return plan_for(size, self.world, self.micro_cap)
+
+    def record(self) -> dict[str, Any]:
+        last = self.decisions[-1] if self.decisions else {}
+        return {"adaptive/target": last.get("target"), "adaptive/efficiency": last.get("efficiency"),
+                "adaptive/gain": last.get("gain"), "adaptive/decisions": len(self.decisions)}
+
+    def summary(self) -> dict[str, Any]:
+        return {"adaptive": {"sizes": [list(p) for p in self.points], "gains": [list(g) for g in self.gains],
+                             "decisions": self.decisions}}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "points": [list(p) for p in self.points],
+                "gains": [list(g) for g in self.gains], "decisions": list(self.decisions),
+                "rates": [list(r) for r in self.rates]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.points = [tuple(p) for p in state["points"]]
+        self.gains = [tuple(g) for g in state["gains"]]
+        self.decisions = list(state["decisions"])
+        self.rates = [tuple(r) for r in state["rates"]]
+        self._relay_out()
+        super().load_state_dict(state)
+
+
+class EpochSizes:
+    """An epoch's global batches, read step by step from the policy's layout in force."""
+
+    def __init__(self, policy: BatchPolicy, epoch: int) -> None:
+        self.policy, self.epoch = policy, epoch
+
+    def __len__(self) -> int:
+        return len(self.policy.run_steps.epoch(self.epoch))
+
+    def __iter__(self):
+        index = 0
+        while index < len(self):
+            yield self.policy.run_steps.epoch(self.epoch)[index]
+            index += 1
 
 
 POLICIES: dict[str, type[BatchPolicy]] = {
     Policy.fixed.value: FixedPolicy, Policy.accumulation.value: AccumulationPolicy,
     Policy.finder.value: FinderPolicy, Policy.scheduled.value: ScheduledPolicy,
+    Policy.adaptive.value: AdaptivePolicy,
 }
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from bsexp.batch.plan import PlanError, keep_final
 
-KINDS = ("constant", "step", "linear", "exponential", "list")
+KINDS = ("constant", "step", "linear", "exponential", "list", "by_step")
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,7 @@ class BatchSchedule:
     epochs: int = 1  # linear/exponential: over how many epochs
     points: tuple[tuple[float, int], ...] = ()  # list kind: (epoch, batch) pairs
     round_to: int = 1  # linear/exponential sizes: a multiple of round_to x world_size
+    step_points: tuple[tuple[int, int], ...] = ()  # by_step kind: (step, batch) from step 0 (the adaptive batch)
 
     def size_at(self, epoch: int, step: int) -> int:
         """The global batch of the optimizer step `step` (counted over the run), in `epoch`."""
@@ -42,6 +43,9 @@ class BatchSchedule:
                     else self.start * (end / self.start) ** t)
             quantum = self.round_to * self.world_size
             return max(quantum, quantum * round(size / quantum))
+        if self.kind == "by_step":
+            steps = [p[0] for p in self.step_points]
+            return self.step_points[max(0, bisect.bisect_right(steps, step) - 1)][1] if self.step_points else self.start
         if self.kind == "list":
             epochs = [p[0] for p in self.points]
             return self.points[max(0, bisect.bisect_right(epochs, epoch) - 1)][1] if self.points else self.start
@@ -49,6 +53,8 @@ class BatchSchedule:
 
     def sizes(self, epochs: int) -> list[int]:
         """Every global batch the schedule uses in `epochs` epochs (steps milestones included)."""
+        if self.kind == "by_step":
+            return sorted({self.start, *(p[1] for p in self.step_points)})
         found = {self.size_at(e, 0) for e in range(epochs)}
         if self.kind == "step" and self.unit == "steps":
             found |= {self.size_at(0, math.ceil(m)) for m in self.milestones}

@@ -39,9 +39,11 @@ WarmupShape = _choice("WarmupShape", "linear", "constant", "none")
 MainSchedule = _choice("MainSchedule", "cosine", "step", "constant")
 NORMS = ("batch", "group", "layer", "none")
 Norm = _choice("Norm", *NORMS)
-POLICIES = ("fixed", "accumulation", "finder", "scheduled")
+POLICIES = ("fixed", "accumulation", "finder", "scheduled", "adaptive")
 Policy = _choice("Policy", *POLICIES)
-ScheduleKind = _choice("ScheduleKind", "step", "linear", "exponential", "list")
+ScheduleKind = _choice("ScheduleKind", "step", "linear", "exponential", "list", "seesaw")
+AdaptiveObjective = _choice("AdaptiveObjective", "noise", "goodput")
+AdaptiveLR = _choice("AdaptiveLR", "rule", "adascale")
 FinderMode = _choice("FinderMode", "fit", "power", "binsearch")
 FinderObjective = _choice("FinderObjective", "max", "throughput", "noise_scale")
 DistributedKind = _choice("DistributedKind", "none", "ddp")
@@ -316,6 +318,28 @@ class ScheduledBatch(BatchConfig):
     schedule: BatchScheduleConfig = field(default_factory=BatchScheduleConfig)
 
 
+@dataclass
+class AdaptiveConfig:
+    interval: int = at_least(1, 25)  # optimizer steps between the controller's decisions
+    objective: AdaptiveObjective = AdaptiveObjective.noise  # noise: c x B_simple; goodput: Pollux
+    c: float = positive(1.0)  # objective=noise: the batch aimed at is c x B_simple
+    min_size: Optional[int] = at_least(1, None)  # null: batch.size
+    max_size: Optional[int] = at_least(1, None)  # null: the training set
+    max_growth: float = at_least(1.0, 2.0)  # at most x this per decision (and / this when shrinking)
+    shrink: bool = False  # let the batch fall when B_simple does
+    lr: AdaptiveLR = AdaptiveLR.rule  # rule: scaling.lr_rule follows the batch; adascale: the gain ratio
+
+
+@dataclass
+class AdaptiveBatch(BatchConfig):
+    policy: Policy = Policy.adaptive
+    size: int = at_least(1, 32)  # the first steps' global batch, until the noise scale is measured
+    micro_size: Optional[int] = at_least(1, None)  # per rank: larger batches accumulate micro-batches
+    find_micro_size: bool = True  # run the batch finder for the micro-batch that fits (and its throughput)
+    finder: FinderConfig = field(default_factory=FinderConfig)
+    adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
+
+
 # ---------------------------------------------------------------------------- world, logs
 
 
@@ -430,6 +454,7 @@ SCHEMAS = {
     "schema_batch_accumulation": AccumulationBatch,
     "schema_batch_finder": FinderBatch,
     "schema_batch_scheduled": ScheduledBatch,
+    "schema_batch_adaptive": AdaptiveBatch,
     "schema_distributed": DistributedConfig,
     "schema_logger": LoggerConfig,
 }

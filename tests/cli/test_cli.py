@@ -22,7 +22,7 @@ RECORD_KEYS = {"epoch", "step", "samples_seen", "train_loss", "train_acc", "val_
 def test_help_lists_every_group_and_its_options(run_cli):
     out = run_cli("--help")
     assert out.returncode == 0, out.stderr
-    for line in ["batch: accumulation, finder, fixed, scheduled",
+    for line in ["batch: accumulation, adaptive, finder, fixed, scheduled",
                  "data: cifar10, cifar100, digits, fashion_mnist, mnist, mnist1d, synthetic",
                  "distributed: ddp, none", "logger: none, wandb", "model: cnn, cnn1d, mlp, resnet18",
                  "optimizer: adamw, lamb, lars, sgd"]:
@@ -129,6 +129,18 @@ BAD_INPUTS = [
     (["trainer.noise_scale=sometimes"], "trainer.noise_scale", "auto, off, always"),
     (["checkpoint.keep=0"], "checkpoint.keep", ">= 1"),
     (["batch=finder", "batch.finder.objective=biggest"], "batch.finder.objective", "noise_scale"),
+    (["batch=adaptive", "batch.adaptive.objective=speed"], "batch.adaptive.objective", "noise, goodput"),
+    (["batch=adaptive", "batch.adaptive.max_growth=0.5"], "batch.adaptive.max_growth", ">= 1"),
+    (["batch=adaptive", "batch.adaptive.interval=0"], "batch.adaptive.interval", ">= 1"),
+    (["batch=adaptive", "batch.adaptive.max_size=16"], "batch.adaptive.max_size", "at least batch.size=32"),
+    (["batch=adaptive", "batch.adaptive.min_size=64"], "batch.adaptive.min_size", "at most batch.size=32"),
+    (["batch=adaptive", "trainer.noise_scale=off"], "trainer.noise_scale", "use auto or always"),
+    (["batch=adaptive", "batch.adaptive.objective=goodput", "batch.find_micro_size=false"],
+     "batch.adaptive.objective", "batch.find_micro_size=true"),
+    (["batch=adaptive", "batch.adaptive.lr=linear"], "batch.adaptive.lr", "rule, adascale"),
+    (["batch=scheduled", "batch.schedule.kind=seesaw"], "batch.schedule.kind", "schedule.main=step"),
+    (["batch=scheduled", "batch.schedule.kind=seesaw", "schedule.main=step", "schedule.milestones=[5]",
+      "schedule.factor=0.3"], "schedule.factor", "whole alpha"),
     pytest.param([_no_cuda()], "device", "auto, cpu",
                   marks=pytest.mark.skipif(_no_cuda() is None, reason="CUDA is available here")),
 ]

@@ -128,8 +128,8 @@ def test_torchrun_job_shares_one_output_directory_written_by_rank_0(data_root, t
     assert out.returncode == 0, out.stderr[-3000:]
     [run_dir] = [p for p in (tmp_path / "outputs").glob("*/*") if p.is_dir()]
     assert list((tmp_path / "outputs").glob("*/*")) == [run_dir]  # one directory for both ranks
-    assert sorted(p.name for p in run_dir.iterdir()) == [".hydra", "checkpoints", "metrics.jsonl", "summary.json",
-                                                         "train.log", "wandb"]
+    assert sorted(p.name for p in run_dir.iterdir()) == [".bsexp.lock", ".hydra", "checkpoints", "metrics.jsonl",
+                                                         "summary.json", "train.log", "wandb"]
     assert len(list(run_dir.glob("wandb/offline-run-*"))) == 1  # rank 0's W&B run only
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["world_size"] == 2

@@ -118,3 +118,20 @@ def train_with_room(cfg, rooms_mb):
                 "oom_recoveries": loop.policy.oom_recoveries, "params": {k: v.detach().clone() for k, v in loop.step.net.state_dict().items()}}
     finally:
         close_world(world)
+
+
+def train_adaptive(cfg):
+    """Train an adaptive run on this rank's world; the batches it decided, as this rank saw them."""
+    from bsexp.distributed import close_world, init_world
+    from bsexp.loop import TrainState, build_loop, train
+
+    torch.set_num_threads(1)
+    world = init_world("cpu", "gloo", 60)
+    try:
+        loop = build_loop(cfg, world)
+        status = train(loop, TrainState())
+        return {"status": status, "points": list(loop.policy.points), "decisions": list(loop.policy.decisions),
+                "sizes": list(loop.policy.run_steps.sizes),
+                "params": {k: v.detach().clone() for k, v in loop.step.net.state_dict().items()}}
+    finally:
+        close_world(world)

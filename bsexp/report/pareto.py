@@ -1,0 +1,199 @@
+"""Arms of a comparison against tuned fixed batches: optimizer steps to a target accuracy against
+the final accuracy (the Pareto front), with samples and training time to the target beside them.
+
+    python -m bsexp.report.pareto SWEEP_DIR [SWEEP_DIR ...] [--out DIR]
+
+Each sweep point is an arm (its `experiment/<name>=<arm>` override) and a seed. Points of the arm
+`fixed` are one row per batch, at the LR (over the points' `optimizer.lr`) with the best mean final
+validation accuracy: a tuned baseline (Shallue et al. 2019). The target is the best tuned fixed
+batch's final validation accuracy less its standard deviation over seeds (the bottom of its
+one-std band); an arm's steps, samples and seconds to it are the first evaluation at or above it,
+averaged over the seeds that reach it. The goal line compares each other arm with the fixed batch
+that needs the fewest steps: at least 30 % fewer steps, no more samples.
+
+Writes pareto.md, pareto.csv and pareto.png into --out (default: the first sweep directory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bsexp.report.analysis import Point
+from bsexp.report.load import load_points
+
+GOAL_STEPS = 0.7  # an arm's steps to the target at most this fraction of the fastest fixed batch's
+
+
+@dataclass
+class Arm:
+    name: str
+    points: list[Point] = field(default_factory=list)
+    lr: float | None = None  # fixed batches: the tuned LR
+
+    def finals(self) -> list[float]:
+        return [p.summary["val_acc"] for p in self.points if p.done and p.summary.get("val_acc") is not None]
+
+    def mean_std(self) -> tuple[float | None, float]:
+        finals = self.finals()
+        if not finals:
+            return None, 0.0
+        return statistics.fmean(finals), statistics.stdev(finals) if len(finals) > 1 else 0.0
+
+    def to_target(self, target: float) -> dict[str, Any]:
+        """Mean steps, samples and training seconds to the first evaluation at or above `target`,
+        over the seeds that reach it."""
+        reached = []
+        for point in self.points:
+            first = next((r for r in point.records if r.get("val_acc") is not None and r["val_acc"] >= target), None)
+            if first is not None:
+                rate = first.get("samples_per_s") or 0
+                reached.append((first["step"], first["samples_seen"], first["samples_seen"] / rate if rate else None))
+        if not reached:
+            return {"reached": 0, "seeds": len(self.points), "steps": None, "samples": None, "seconds": None}
+        seconds = [s for *_, s in reached if s is not None]
+        return {"reached": len(reached), "seeds": len(self.points),
+                "steps": statistics.fmean(r[0] for r in reached), "samples": statistics.fmean(r[1] for r in reached),
+                "seconds": statistics.fmean(seconds) if seconds else None}
+
+
+def _value(overrides, key: str) -> str | None:
+    found = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].lstrip("+~") == key]
+    return found[-1] if found else None
+
+
+def arms(points: list[Point]) -> tuple[list[Arm], list[Arm]]:
+    """(tuned fixed batches, other arms), from the points of one or more sweeps."""
+    fixed: dict[tuple[int, float], Arm] = {}
+    others: dict[str, Arm] = {}
+    for point in points:
+        if not point.done:
+            continue
+        arm = next((o.split("=", 1)[1] for o in point.overrides if o.split("=", 1)[0].startswith("experiment/")),
+                   "fixed")
+        if arm == "fixed":
+            batch, lr = int(point.summary["batch_size"]), float(_value(point.overrides, "optimizer.lr") or "nan")
+            fixed.setdefault((batch, lr), Arm(f"fixed {batch}", lr=lr)).points.append(point)
+        else:
+            others.setdefault(arm, Arm(arm)).points.append(point)
+    tuned: dict[int, Arm] = {}
+    for (batch, _), arm in sorted(fixed.items()):
+        if batch not in tuned or (arm.mean_std()[0] or 0) > (tuned[batch].mean_std()[0] or 0):
+            tuned[batch] = arm
+    return [tuned[b] for b in sorted(tuned)], [others[a] for a in sorted(others)]
+
+
+def analyse(points: list[Point]) -> dict[str, Any]:
+    tuned, others = arms(points)
+    if not tuned:
+        raise SystemExit("error: no completed point of the arm `fixed` to hold the others against")
+    best = max(tuned, key=lambda a: a.mean_std()[0] or 0)
+    mean, std = best.mean_std()
+    target = mean - std
+    rows = []
+    for arm in [*tuned, *others]:
+        m, s = arm.mean_std()
+        rows.append({"arm": arm.name, "lr": arm.lr, "seeds": len(arm.points), "final_val_acc": m, "std": s,
+                     **{f"to_target_{k}": v for k, v in arm.to_target(target).items() if k in ("steps", "samples",
+                                                                                                "seconds")},
+                     "reached": f"{arm.to_target(target)['reached']}/{len(arm.points)}"})
+    reaching = [r for r in rows[:len(tuned)] if r["to_target_steps"] is not None]
+    fastest = min(reaching, key=lambda r: r["to_target_steps"]) if reaching else None
+    verdicts = []
+    for row in rows[len(tuned):]:
+        if fastest is None or row["to_target_steps"] is None:
+            verdicts.append((row["arm"], None, None, False))
+            continue
+        steps = row["to_target_steps"] / fastest["to_target_steps"]
+        samples = row["to_target_samples"] / fastest["to_target_samples"]
+        in_band = row["final_val_acc"] is not None and row["final_val_acc"] >= target
+        verdicts.append((row["arm"], steps, samples, steps <= GOAL_STEPS and samples <= 1.0 and in_band))
+    return {"rows": rows, "best": best.name, "target": target, "best_mean": mean, "best_std": std,
+            "fastest": fastest, "verdicts": verdicts}
+
+
+def _fmt(value, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def markdown(result: dict[str, Any], dirs: list[Path]) -> str:
+    lines = [f"# Arms against tuned fixed batches ({', '.join(str(d) for d in dirs)})", "",
+             f"Target: the best tuned fixed batch ({result['best']}: {100 * result['best_mean']:.2f} % ± "
+             f"{100 * result['best_std']:.2f} % final validation accuracy, std over seeds) less one std = "
+             f"**{100 * result['target']:.2f} %**. Steps, samples and training seconds to the target: the first "
+             f"evaluation at or above it, mean over the seeds that reach it.", "",
+             "| arm | LR | final val acc % | steps to target | samples to target | seconds to target | reached |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in result["rows"]:
+        lines.append(f"| {r['arm']} | {_fmt(r['lr'], 'g')} | {_fmt(r['final_val_acc'] and 100 * r['final_val_acc'], '.2f')}"
+                     f" ± {100 * r['std']:.2f} | {_fmt(r['to_target_steps'], '.0f')} | "
+                     f"{_fmt(r['to_target_samples'], ',.0f')} | {_fmt(r['to_target_seconds'], '.1f')} | {r['reached']} |")
+    fastest = result["fastest"]
+    lines += ["", f"Fewest steps among the fixed batches: {fastest['arm'] if fastest else 'none reached the target'}"
+                  + (f" ({fastest['to_target_steps']:.0f} steps, {fastest['to_target_samples']:,.0f} samples)."
+                     if fastest else "."), ""]
+    for arm, steps, samples, met in result["verdicts"]:
+        if steps is None:
+            lines.append(f"- {arm}: did not reach the target.")
+        else:
+            lines.append(f"- {arm}: {steps:.2f} x its steps, {samples:.2f} x its samples -> goal (<= {GOAL_STEPS:g} x "
+                         f"steps, <= 1 x samples, final accuracy in the band) {'met' if met else 'not met'}.")
+    return "\n".join(lines) + "\n"
+
+
+def figure(result: dict[str, Any], out: Path) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    for r in result["rows"]:
+        if r["to_target_steps"] is None or r["final_val_acc"] is None:
+            continue
+        fixed = r["arm"].startswith("fixed")
+        ax.errorbar(r["to_target_steps"], 100 * r["final_val_acc"], yerr=100 * r["std"], fmt="o" if fixed else "s",
+                    color="grey" if fixed else None, capsize=3)
+        ax.annotate(r["arm"].replace("fixed ", ""), (r["to_target_steps"], 100 * r["final_val_acc"]), fontsize=7,
+                    xytext=(4, 3), textcoords="offset points")
+    ax.axhline(100 * result["target"], ls=":", color="k", lw=1, label=f"target {100 * result['target']:.2f} %")
+    ax.set_xscale("log")
+    ax.set_xlabel("optimizer steps to the target (mean over seeds)")
+    ax.set_ylabel("final validation accuracy (%), ± std")
+    ax.set_title("steps to the target against final accuracy (grey: tuned fixed batches)", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "pareto.png", dpi=110)
+    plt.close(fig)
+    return "pareto.png"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bsexp.report.pareto", description=__doc__.split("\n\n")[0])
+    parser.add_argument("dirs", nargs="+", type=Path)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    for d in args.dirs:
+        if not d.is_dir():
+            raise SystemExit(f"error: {d}: no such sweep directory")
+    points = [p for d in args.dirs for p in load_points(d)]
+    result = analyse(points)
+    out = args.out or args.dirs[0]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "pareto.md").write_text(markdown(result, args.dirs))
+    with (out / "pareto.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(result["rows"][0]))
+        writer.writeheader()
+        writer.writerows(result["rows"])
+    figure(result, out)
+    print((out / "pareto.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

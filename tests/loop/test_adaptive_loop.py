@@ -1,0 +1,108 @@
+"""batch=adaptive in the loop: the batch follows the measured noise scale, the LR and weight decay
+follow the batch counted in samples, measuring leaves training unchanged; and Seesaw's schedule."""
+
+import math
+
+import pytest
+import torch
+
+from bsexp.batch import scaling
+from bsexp.loop import TrainState, build_loop, train
+
+# MNIST-1D's 1-D CNN (BatchNorm): B_simple rises past 100 within the first epoch.
+ADAPTIVE = ["batch=adaptive", "batch.size=32", "batch.find_micro_size=false", "batch.adaptive.interval=20",
+            "epochs=4", "trainer.progress=false", "trainer.eval_every_steps=0", "model.width=16"]
+
+
+def observed(loop) -> list[tuple[float, float]]:
+    """(LR, weight decay) of the first parameter group at every optimizer step, as torch's
+    optimizer sees them when it steps."""
+    seen = []
+    loop.step.optimizer.register_step_pre_hook(
+        lambda opt, *_: seen.append((opt.param_groups[0]["lr"], opt.param_groups[0]["weight_decay"])))
+    return seen
+
+
+def test_the_lr_and_weight_decay_follow_the_batch_with_the_schedule_counted_in_samples(make_cfg):
+    loop = build_loop(make_cfg(*ADAPTIVE))
+    seen = observed(loop)
+    assert train(loop, TrainState()) == "completed"
+    run, hp = loop.policy.run_steps, loop.hp
+    sizes = run.sizes
+    assert len(set(sizes)) >= 3 and sizes[-1] > sizes[0]  # the batch grew, more than once
+    assert len(seen) == run.total
+    # The schedule, rebuilt here from the config in samples: 2 warmup epochs of N samples, cosine
+    # over 4 x N. Where each step stands is the samples taken before it, whatever their batches.
+    n = run.n
+    schedule = scaling.LRSchedule(total=4 * n, warmup=2 * n, warmup_shape="linear", start_factor=1.0,
+                                  main="cosine")
+    before = 0
+    for step, ((lr, wd), size, taken) in enumerate(zip(seen, sizes, run.taken)):
+        k = size / 32  # against the first batch; hp.lr is the LR at batch 32 (linear rule)
+        assert lr == pytest.approx(hp.lr * schedule(before) * k, rel=1e-9), step
+        assert wd == pytest.approx(hp.weight_decay * math.sqrt(k), rel=1e-9), step  # sqrt rule
+        before += taken
+    assert before == 4 * n  # the sample budget, exactly
+    # The warmup ends after 2 epochs of samples, not after as many steps as batch 32 would take.
+    ends = next(step for step, position in enumerate(run.before) if position >= 2 * n)
+    assert seen[ends][0] == pytest.approx(hp.lr * sizes[ends] / 32 * schedule(2 * n), rel=1e-9)
+    assert ends < 2 * n / 32  # fewer steps than at the first batch: the batch grew during warmup
+
+
+def test_the_batch_follows_the_measured_noise_scale_and_measuring_leaves_the_run_unchanged(make_cfg):
+    loop = build_loop(make_cfg(*ADAPTIVE))
+    assert train(loop, TrainState()) == "completed"
+    decisions = loop.policy.decisions
+    assert [d["step"] for d in decisions] == list(range(20, loop.policy.run_steps.total, 20))
+    for d in decisions:  # c = 1: the target is B_simple itself, reached within a doubling
+        if d["b_simple"] is not None:
+            assert d["target"] == pytest.approx(d["b_simple"])
+            assert d["previous"] <= d["size"] <= 2 * d["previous"]
+            assert d["size"] == min(max(round(d["b_simple"]), d["previous"]), 2 * d["previous"])
+
+
+def test_measuring_the_noise_scale_at_one_micro_batch_leaves_training_unchanged(make_cfg):
+    # Until its first decision an adaptive run is a fixed run at its first batch that measures
+    # B_simple on the side of each step (half the batch, BatchNorm's statistics put back): its
+    # parameters must be those of the fixed run that measures nothing.
+    first = [o for o in ADAPTIVE if not o.startswith("batch")] + ["trainer.max_steps=20"]
+    adaptive = build_loop(make_cfg(*ADAPTIVE, "trainer.max_steps=20"))
+    train(adaptive, TrainState())
+    assert adaptive.step.noise.scale.count == 20  # every step measured
+    fixed = build_loop(make_cfg(*first, "batch.size=32", "trainer.noise_scale=off"))
+    train(fixed, TrainState())
+    assert fixed.step.noise is None
+    for a, b in zip(adaptive.step.net.state_dict().values(), fixed.step.net.state_dict().values()):
+        assert torch.allclose(a.float(), b.float(), atol=1e-6)
+
+
+def test_adascale_scales_the_lr_by_its_gain_and_advances_the_schedule_by_it(make_cfg):
+    loop = build_loop(make_cfg(*ADAPTIVE, "batch.adaptive.lr=adascale"))
+    seen = observed(loop)
+    assert train(loop, TrainState()) == "completed"
+    policy, run = loop.policy, loop.policy.run_steps
+    gains = dict(policy.gains)
+    assert any(1.0 < g for g in gains.values())
+    position, gain = 0.0, 1.0
+    schedule = scaling.LRSchedule(total=4 * run.n, warmup=2 * run.n, warmup_shape="linear", start_factor=1.0,
+                                  main="cosine")
+    for step, ((lr, _), size, taken) in enumerate(zip(seen, run.sizes, run.taken)):
+        gain = gains.get(step, gain)
+        assert 1.0 <= gain <= size / 32 + 1e-12
+        assert lr == pytest.approx(loop.hp.lr * gain * schedule(position), rel=1e-9), step
+        position += taken * gain * 32 / size  # r steps of batch 32 a step
+    assert position < 4 * run.n  # progress in scale-invariant samples: less than the samples seen
+
+
+def test_seesaw_multiplies_the_batch_by_alpha_and_the_lr_by_one_over_root_alpha_at_each_decay(make_cfg):
+    cfg = make_cfg("batch=scheduled", "batch.schedule.kind=seesaw", "batch.size=32", "schedule.main=step",
+                   "schedule.milestones=[2,3]", "schedule.factor=0.5", "schedule.warmup_shape=none", "epochs=4",
+                   "trainer.progress=false", "model.width=8")
+    loop = build_loop(cfg)
+    seen = observed(loop)
+    assert train(loop, TrainState()) == "completed"
+    run = loop.policy.run_steps
+    starts = run.epoch_starts
+    assert [run.sizes[s] for s in starts] == [32, 32, 64, 128]
+    lrs = [seen[s][0] for s in starts]
+    assert lrs[2] / lrs[1] == pytest.approx(2 ** -0.5) and lrs[3] / lrs[2] == pytest.approx(2 ** -0.5)

@@ -1,0 +1,79 @@
+"""The adaptive batch's controller as a pure function: a B_simple series in, sizes out."""
+
+import math
+
+import pytest
+
+from bsexp.batch.adaptive import Controller, adascale_gain, efficiency
+
+
+def run(controller: Controller, series, throughput=None) -> list[int]:
+    size, sizes = controller.start, []
+    for step, b_simple in enumerate(series):
+        size = controller.next_size(size, b_simple, throughput, step).size
+        sizes.append(size)
+    return sizes
+
+
+def test_the_batch_follows_c_times_b_simple_growing_at_most_max_growth_a_decision():
+    controller = Controller(start=32, min_size=32, max_size=4096, c=1.0, max_growth=2.0)
+    # B_simple rises from 40 to 3000: the batch doubles while the target runs ahead, then meets it.
+    assert run(controller, [40, 100, 300, 1000, 3000, 3000, 3000]) == [40, 80, 160, 320, 640, 1280, 2560]
+    assert run(controller, [50, 50, 50]) == [50, 50, 50]  # reached and held
+
+
+def test_the_target_is_scaled_by_c_and_clipped_to_the_bounds():
+    controller = Controller(start=64, min_size=64, max_size=300, c=0.5, max_growth=10.0)
+    assert run(controller, [400]) == [200]  # 0.5 x 400
+    assert run(controller, [2000]) == [300]  # max_size
+    assert run(controller, [10]) == [64]  # never below min_size (and no shrinking by default)
+
+
+def test_sizes_divide_over_the_ranks_and_stay_within_the_growth_cap():
+    controller = Controller(start=48, min_size=48, max_size=10_000, quantum=8, c=1.0, max_growth=1.5)
+    sizes = run(controller, [37, 500, 500, 500, 5000])
+    assert all(size % 8 == 0 for size in sizes)
+    previous = 48
+    for size in sizes:
+        assert previous <= size <= previous * 1.5
+        previous = size
+    assert sizes == [48, 72, 104, 152, 224]
+
+
+def test_the_batch_shrinks_only_when_asked():
+    series = [1000, 1000, 100, 100, 100]
+    grow_only = Controller(start=128, min_size=32, max_size=2048, max_growth=2.0)
+    assert run(grow_only, series) == [256, 512, 512, 512, 512]
+    shrinking = Controller(start=128, min_size=32, max_size=2048, max_growth=2.0, shrink=True)
+    assert run(shrinking, series) == [256, 512, 256, 128, 100]
+
+
+def test_an_unknown_or_non_finite_noise_scale_keeps_the_batch():
+    controller = Controller(start=64, min_size=64, max_size=1024)
+    for value in (None, math.nan, math.inf, -5.0, 0.0):
+        decision = controller.next_size(128, value)
+        assert decision.size == 128 and not decision.changed and decision.b_simple is None
+
+
+def test_goodput_picks_the_batch_with_the_most_progress_per_second():
+    # Throughput grows linearly up to 256 samples then saturates; B_noise = 200 from b0 = 32:
+    # goodput(b) = min(b, 256) x (232 / (200 + b)) is largest at b = 256 among the reachable sizes.
+    throughput = lambda b: float(min(b, 256))
+    controller = Controller(start=32, min_size=32, max_size=2048, quantum=32, max_growth=100.0, objective="goodput")
+    decision = controller.next_size(32, 200.0, throughput)
+    assert decision.size == 256
+    assert decision.efficiency == pytest.approx(232 / 456)
+    # Flat throughput: every larger batch only loses efficiency, so it stays small.
+    assert controller.next_size(32, 200.0, lambda b: 1.0).size == 32
+
+
+def test_efficiency_and_the_adascale_gain_agree_with_their_definitions():
+    b_noise, b0 = 500.0, 50
+    for scale in (1, 2, 4, 16):
+        b = scale * b0
+        sigma2, g2 = b_noise / b0, 1.0  # tr(Σ)/b0 with |G|^2 = 1 gives B_simple = b_noise
+        r = (sigma2 + g2) / (sigma2 / scale + g2)
+        assert adascale_gain(b_noise, b0, b) == pytest.approx(r)
+        assert 1.0 <= r <= scale
+        assert efficiency(b_noise, b0, b) == pytest.approx(r / scale)
+    assert adascale_gain(None, b0, 4 * b0) == 1.0

@@ -1,0 +1,48 @@
+"""The comparison report against tuned fixed batches, on sweep directories with a known answer."""
+
+import json
+
+import pytest
+import yaml
+
+from bsexp.report.pareto import main
+
+
+def job(sweep, n, overrides, batch, curve, rate=1000.0):
+    """One sweep point: val_acc after each evaluation (every 10 steps) from `curve`."""
+    d = sweep / f"{n}_{n}"
+    (d / ".hydra").mkdir(parents=True)
+    (d / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    records = [{"step": 10 * (i + 1), "samples_seen": 10 * (i + 1) * batch, "val_acc": acc, "samples_per_s": rate}
+               for i, acc in enumerate(curve)]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (d / "summary.json").write_text(json.dumps({"status": "completed", "batch_size": batch, "val_acc": curve[-1]}))
+
+
+def test_the_target_the_tuned_baseline_and_the_goal_verdict_hold_the_known_numbers(tmp_path):
+    fixed, others = tmp_path / "fixed", tmp_path / "arms"
+    n = 0
+    for lr, finals in (("0.1", (0.95, 0.97)), ("0.05", (0.90, 0.90))):  # lr 0.1 is batch 64's tuned LR
+        for seed, final in enumerate(finals):
+            curve = [0.5] * 9 + [0.95] + [final] * 5  # reaches 0.95 at step 100
+            job(fixed, n, ["experiment/adaptive_vs_fixed=fixed", "batch.size=64", f"optimizer.lr={lr}",
+                           f"seed={seed}"], 64, curve)
+            n += 1
+    for seed in (0, 1):  # batch 256 never reaches the target
+        job(fixed, n, ["experiment/adaptive_vs_fixed=fixed", "batch.size=256", "optimizer.lr=0.1", f"seed={seed}"],
+            256, [0.5, 0.93, 0.93])
+        n += 1
+    for seed in (0, 1):  # reaches it at step 60, with 60 x 32 samples
+        job(others, seed, ["experiment/adaptive_vs_fixed=adaptive_noise", f"seed={seed}"], 32,
+            [0.5] * 5 + [0.955] * 4)
+    assert main([str(others), str(fixed), "--out", str(tmp_path / "out")]) == 0
+    md = (tmp_path / "out" / "pareto.md").read_text()
+    target = 0.96 - 0.0141421356
+    assert f"**{100 * target:.2f} %**" in md and "fixed 64: 96.00 % ± 1.41 %" in md
+    rows = {r["arm"]: r for r in __import__("csv").DictReader((tmp_path / "out" / "pareto.csv").open())}
+    assert rows["fixed 64"]["lr"] == "0.1" and float(rows["fixed 64"]["to_target_steps"]) == 100
+    assert rows["fixed 256"]["to_target_steps"] == "" and rows["fixed 256"]["reached"] == "0/2"
+    assert float(rows["adaptive_noise"]["to_target_steps"]) == 60
+    assert float(rows["adaptive_noise"]["to_target_samples"]) == pytest.approx(60 * 32)
+    assert "- adaptive_noise: 0.60 x its steps, 0.30 x its samples" in md and "met." in md
+    assert (tmp_path / "out" / "pareto.png").stat().st_size > 10_000
