@@ -63,18 +63,18 @@ def _omegaconf_line(exc) -> str:
     return f"{key}: {message}"
 
 
-def _elsewhere(key: str) -> str:
-    """Where the config does have that name: the full key (`lr` -> optimizer.lr), or the group
-    options whose schema defines it (batch.micro_size -> batch=accumulation)."""
-    from bsexp.config.schema import where_defined
+# Where the config does have a name it lacks (the full key, or the group options that define it):
+# told by bsexp.config.schema, which knows the schemas, so that this module stays below it.
+_KEY_HINTS: list = []
 
-    parent, _, name = key.rpartition(".")
-    full, options = where_defined(name, parent)
-    if full:
-        return f" (did you mean {' or '.join(full)}?)"
-    if options:
-        return f" (it is a key of {' or '.join(options)})"
-    return ""
+
+def add_key_hint(hint) -> None:
+    """Register `hint(key) -> str`: text to add to the message for an unknown key ("" if none)."""
+    _KEY_HINTS.append(hint)
+
+
+def _elsewhere(key: str) -> str:
+    return next((text for hint in _KEY_HINTS if (text := hint(key))), "")
 
 
 def _known_keys(exc) -> list[str]:

@@ -18,6 +18,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from bsexp.batch.scaling import RULES
+from bsexp.errors import add_key_hint
 
 
 class _Choice(str, Enum):
@@ -487,6 +488,21 @@ def where_defined(name: str, parent: str) -> tuple[list[str], list[str]]:
                 names = "|".join(VISION_SETS) if option == "torchvision" else option
                 options.append(f"{parent}={names}")
     return full, options
+
+
+def key_hint(key: str) -> str:
+    """For an unknown key: the full key of that name (`lr` -> optimizer.lr), or the group options
+    whose schema defines it (batch.micro_size -> batch=accumulation)."""
+    parent, _, name = key.rpartition(".")
+    full, options = where_defined(name, parent)
+    if full:
+        return f" (did you mean {' or '.join(full)}?)"
+    if options:
+        return f" (it is a key of {' or '.join(options)})"
+    return ""
+
+
+add_key_hint(key_hint)
 
 
 def register_configs() -> None:
