@@ -45,9 +45,12 @@ SMALL = ["data.num_samples=2000", "model.width=8", "epochs=3", "trainer.progress
 def test_each_new_arm_trains_end_to_end(run_cli, tmp_path, arm):
     run_dir = tmp_path / arm
     overrides = {
-        "goodput": ["batch=adaptive", "batch.adaptive.objective=goodput", "batch.adaptive.interval=10"],
+        # max_size bounds the LR the linear rule can reach: the arm must train whatever throughput
+        # the finder measured on a busy machine.
+        "goodput": ["batch=adaptive", "batch.adaptive.objective=goodput", "batch.adaptive.interval=10",
+                    "batch.adaptive.max_size=128"],
         "adascale": ["batch=adaptive", "batch.adaptive.lr=adascale", "batch.adaptive.interval=10",
-                     "batch.find_micro_size=false"],
+                     "batch.find_micro_size=false", "batch.adaptive.max_size=128"],
         "seesaw": ["batch=scheduled", "batch.schedule.kind=seesaw", "schedule.main=step", "schedule.milestones=[1,2]",
                    "schedule.factor=0.5"],
     }[arm]
