@@ -98,9 +98,13 @@ class BatchPolicy:
         measuring is done (and what a test of the policy calls directly)."""
         start = self.cfg.batch.size if start is None else start
         self.check_data(n_train, data, start)
-        self.run_steps = self.schedule(start).run_steps(self.cfg.epochs, n_train, self.cfg.batch.drop_last,
-                                                        self.cfg.trainer.max_steps)
+        self.run_steps = self._run_steps(start, n_train)
         self._plan = self.first_plan(start)
+
+    def _run_steps(self, start: int, n_train: int) -> RunSteps:
+        """Every step of the run from the global batch `start`, as `schedule` lays it out."""
+        cfg = self.cfg
+        return self.schedule(start).run_steps(cfg.epochs, n_train, cfg.batch.drop_last, cfg.trainer.max_steps)
 
     def plan(self, step: int) -> BatchPlan:
         """The plan of optimizer step `step` (counted over the run)."""
@@ -459,9 +463,7 @@ class AdaptivePolicy(BatchPolicy):
 
     def _relay_out(self) -> None:
         """The run from the batches decided so far: steps already taken keep their batches."""
-        cfg = self.cfg
-        self.run_steps = self.schedule(self.points[0][1]).run_steps(cfg.epochs, self.n_train, cfg.batch.drop_last,
-                                                                    cfg.trainer.max_steps)
+        self.run_steps = self._run_steps(self.points[0][1], self.n_train)
         self._follow()
 
     def _follow(self) -> None:
