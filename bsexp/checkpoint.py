@@ -25,11 +25,12 @@ from omegaconf import DictConfig
 from bsexp.errors import ConfigError, one_line
 from bsexp.io import atomic_write
 from bsexp.noise import NoiseScale
+from bsexp.resume import CHECKPOINTS, pinned
 from bsexp.runtime import rng_state, set_rng_state
 
 log = logging.getLogger(__name__)
 
-DIR = "checkpoints"
+DIR = CHECKPOINTS
 FORMAT = 2  # 2: the batch policy's state in one entry
 _NAME = re.compile(r"step-(\d+)\.pt$")
 
@@ -121,19 +122,34 @@ def mismatches(state: dict[str, Any], identity: dict[str, Any]) -> list[str]:
 
 class Checkpointer:
     """Saves the run every `every_steps` steps, at each epoch's end (`every_epoch`) and at its
-    last step, keeping the newest `keep`. Every rank hands its random generators and running sums
-    to rank 0, which writes."""
+    last step, keeping the newest `keep`; and at the first step at or past each of `at_samples`
+    samples seen, kept for good as `samples-<mark>.pt` (a trunk's branch points). Every rank hands
+    its random generators and running sums to rank 0, which writes."""
 
-    def __init__(self, run_dir: Path, every_steps: int, every_epoch: bool, keep: int, cfg: DictConfig) -> None:
+    def __init__(self, run_dir: Path, every_steps: int, every_epoch: bool, keep: int, cfg: DictConfig,
+                 at_samples: tuple[int, ...] = ()) -> None:
         self.run_dir, self.every_steps, self.every_epoch, self.keep, self.cfg = run_dir, every_steps, every_epoch, keep, cfg
+        self.marks = sorted(m for m in set(at_samples) if not pinned(run_dir, m).exists())  # not yet saved
 
-    def due(self, step: int, at_epoch_end: bool, total: int) -> bool:
+    def start(self, loop, state) -> None:
+        """Before the first step taken here: marks already passed (a run resumed past them) cannot
+        be kept; a mark at the start itself (0) is saved now."""
+        self.marks = [m for m in self.marks if m > state.samples_seen or (m == 0 and state.step == 0)]
+        if self.pins_due(state.samples_seen):
+            self.save(loop, state)
+
+    def pins_due(self, samples_seen: int) -> list[int]:
+        return [m for m in self.marks if m <= samples_seen]
+
+    def due(self, step: int, at_epoch_end: bool, total: int, samples_seen: int = 0) -> bool:
         return bool((self.every_steps and step % self.every_steps == 0) or (at_epoch_end and self.every_epoch)
-                    or step >= total)
+                    or step >= total or self.pins_due(samples_seen))
 
     def save(self, loop, state) -> None:
         mine = {"rng": rng_state(), "running": (float(state.loss_sum), float(state.correct), state.running_samples)}
         ranks = loop.world.gather_object(mine)
+        pins = self.pins_due(state.samples_seen)
+        self.marks = [m for m in self.marks if m not in pins]
         if not loop.world.is_main:
             return
         step, noise = loop.step, loop.step.noise
@@ -148,16 +164,21 @@ class Checkpointer:
             "noise": asdict(noise.scale) if noise is not None else None,
             "ranks": ranks, "identity": identity(self.cfg, loop), "wandb_id": loop.sinks.wandb_id(),
         }
-        log.debug("checkpoint %s", save(self.run_dir, saved, self.keep))
+        path = save(self.run_dir, saved, self.keep)
+        for mark in pins:  # a second name for the same file: rotation leaves it be
+            atomic_write(pinned(self.run_dir, mark), lambda out: out.write(path.read_bytes()))
+        log.debug("checkpoint %s%s", path, f" (kept as samples {pins})" if pins else "")
 
 
 _STATE_KEYS = ("step", "epoch", "in_epoch", "samples_seen", "train_time_s", "best_val_acc", "records", "lr",
                "last_finite_loss")
 
 
-def restore(cfg: DictConfig, loop, state, path: Path, saved: dict[str, Any]) -> str | None:
+def restore(cfg: DictConfig, loop, state, path: Path, saved: dict[str, Any], branch: bool = False) -> str | None:
     """Put a freshly built run (whose batch policy was resolved from `saved`) where the checkpoint
-    left it; returns the W&B run id to continue."""
+    left it; returns the W&B run id to continue. `branch`: a new run from another's checkpoint
+    (bsexp.branch), which keeps the model, optimizer, generators and place in the data but starts
+    its own records, clock and W&B run."""
     different = mismatches(saved, identity(cfg, loop))
     if different and not cfg.checkpoint.allow_mismatch:
         raise ConfigError("resume", str(path), f"was written by another run: {'; '.join(different)}; set "
@@ -178,5 +199,10 @@ def restore(cfg: DictConfig, loop, state, path: Path, saved: dict[str, Any]) -> 
     mine = ranks[loop.world.rank]
     state.loss_sum, state.correct, state.running_samples = mine["running"]
     set_rng_state(mine["rng"])
+    if branch:
+        state.records, state.best_val_acc, state.train_time_s = [], 0.0, 0.0
+        log.info("branched from %s: epoch %d, step %d, %d samples seen; %d steps to go", path, state.epoch,
+                 state.step, state.samples_seen, loop.policy.run_steps.total - state.step)
+        return None
     log.info("resumed from %s: epoch %d, step %d of %d", path, state.epoch, state.step, loop.policy.run_steps.total)
     return saved["wandb_id"]

@@ -40,11 +40,12 @@ class Evaluator:
     and train accuracy (both in eval mode, on equal-sized samples), the running training loss,
     the LR and batch plan of the last step, and the noise scale — one record, to the sinks."""
 
-    def __init__(self, every_steps: int, batch_size: int, sinks) -> None:
+    def __init__(self, every_steps: int, batch_size: int, sinks, at_steps: tuple[int, ...] = ()) -> None:
         self.every_steps, self.batch_size, self.sinks = every_steps, batch_size, sinks
+        self.at_steps = frozenset(at_steps)  # besides the interval (a branch's evaluations along it)
 
     def due(self, step: int, at_epoch_end: bool, total: int) -> bool:
-        if step >= total:
+        if step >= total or step in self.at_steps:
             return True
         if self.every_steps:
             return step % self.every_steps == 0

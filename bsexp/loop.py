@@ -141,15 +141,18 @@ class Loop:
 
 
 def build_loop(cfg: DictConfig, world: World | None = None, run_dir: Path | None = None,
-               resumed: dict | None = None) -> Loop:
+               resumed: dict | None = None, trunk: dict | None = None) -> Loop:
     """Check the config, seed, build data and model, let the batch policy resolve the run (the
     finder measures here, leaving every random generator as it was), then the step's parts.
     Every rank builds the same model from the same seed. `run_dir`: checkpoints go there.
-    `resumed`: a checkpoint's state, whose batch policy is taken instead of resolved afresh."""
+    `resumed`: a checkpoint's state, whose batch policy is taken instead of resolved afresh.
+    `trunk`: where a branch starts (bsexp.branch.find)."""
     check(cfg)
     world = world or World(device=resolve_device(str(cfg.device)))
     policy = policy_for(cfg, world.size)
     policy.check()
+    if trunk is not None:
+        policy.trunk = trunk
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
     seed_everything(cfg.seed, cfg.trainer.deterministic)
@@ -167,11 +170,11 @@ def build_loop(cfg: DictConfig, world: World | None = None, run_dir: Path | None
     return Loop(
         step=step, policy=policy, splits=splits, batches=train_batches(splits, cfg.seed, world.device), hp=hp,
         epochs=cfg.epochs, drop_last=cfg.batch.drop_last,
-        evaluator=Evaluator(cfg.trainer.eval_every_steps, cfg.trainer.eval_batch_size, sinks),
+        evaluator=Evaluator(cfg.trainer.eval_every_steps, cfg.trainer.eval_batch_size, sinks, policy.eval_steps()),
         watch=Watch(every=1 if world.device.type == "cpu" else 16), sinks=sinks,
         sync_batchnorm=sync_batchnorm(cfg, world.distributed),
         checkpointer=None if run_dir is None else Checkpointer(run_dir, node.every_steps, node.every_epoch, node.keep,
-                                                               cfg),
+                                                               cfg, tuple(node.get("at_samples") or ())),
         show_progress=cfg.trainer.progress)
 
 
@@ -196,6 +199,8 @@ def train(loop: Loop, state: TrainState) -> str:
     checkpoint is saved first)."""
     world, policy = loop.world, loop.policy
     loop.step.model.train()
+    if loop.checkpointer is not None:
+        loop.checkpointer.start(loop, state)
     for epoch in range(state.epoch, loop.epochs):
         sizes = policy.epoch_sizes(epoch)  # read step by step: a closed-loop policy changes the steps ahead
         if not len(sizes):
@@ -218,7 +223,8 @@ def train(loop: Loop, state: TrainState) -> str:
             loop.watch.add(loss_sum, len(y))
             total = policy.run_steps.total
             eval_due = loop.evaluator.due(state.step, at_epoch_end, total)
-            save_due = loop.checkpointer is not None and loop.checkpointer.due(state.step, at_epoch_end, total)
+            save_due = loop.checkpointer is not None and loop.checkpointer.due(state.step, at_epoch_end, total,
+                                                                               state.samples_seen)
             diverged = stop = False
             if eval_due or save_due or loop.watch.ready:
                 diverged, stop = loop.watch.look(world, state)
@@ -232,7 +238,7 @@ def train(loop: Loop, state: TrainState) -> str:
                 _show_postfix(bar, state, clock.seconds())
             if eval_due:
                 with clock.paused():
-                    loop.evaluator.log(loop, state, epoch + in_epoch / len(sizes))
+                    loop.evaluator.log(loop, state, policy.epochs_done(state))
             if loop.checkpointer is not None and (stop or save_due):
                 with clock.paused():
                     loop.checkpointer.save(loop, state)

@@ -12,7 +12,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from bsexp import resume
+from bsexp import branch, resume
 from bsexp.batch.plan import BatchPlan
 from bsexp.batch.policy import policy_for
 from bsexp.config.checks import check
@@ -94,6 +94,8 @@ class Preflight(Callback):
                 return
             if config.get("resume") is not None:  # into the directory it left, as it was started
                 resume.check(config, config.hydra.run.dir)
+            elif config.branch.trunk is not None:  # the trunk's run with only the batch changed
+                branch.check(config)
             elif not restarted():
                 check_output_dir("hydra.run.dir", config.hydra.run.dir)
             claim("hydra.run.dir", config.hydra.run.dir)

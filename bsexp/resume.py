@@ -26,6 +26,12 @@ RUN_ONLY = ("resume", "checkpoint.allow_mismatch", "checkpoint.keep", "checkpoin
             "logger.wandb.mode")
 
 
+def pinned(run_dir: Path, samples: int) -> Path:
+    """A run's checkpoint kept for its `checkpoint.at_samples` mark `samples`, whatever
+    `checkpoint.keep` says (a trunk's branch points)."""
+    return Path(run_dir) / CHECKPOINTS / f"samples-{samples:09d}.pt"
+
+
 def _last(args: list[str], key: str) -> str | None:
     values = [a.split("=", 1)[1] for a in args if a.split("=", 1)[0].lstrip("+~") == key and "=" in a]
     return values[-1] if values else None

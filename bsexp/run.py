@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from bsexp import checkpoint as ckpt
-from bsexp import resume
+from bsexp import branch, resume
 from bsexp.build import build_sinks
 from bsexp.config.env import restarted
 from bsexp.distributed import World, close_world, init_world
@@ -42,9 +42,14 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
 
 def _run_on(world: World, cfg: DictConfig, run_dir: Path, started: float) -> dict[str, Any]:
     resumed = ckpt.find(cfg.resume, run_dir, restarted())
-    loop = build_loop(cfg, world, run_dir, None if resumed is None else resumed[1])
+    trunk = branch.find(cfg) if resumed is None and cfg.branch.trunk is not None else None
+    loop = build_loop(cfg, world, run_dir, None if resumed is None else resumed[1],
+                      trunk=None if trunk is None else trunk[2])
     state = TrainState()
     wandb_id = None if resumed is None else ckpt.restore(cfg, loop, state, *resumed)
+    if trunk is not None:  # a new run from the trunk's checkpoint, its batch (LR, weight decay) its own
+        ckpt.restore(cfg, loop, state, trunk[0], trunk[1], branch=True)
+        loop.policy.begin(loop.step, state.step)
     hparams = hyperparameters(cfg, loop)
     changed = resume.changes(cfg, str(cfg.resume), str(run_dir)) if cfg.resume is not None else []
     if world.is_main:
@@ -58,6 +63,8 @@ def _run_on(world: World, cfg: DictConfig, run_dir: Path, started: float) -> dic
             log.info(found.table())
             write_json(run_dir / "finder.json", found.to_json())
             loop.sinks.table("finder/trials", [asdict(t) for t in found.trials])
+    if trunk is not None:  # where the branch starts: the trunk's model, at the branch's batch
+        loop.evaluator.log(loop, state, loop.policy.epochs_done(state))
     if cfg.trainer.memory_limit_gb is not None:
         limit_memory(world.device, int(cfg.trainer.memory_limit_gb * 2**30))
     status, test = "failed", None
@@ -74,6 +81,9 @@ def _run_on(world: World, cfg: DictConfig, run_dir: Path, started: float) -> dic
         summary = make_summary(cfg, status, loop, hparams, state, test, time.perf_counter() - started)
         summary["resumed_from"] = str(resumed[0]) if resumed is not None else None
         summary["resume_changes"] = [{"key": k, "was": was, "now": now} for k, was, now in changed]
+        if "branch" in summary:  # what the branch trained on, and with
+            summary["branch"].update(samples_trained=state.samples_seen - summary["branch"]["at_samples"],
+                                     lr=state.lr, weight_decay=loop.step.optimizer.param_groups[0]["weight_decay"])
         if status == "preempted" and loop.watch.stop_signal:
             summary["preempted_by"] = signal.Signals(loop.watch.stop_signal).name
         if world.is_main:

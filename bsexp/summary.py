@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 def hyperparameters(cfg: DictConfig, loop) -> dict[str, Any]:
     """What the batch policy and the scaling rules made of the config: logged, and in summary.json
     (the plan the run starts with; `final_*` in the summary say where it ended)."""
-    plan, hp = loop.policy.current, loop.hp
+    plan, hp = loop.policy.current, loop.policy.described(loop.hp)
     return {
         "batch_size": plan.size, "micro_size": plan.micro_size, "accum_steps": plan.accum_steps,
         "world_size": plan.world_size, "ref_batch": cfg.scaling.ref_batch, "k": hp.k,
@@ -47,6 +47,8 @@ def announce(cfg: DictConfig, loop, hparams: dict[str, Any]) -> None:
              h["warmup_steps"], h["total_steps"])
     run = loop.policy.run_steps
     per_epoch = len(run.epoch(0)) if run.epoch_starts else run.total
+    if loop.policy.name == "branch":  # the trunk's set-up was cautioned about; a branch only continues it
+        return
     for key, what in cautions(h["lr"] / h["base_lr"], str(cfg.schedule.warmup_shape), h["warmup_steps"],
                               h["total_steps"], per_epoch, h["lr_peak"] / h["lr"]):
         log.warning("%s: %s", key, what)

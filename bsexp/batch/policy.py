@@ -163,7 +163,7 @@ class BatchPolicy:
     def hparams(self) -> tuple[scaling.ScaledHparams, scaling.LRFactors]:
         """The LR and weight decay at the first step's batch, by the scaling rules, and the LR's
         multiplier at every step: warmup and main schedule, times the coupling to the batch."""
-        cfg, run = self.cfg, self.run_steps
+        cfg, run, counted = self.cfg, self.run_steps, self.lr_layout()
         rule = str(cfg.scaling.lr_rule)
         k = scaling.scale_factor(run.sizes[0] if run.sizes else self._plan.size, cfg.scaling.ref_batch)
         lr = scaling.scaled_lr(cfg.optimizer.lr, k, rule)
@@ -171,11 +171,11 @@ class BatchPolicy:
         node = cfg.schedule
         # Counted in samples seen, so that a batch that changes (batch=scheduled) can neither stretch
         # nor cut the warmup or the decay; lengths given in steps are the samples of those steps.
-        in_samples = ((lambda steps: run.samples_before_step(int(round(steps)))) if node.unit == "steps"
-                      else run.samples_at)
+        in_samples = ((lambda steps: counted.samples_before_step(int(round(steps)))) if node.unit == "steps"
+                      else counted.samples_at)
         warmup = 0 if node.warmup_shape == "none" else in_samples(node.warmup)
         lr_schedule = scaling.LRSchedule(
-            total=run.total_samples, warmup=warmup, warmup_shape=str(node.warmup_shape),
+            total=counted.total_samples, warmup=warmup, warmup_shape=str(node.warmup_shape),
             start_factor=scaling.warmup_start_factor(node.start_factor, k, rule), main=str(node.main),
             milestones=tuple(in_samples(m) for m in node.milestones), factor=node.factor,
             final_factor=node.final_factor)
@@ -187,6 +187,41 @@ class BatchPolicy:
     def lr_factors(self, lr_schedule: scaling.LRSchedule):
         """The LR multiplier of every step (a callable of the step, as torch's LambdaLR takes)."""
         return scaling.LRFactors(lr_schedule, self.lr_coupling(), self.run_steps.before)
+
+    def lr_layout(self) -> RunSteps:
+        """The run the LR schedule's length, warmup and milestones are counted against: this one
+        (a branch counts them against its trunk's)."""
+        return self.run_steps
+
+    def eval_steps(self) -> tuple[int, ...]:
+        """Steps (counted after them) at which the policy wants an evaluation, besides the
+        trainer's own interval."""
+        return ()
+
+    def epochs_done(self, state) -> float:
+        """Epochs trained so far, counting a partial epoch by its steps (what records call `epoch`)."""
+        steps = len(self.run_steps.epoch(state.epoch)) if state.epoch < len(self.run_steps.epoch_starts) else 0
+        return state.epoch + (state.in_epoch / steps if steps else 0.0)
+
+    def described(self, hp: scaling.ScaledHparams) -> scaling.ScaledHparams:
+        """The LR and weight decay to announce and summarise (those of the first step)."""
+        return hp
+
+    def begin(self, parts, step: int) -> None:
+        """Called once the run's parts are built and restored, before step `step` is taken: a
+        branch sets its weight decay and LR here."""
+        return None
+
+    @staticmethod
+    def _set_lr(parts, step: int) -> None:
+        """Set the optimizer's LR of step `step` from the scheduler's multipliers (after the layout
+        changed under the scheduler)."""
+        scheduler = parts.scheduler
+        if scheduler is None:
+            return
+        for group, base, factor in zip(parts.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+            group["lr"] = base * factor(step)
+        scheduler._last_lr = [group["lr"] for group in parts.optimizer.param_groups]
 
     def state_dict(self) -> dict[str, Any]:
         return {"plan": asdict(self._plan), "micro_cap": self.micro_cap, "oom_recoveries": self.oom_recoveries}
@@ -381,7 +416,70 @@ class ScheduledPolicy(BatchPolicy):
                                          str(self.cfg.scaling.lr_rule), node.couple_lr, node.ramp_steps))
 
 
-class AdaptivePolicy(BatchPolicy):
+class SteppedPolicy(BatchPolicy):
+    """A run whose global batch changes at given steps (`points`: (step, batch from it on)), the
+    LR following the batch by scaling.lr_rule (or by a gain, `gains`) relative to the first
+    batch's, counted in samples so that warmup and decay are neither stretched nor cut. The
+    adaptive controller and branches of another run are two of them."""
+
+    def __init__(self, cfg: DictConfig, world: int) -> None:
+        super().__init__(cfg, world)
+        self.points: list[tuple[int, int]] = []  # (step, global batch from that step on)
+        self.gains: list[tuple[int, float]] = []  # (step, LR gain from that step on): AdaScale's r, or 1
+        self.n_train = 0
+        self._positions: tuple[float, ...] = ()  # where the LR schedule stands before each step (samples)
+        self._coupling: tuple[float, ...] = ()
+
+    def schedule(self, start: int) -> BatchSchedule:
+        return BatchSchedule(start=start, world_size=self.world, kind="by_step",
+                             step_points=tuple(self.points) or ((0, start),))
+
+    def lay_out(self, n_train: int, start: int | None = None, data: str = "the data") -> None:
+        super().lay_out(n_train, start, data)
+        self.n_train = n_train
+        self._follow()
+
+    def _relay_out(self) -> None:
+        """The run from the batches decided so far: steps already taken keep their batches."""
+        self.run_steps = self._run_steps(self.points[0][1], self.n_train)
+        self._follow()
+
+    def _by_gain(self) -> bool:
+        """Whether the LR follows `gains` (AdaScale) rather than the batch through the rule."""
+        return False
+
+    def _follow(self) -> None:
+        """The LR's position (samples; with gains: scale-invariant samples) and coupling to the
+        batch before every step, from the run as laid out now."""
+        run, b0 = self.run_steps, self.points[0][1]
+        ref, rule = self.cfg.scaling.ref_batch, str(self.cfg.scaling.lr_rule)
+        by_gain = self._by_gain()
+        positions, coupling, seen = [], [], 0.0
+        gain_steps = [g[0] for g in self.gains]
+        for step, (size, taken) in enumerate(zip(run.sizes, run.taken or run.sizes)):
+            positions.append(seen)
+            if by_gain:  # r b0-steps of progress a step: taken x r / S samples of b0
+                gain = self.gains[max(0, bisect.bisect_right(gain_steps, step) - 1)][1]
+                coupling.append(gain)
+                seen += taken * gain * b0 / size
+            else:
+                coupling.append(scaling.rule_multiplier(rule, size / ref) / scaling.rule_multiplier(rule, b0 / ref))
+                seen += taken
+        self._positions, self._coupling = tuple(positions), tuple(coupling)
+
+    def lr_factors(self, lr_schedule: scaling.LRSchedule):
+        # A function, not an object: torch's LambdaLR saves (and on loading, overwrites) the
+        # attributes of a callable object, which would cut it off from this policy.
+        def factor(step: int) -> float:
+            return scaling.LRFactors(lr_schedule, self._coupling, self._positions)(step)
+        return factor
+
+    def first_plan(self, start: int) -> BatchPlan:
+        size = self.run_steps.sizes[0] if self.run_steps and self.run_steps.sizes else start
+        return plan_for(size, self.world, self.micro_cap)
+
+
+class AdaptivePolicy(SteppedPolicy):
     """batch=adaptive: a closed loop. Every `batch.adaptive.interval` steps the controller
     (bsexp.batch.adaptive) sets the global batch of the steps ahead from the measured gradient
     noise scale; all ranks take the same decision. The run is laid out again from that step on:
@@ -394,13 +492,8 @@ class AdaptivePolicy(BatchPolicy):
 
     def __init__(self, cfg: DictConfig, world: int) -> None:
         super().__init__(cfg, world)
-        self.points: list[tuple[int, int]] = []  # (step, global batch from that step on)
-        self.gains: list[tuple[int, float]] = []  # (step, LR gain from that step on): AdaScale's r, or 1
         self.decisions: list[dict[str, Any]] = []
         self.rates: list[tuple[int, float]] = []  # (micro-batch, samples/s) of the finder's trials
-        self.n_train = 0
-        self._positions: tuple[float, ...] = ()  # where the LR schedule stands before each step (samples)
-        self._coupling: tuple[float, ...] = ()
 
     def check(self) -> BatchPlan:
         node, world, size = self.cfg.batch.adaptive, self.world, self.cfg.batch.size
@@ -447,50 +540,13 @@ class AdaptivePolicy(BatchPolicy):
             self.rates = sorted((t.size, t.samples_per_s) for t in self.found.trials if t.ok and t.samples_per_s)
         return cfg.batch.size
 
-    def schedule(self, start: int) -> BatchSchedule:
-        return BatchSchedule(start=start, world_size=self.world, kind="by_step",
-                             step_points=tuple(self.points) or ((0, start),))
-
     def check_data(self, n_train: int, data: str = "the data", start: int | None = None) -> None:
         start = self.cfg.batch.size if start is None else start
         if start > n_train:
             raise ConfigError("batch.size", start, f"exceeds the {n_train} training samples of {data}")
 
-    def lay_out(self, n_train: int, start: int | None = None, data: str = "the data") -> None:
-        super().lay_out(n_train, start, data)
-        self.n_train = n_train
-        self._follow()
-
-    def _relay_out(self) -> None:
-        """The run from the batches decided so far: steps already taken keep their batches."""
-        self.run_steps = self._run_steps(self.points[0][1], self.n_train)
-        self._follow()
-
-    def _follow(self) -> None:
-        """The LR's position (samples; AdaScale: scale-invariant samples) and coupling to the
-        batch before every step, from the run as laid out now."""
-        run, b0 = self.run_steps, self.points[0][1]
-        ref, rule = self.cfg.scaling.ref_batch, str(self.cfg.scaling.lr_rule)
-        adascale = str(self.cfg.batch.adaptive.lr) == "adascale"
-        positions, coupling, seen = [], [], 0.0
-        gain_steps = [g[0] for g in self.gains]
-        for step, (size, taken) in enumerate(zip(run.sizes, run.taken or run.sizes)):
-            positions.append(seen)
-            if adascale:  # r b0-steps of progress a step: taken x r / S samples of b0
-                gain = self.gains[max(0, bisect.bisect_right(gain_steps, step) - 1)][1]
-                coupling.append(gain)
-                seen += taken * gain * b0 / size
-            else:
-                coupling.append(scaling.rule_multiplier(rule, size / ref) / scaling.rule_multiplier(rule, b0 / ref))
-                seen += taken
-        self._positions, self._coupling = tuple(positions), tuple(coupling)
-
-    def lr_factors(self, lr_schedule: scaling.LRSchedule):
-        # A function, not an object: torch's LambdaLR saves (and on loading, overwrites) the
-        # attributes of a callable object, which would cut it off from this policy.
-        def factor(step: int) -> float:
-            return scaling.LRFactors(lr_schedule, self._coupling, self._positions)(step)
-        return factor
+    def _by_gain(self) -> bool:
+        return str(self.cfg.batch.adaptive.lr) == "adascale"
 
     def adapt(self, step: int, parts) -> None:
         node = self.cfg.batch.adaptive
@@ -520,12 +576,7 @@ class AdaptivePolicy(BatchPolicy):
             self.gains.append((step, gain))
         self._relay_out()
         self._plan = plan_for(size, self.world, self.micro_cap)
-        # The scheduler set this step's LR from the layout before the change: set it again.
-        scheduler = parts.scheduler
-        if scheduler is not None:
-            for group, base, factor in zip(parts.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
-                group["lr"] = base * factor(step)
-            scheduler._last_lr = [group["lr"] for group in parts.optimizer.param_groups]
+        self._set_lr(parts, step)  # the scheduler set this step's LR from the layout before the change
         log.info("adaptive batch at step %d: B_simple %s -> global batch %d (was %d)%s", step,
                  "unknown" if b_simple is None else f"{b_simple:.0f}", size, current,
                  f", AdaScale gain {gain:.3g}" if str(node.lr) == "adascale" else "")
@@ -547,10 +598,6 @@ class AdaptivePolicy(BatchPolicy):
                     return ra + (rb - ra) * (micro - a) / (b - a)
             return timed[-1][1]
         return rate
-
-    def first_plan(self, start: int) -> BatchPlan:
-        size = self.run_steps.sizes[0] if self.run_steps and self.run_steps.sizes else start
-        return plan_for(size, self.world, self.micro_cap)
 
     def record(self) -> dict[str, Any]:
         last = self.decisions[-1] if self.decisions else {}
@@ -575,6 +622,126 @@ class AdaptivePolicy(BatchPolicy):
         super().load_state_dict(state)
 
 
+class BranchPolicy(SteppedPolicy):
+    """branch.trunk=...: the trunk's run continued from its checkpoint at `branch.at_samples` with
+    the global batch `batch.size` (in micro-batches of batch.micro_size with batch=accumulation),
+    for `branch.samples` samples (Merrill et al. 2025's branched training). The steps before the
+    branch point are the trunk's; from it on, the LR is the trunk's schedule at the same samples
+    seen times the rule's ratio of the two batches, and the weight decay the trunk's times its
+    rule's ratio; the data goes on where the trunk's stream was. The LR schedule's length, warmup
+    and milestones are the trunk's. The run ends after exactly `branch.samples` samples (its last
+    step takes only what is left)."""
+
+    name = "branch"
+
+    def __init__(self, cfg: DictConfig, world: int) -> None:
+        super().__init__(cfg, world)
+        self.trunk: dict[str, Any] | None = None  # batch, step, samples, checkpoint: set before resolve
+
+    def check(self) -> BatchPlan:
+        batch = self.cfg.batch
+        if str(batch.policy) not in (Policy.fixed.value, Policy.accumulation.value):
+            raise ConfigError("batch.policy", str(batch.policy), "a branch trains at one global batch: use batch=fixed "
+                                                                 "or batch=accumulation")
+        if self.cfg.branch.samples is None:
+            raise ConfigError("branch.samples", None, "a branch needs its length: the samples to train on after the "
+                                                      "branch point (e.g. branch.samples=8192)")
+        if self.cfg.branch.at_samples is None:
+            raise ConfigError("branch.at_samples", None, "say which of the trunk's checkpoints to branch from: its "
+                                                         "samples seen (checkpoint.at_samples of the trunk)")
+        return self._given()
+
+    def _given(self) -> BatchPlan:
+        batch = self.cfg.batch
+        return self._make_plan(batch.size, self.world, batch.get("micro_size"), batch.get("accum_steps"))
+
+    def _start(self, probe: Probe, state: dict | None, n_train: int) -> int:
+        if state is not None:  # a branch resumed: where it branched is in its own checkpoint
+            self.trunk = dict(state["trunk"])
+        given = self._given()
+        self.micro_cap = given.micro_size if given.accum_steps > 1 else None
+        self.n_train = n_train
+        self.points = [(0, self.trunk["batch"]), (self.trunk["step"], self.cfg.batch.size)]
+        self.gains = [(0, 1.0)]
+        return self.trunk["batch"]
+
+    def check_data(self, n_train: int, data: str = "the data", start: int | None = None) -> None:
+        if self.cfg.batch.size > n_train:
+            raise ConfigError("batch.size", self.cfg.batch.size, f"exceeds the {n_train} training samples of {data}")
+
+    def _run_steps(self, start: int, n_train: int) -> RunSteps:
+        cfg, trunk = self.cfg, self.trunk
+        full = self.schedule(start).run_steps(cfg.epochs, n_train, cfg.batch.drop_last)
+        at, end = trunk["samples"], trunk["samples"] + cfg.branch.samples
+        if trunk["step"] > full.total or full.samples_before_step(trunk["step"]) != at:
+            raise ConfigError("branch.trunk", cfg.branch.trunk, f"its checkpoint at step {trunk['step']} has seen {at} "
+                                                                f"samples, which this run's layout does not reproduce "
+                                                                f"(epochs, data or batch.drop_last differ)")
+        if end > full.total_samples:
+            raise ConfigError("branch.samples", cfg.branch.samples, f"runs past the run's end: the branch starts at "
+                                                                    f"{at} of {full.total_samples} samples, so at most "
+                                                                    f"{full.total_samples - at}")
+        return full.cut(end)
+
+    def lr_layout(self) -> RunSteps:
+        trunk = BatchSchedule(start=self.trunk["batch"], world_size=self.world)
+        cfg = self.cfg
+        return trunk.run_steps(cfg.epochs, self.n_train, cfg.batch.drop_last, cfg.trainer.max_steps)
+
+    def first_plan(self, start: int) -> BatchPlan:
+        return self._given() if start == self.cfg.batch.size else plan_for(start, self.world, None)
+
+    def eval_steps(self) -> tuple[int, ...]:
+        """After the first step at or past each `branch.samples / branch.evals` of the branch."""
+        cfg, trunk, run = self.cfg, self.trunk, self.run_steps
+        marks = [trunk["samples"] + cfg.branch.samples * j / cfg.branch.evals for j in range(1, cfg.branch.evals + 1)]
+        seen, found = trunk["samples"], []
+        for step in range(trunk["step"], run.total):
+            seen += (run.taken or run.sizes)[step]
+            if marks and seen >= marks[0] - 1e-9:
+                found.append(step + 1)
+                while marks and seen >= marks[0] - 1e-9:
+                    marks.pop(0)
+        return tuple(found)
+
+    def begin(self, parts, step: int) -> None:
+        """At the branch point: the weight decay by its rule's ratio of the branch's batch to the
+        trunk's, and the LR of the branch's layout."""
+        if step != self.trunk["step"]:  # a branch resumed past its branch point has both already
+            return
+        ratio = scaling.rule_multiplier(str(self.cfg.scaling.wd_rule), self.cfg.batch.size / self.trunk["batch"])
+        for group in parts.optimizer.param_groups:
+            group["weight_decay"] *= ratio
+        self._set_lr(parts, step)
+        self._plan = self.plan(step)
+
+    def epochs_done(self, state) -> float:
+        """By samples against the trunk's epochs: a branch ends within one."""
+        per_epoch = self.lr_layout().epoch_samples()
+        whole = sum(per_epoch[:state.epoch])
+        return state.epoch + ((state.samples_seen - whole) / per_epoch[state.epoch]
+                              if state.epoch < len(per_epoch) and per_epoch[state.epoch] else 0.0)
+
+    def described(self, hp: scaling.ScaledHparams) -> scaling.ScaledHparams:
+        """The branch's own: the LR and weight decay at its batch by the rules, its steps."""
+        cfg, trunk, run = self.cfg, self.trunk, self.run_steps
+        k = scaling.scale_factor(cfg.batch.size, cfg.scaling.ref_batch)
+        return scaling.ScaledHparams(
+            k=k, lr=scaling.scaled_lr(cfg.optimizer.lr, k, str(cfg.scaling.lr_rule)), lr_peak=hp.lr_peak,
+            weight_decay=scaling.scaled_weight_decay(cfg.optimizer.weight_decay, k, str(cfg.scaling.wd_rule)),
+            warmup_steps=0 if hp.warmup_steps <= trunk["step"] else hp.warmup_steps - trunk["step"],
+            total_steps=run.total - trunk["step"])
+
+    def summary(self) -> dict[str, Any]:
+        return {"branch": {"trunk": self.trunk.get("run_dir"), "checkpoint": self.trunk.get("checkpoint"),
+                           "trunk_batch": self.trunk["batch"], "at_step": self.trunk["step"],
+                           "at_samples": self.trunk["samples"], "samples": self.cfg.branch.samples,
+                           "batch": self.cfg.batch.size}}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "trunk": dict(self.trunk)}
+
+
 class EpochSizes:
     """An epoch's global batches, read step by step from the policy's layout in force."""
 
@@ -586,8 +753,8 @@ class EpochSizes:
 
     def __iter__(self):
         index = 0
-        while index < len(self):
-            yield self.policy.run_steps.epoch(self.epoch)[index]
+        while index < len(self):  # the samples each step takes (an epoch's or the run's last may take fewer)
+            yield self.policy.run_steps.epoch_taken(self.epoch)[index]
             index += 1
 
 
@@ -599,6 +766,9 @@ POLICIES: dict[str, type[BatchPolicy]] = {
 
 
 def policy_for(cfg: DictConfig, world: int | None = None) -> BatchPolicy:
-    """The policy `batch.policy` names, for `world` ranks (default: what the config and the
-    environment say)."""
-    return POLICIES[str(cfg.batch.policy)](cfg, world_size(cfg) if world is None else world)
+    """The policy `batch.policy` names (a branch's, where branch.trunk is set), for `world` ranks
+    (default: what the config and the environment say)."""
+    world = world_size(cfg) if world is None else world
+    if cfg.get("branch") is not None and cfg.branch.trunk is not None:
+        return BranchPolicy(cfg, world)
+    return POLICIES[str(cfg.batch.policy)](cfg, world)

@@ -120,6 +120,19 @@ class RunSteps:
         rate = per_epoch[0] if len(per_epoch) > 1 and per_epoch[1] else self.n
         return max(round(epochs * rate), sum(per_epoch[:whole]) if whole <= len(per_epoch) else 0)
 
+    def cut(self, samples: int) -> "RunSteps":
+        """The run stopped once `samples` samples are seen: the last step kept takes only what is
+        left of them (at its scheduled batch's LR, like an epoch's last, smaller step)."""
+        sizes, taken, seen = [], [], 0
+        for size, took in zip(self.sizes, self.taken or self.sizes):
+            if seen >= samples:
+                break
+            sizes.append(size)
+            taken.append(min(took, samples - seen))
+            seen += taken[-1]
+        total = len(sizes)
+        return RunSteps(tuple(sizes), tuple(min(s, total) for s in self.epoch_starts), self.n, tuple(taken))
+
     def samples_before_step(self, step: int) -> int:
         """Samples seen before step `step`; past the run's end, at its last step's size."""
         if step < self.total:
@@ -138,6 +151,14 @@ class RunSteps:
         start = self.epoch_starts[epoch]
         stop = self.epoch_starts[epoch + 1] if epoch + 1 < len(self.epoch_starts) else self.total
         return self.sizes[start:stop]
+
+    def epoch_taken(self, epoch: int) -> tuple[int, ...]:
+        """The samples each step of `epoch` trains on."""
+        if not self.taken:
+            return self.epoch(epoch)
+        start = self.epoch_starts[epoch]
+        stop = self.epoch_starts[epoch + 1] if epoch + 1 < len(self.epoch_starts) else self.total
+        return self.taken[start:stop]
 
 
 def _exact(size: float) -> int:

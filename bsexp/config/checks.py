@@ -31,6 +31,11 @@ def check(cfg: DictConfig) -> None:
     _check_increasing("schedule.milestones", list(cfg.schedule.milestones))
     if cfg.schedule.main == schema.MainSchedule.step and not cfg.schedule.milestones:
         raise ConfigError("schedule.milestones", [], "schedule.main=step needs at least one milestone")
+    node = cfg.get("branch")
+    if node is not None and node.trunk is None and (node.at_samples is not None or node.samples is not None):
+        given = "branch.at_samples" if node.at_samples is not None else "branch.samples"
+        raise ConfigError("branch.trunk", None, f"{given} is set but not the trunk to branch from: give "
+                                                f"branch.trunk=<the trunk's run or sweep directory>")
     if cfg.device == schema.Device.cuda:
         import torch
 

@@ -415,6 +415,21 @@ class CheckpointConfig:
     every_epoch: bool = True
     keep: int = at_least(1, 2)  # the newest K are kept
     allow_mismatch: bool = False  # resume from a checkpoint of another model or global batch anyway
+    # Also save (and keep, whatever `keep` says) at the first step at or past each of these samples
+    # seen, as checkpoints/samples-<n>.pt; 0: before the first step. Trunks of branches (branch.*).
+    at_samples: List[int] = bounded(low=0, factory=list)
+
+
+@dataclass
+class BranchConfig:
+    """A branch: the run continued from another run's (the trunk's) checkpoint with its own global
+    batch (batch.*; LR and weight decay by scaling.*), on the same data stream, for `samples`
+    samples. Every other key must equal the trunk's. Merrill et al. 2025's branched training."""
+
+    trunk: Optional[str] = None  # the trunk: a run directory, or a sweep directory (the job of this seed)
+    at_samples: Optional[int] = at_least(0, None)  # the trunk's checkpoint at these samples seen (checkpoint.at_samples)
+    samples: Optional[int] = at_least(1, None)  # samples the branch trains on
+    evals: int = at_least(1, 4)  # evaluations along the branch, evenly in samples (and one at its start)
 
 
 @dataclass
@@ -433,6 +448,7 @@ class Config:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    branch: BranchConfig = field(default_factory=BranchConfig)
     resume: Optional[str] = None  # auto: the newest readable checkpoint of the run directory; or a path
 
 

@@ -95,6 +95,7 @@ BAD_INPUTS = [
     (["batch=accumulation", "batch.micro_size=1024"], "batch.micro_size", "at most"),
     (["batch=accumulation", "batch.micro_size=null"], "batch.micro_size", "or batch.accum_steps"),
     (["batch.size=0"], "batch.size", ">= 1"),
+    (["branch.samples=100"], "branch.trunk", "branch.trunk=<the trunk's run or sweep directory>"),
     (["optimizer.lr=0"], "optimizer.lr", "> 0"),
     (["optimizer.lr=-0.1"], "optimizer.lr", "> 0"),
     (["scaling.lr_rule=cube"], "scaling.lr_rule", "linear, sqrt, none"),

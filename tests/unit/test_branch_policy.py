@@ -1,0 +1,101 @@
+"""A branch's layout as pure batch math: the trunk's steps, then the branch's batch for exactly
+its samples; the LR and weight decay by the rules relative to the trunk's batch; the LR schedule
+counted against the trunk's run; the experiment's two arms differ only where a branch may."""
+
+import math
+
+import pytest
+from omegaconf import OmegaConf
+
+from bsexp import branch, resume
+from bsexp.batch import scaling
+from bsexp.batch.policy import BranchPolicy, policy_for
+from bsexp.errors import ConfigError
+
+N = 3500  # MNIST-1D's training samples
+
+
+def laid_out(make_cfg, *overrides, trunk_batch=64, step=10, samples=640):
+    cfg = make_cfg("epochs=2", "branch.trunk=/nowhere", "branch.at_samples=640", *overrides)
+    policy = policy_for(cfg, 1)
+    assert isinstance(policy, BranchPolicy)
+    policy.check()
+    policy.trunk = {"batch": trunk_batch, "step": step, "samples": samples}
+    policy._start(None, None, N)
+    policy.lay_out(N, trunk_batch)
+    return cfg, policy
+
+
+def test_the_branch_takes_the_trunks_steps_then_its_batch_for_exactly_its_samples(make_cfg):
+    _, policy = laid_out(make_cfg, "batch.size=256", "branch.samples=1000")
+    run = policy.run_steps
+    assert run.sizes == (64,) * 10 + (256,) * 4
+    assert run.taken == (64,) * 10 + (256, 256, 256, 232)  # the last step takes only what is left
+    assert run.total_samples == 640 + 1000
+    # Evaluations along the branch at a quarter of it each: the first step at or past each mark.
+    assert policy.eval_steps() == (11, 12, 13, 14)
+
+
+def test_a_branch_across_an_epoch_end_keeps_the_epochs_samples(make_cfg):
+    _, policy = laid_out(make_cfg, "batch.size=512", "branch.samples=2000", step=50, samples=3200)
+    run = policy.run_steps
+    assert run.epoch_samples() == [3500, 1700]  # 300 left of epoch 0 (one short step), then 1700 of epoch 1
+    assert run.taken[50:] == (300, 512, 512, 512, 164)
+
+
+@pytest.mark.parametrize("rule", ["linear", "sqrt", "none"])
+def test_the_lr_is_the_trunks_schedule_times_the_rules_ratio(make_cfg, rule):
+    cfg, policy = laid_out(make_cfg, "batch.size=256", "branch.samples=1000", f"scaling.lr_rule={rule}",
+                           "schedule.warmup=0.5", "schedule.main=cosine")
+    hp, factors = policy.hparams()
+    trunk_cfg = make_cfg("epochs=2", "batch.size=64", f"scaling.lr_rule={rule}", "schedule.warmup=0.5",
+                         "schedule.main=cosine")
+    trunk = policy_for(trunk_cfg, 1)
+    trunk.lay_out(N)
+    trunk_hp, trunk_factors = trunk.hparams()
+    assert hp.lr == trunk_hp.lr  # the base the scheduler multiplies: the trunk's LR at its batch
+    ratio = scaling.rule_multiplier(rule, 256 / 128) / scaling.rule_multiplier(rule, 64 / 128)
+    for step in range(10):  # the trunk's own steps: its LR
+        assert factors(step) == pytest.approx(trunk_factors(step))
+    # From the branch point, the trunk's schedule at the same samples seen, times the ratio:
+    # the trunk's step at 640 + 256 j samples seen is step 10 + 4 j.
+    for j in range(3):
+        assert factors(10 + j) == pytest.approx(trunk_factors(10 + 4 * j) * ratio)
+    # What is announced and summarised is the branch's own batch, LR and weight decay.
+    described = policy.described(hp)
+    k = 256 / 128
+    assert described.k == k and described.lr == pytest.approx(scaling.scaled_lr(0.1, k, rule))
+    assert described.weight_decay == pytest.approx(scaling.scaled_weight_decay(5e-4, k, "sqrt"))
+
+
+def test_a_branch_needs_its_length_and_branch_point_and_a_fixed_batch(make_cfg):
+    with pytest.raises(ConfigError, match="branch.samples"):
+        policy_for(make_cfg("branch.trunk=/x", "branch.at_samples=0"), 1).check()
+    with pytest.raises(ConfigError, match="branch.at_samples"):
+        policy_for(make_cfg("branch.trunk=/x", "branch.samples=10"), 1).check()
+    with pytest.raises(ConfigError, match="batch.policy"):
+        policy_for(make_cfg("batch=finder", "branch.trunk=/x", "branch.at_samples=0", "branch.samples=10"), 1).check()
+    _, policy = laid_out(make_cfg, "batch.size=256", "branch.samples=10")
+    policy.cfg.branch.samples = 7000  # 640 + 7000 > 2 epochs of 3500
+    with pytest.raises(ConfigError, match=r"branch.samples.*at most 6360"):
+        policy.lay_out(N, 64)
+
+
+def _flat(cfg) -> dict:
+    container = OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)
+    container.pop("hydra", None)
+    return resume._flat(container)
+
+
+def test_the_critical_batch_experiments_branches_differ_from_its_trunks_only_where_a_branch_may(make_cfg):
+    trunk = _flat(make_cfg("experiment=critical_batch", "experiment/critical_batch=trunk"))
+    branches = _flat(make_cfg("experiment=critical_batch", "branch.trunk=/t", "branch.at_samples=4096",
+                              "batch.size=256"))
+    differing = {k for k in trunk.keys() | branches.keys() if str(trunk.get(k)) != str(branches.get(k))}
+    assert differing, "the arms should differ in the branch's keys"
+    assert all(any(k == d or k.startswith(d + ".") for d in branch.DIFFERS) for k in differing), differing
+    assert branches["trainer.noise_scale"] == "always"  # B_simple measured over the trunk
+    marks = make_cfg("experiment=critical_batch", "experiment/critical_batch=trunk").checkpoint.at_samples
+    # every branch ends within the run: 20 epochs of MNIST-1D
+    assert max(marks) + make_cfg("experiment=critical_batch", "branch.trunk=/t").branch.samples <= 20 * N
+    assert math.isclose(min(marks), 0)

@@ -1,0 +1,113 @@
+"""The critical batch from branch losses with known answers, and its report (table, CSV, figure)
+from branch and trunk directories written as bsexp writes them."""
+
+import csv
+import json
+import subprocess
+import sys
+
+import pytest
+
+from bsexp.report.critical import Critical, add_b_crit, at_samples, critical_batch, report
+from report_runs import known_b_crit_runs, points
+
+
+def test_the_critical_batch_is_the_largest_batch_within_epsilon_of_the_smallest():
+    losses = {32: 1.00, 64: 1.03, 128: 1.049, 256: 1.06, 512: 1.5}
+    assert critical_batch(losses, 0.05) == Critical(128)
+    assert critical_batch(losses, 0.01) == Critical(32, "<=")  # 64 already out: at most the smallest
+    assert critical_batch(losses, 0.1) == Critical(256)
+    assert critical_batch(losses, 1.0) == Critical(512, ">=")  # every batch within: a lower bound
+    # A batch that falls out ends it, though a larger one comes back within (noise): contiguous.
+    assert critical_batch({32: 1.0, 64: 1.2, 128: 1.01}, 0.05) == Critical(32, "<=")
+    # Unfinished branches do not count; none at all gives none.
+    assert critical_batch({32: 1.0, 64: None, 128: 1.01}, 0.05) == Critical(128, ">=")
+    assert critical_batch({}, 0.05).batch is None
+    assert str(Critical(128)) == "128" and str(Critical(1024, ">=")) == "≥ 1,024"
+
+
+def test_the_loss_at_a_number_of_samples_is_interpolated_between_evaluations():
+    records = [{"samples_seen": 100, "val_loss": 2.0}, {"samples_seen": 300, "val_loss": 1.0},
+               {"samples_seen": 400, "val_loss": None}]
+    assert at_samples(records, 200) == pytest.approx(1.5)
+    assert at_samples(records, 300) == 1.0
+    assert at_samples(records, 350) is None and at_samples(records, 50) is None
+
+
+def _write_run(path, summary, records):
+    path.mkdir(parents=True)
+    (path / "summary.json").write_text(json.dumps(summary))
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+# Final losses by (branch point, batch): at 0 the critical batch is 64 for both seeds; at 4096,
+# 256 on the seeds' mean (seed 1 alone would say 512).
+LOSSES = {0: {32: 2.00, 64: 2.05, 128: 2.30, 256: 2.9},
+          4096: {32: 0.50, 64: 0.505, 128: 0.51, 256: 0.52, 512: 0.524}}
+SEED_SHIFT = {0: 0.0, 1: 0.016}
+
+
+def _branch_sweep(tmp_path):
+    trunks, sweep, length = tmp_path / "trunks", tmp_path / "branches", 2048
+    for seed in (0, 1):
+        # The trunk: B_simple 100 + samples/100 at every 512 samples; val_acc rising.
+        records = [{"samples_seen": s, "step": s // 32, "noise/b_simple": 100 + s / 100, "val_acc": 0.1 + s / 10_000,
+                    "val_loss": 2.0} for s in range(0, 8193, 512)]
+        _write_run(trunks / f"{seed}_seed={seed}", {"status": "completed", "seed": seed}, records)
+    job = 0
+    for at, by_batch in LOSSES.items():
+        for batch, loss in by_batch.items():
+            for seed in (0, 1):
+                final = loss + SEED_SHIFT[seed] * (batch == 512)
+                # evaluated at the start, half-way and at the end: the half-way loss is 3x the final's
+                # for batches above 64, so the half-length critical batch is 64 wherever it can be
+                half = final * (3 if batch > 64 else 1)
+                records = [{"samples_seen": at, "val_loss": 9.0}, {"samples_seen": at + length // 2, "val_loss": half},
+                           {"samples_seen": at + length, "val_loss": final}]
+                summary = {"status": "completed", "seed": seed,
+                           "branch": {"at_samples": at, "batch": batch, "samples": length,
+                                      "trunk": str(trunks / f"{seed}_seed={seed}")}}
+                _write_run(sweep / f"{job}_b", summary, records)
+                job += 1
+    return sweep
+
+
+def test_the_report_holds_the_critical_batch_b_simple_their_ratio_and_the_sensitivities(tmp_path):
+    sweep = _branch_sweep(tmp_path)
+    found = report(sweep, epsilon=0.05)
+    by_at = {s.at: s for s in found}
+    assert by_at[0].critical == Critical(64) and by_at[4096].critical == Critical(256)
+    assert [c.batch for c in by_at[4096].per_seed] == [512, 256]  # seed 1's 512 branch is 0.016 worse
+    # B_simple: the trunks' mean over [at, at + 2048]: 100 + mean(0..2048 step 512)/100 = 110.24
+    assert by_at[0].b_simple == pytest.approx(100 + 1024 / 100)
+    assert by_at[4096].b_simple == pytest.approx(100 + (4096 + 1024) / 100)
+    assert by_at[0].ratio(by_at[0].b_simple) == pytest.approx(110.24 / 64)
+    assert by_at[0].by_epsilon[0.01] == Critical(32, "<=") and by_at[4096].by_epsilon[0.1] == Critical(512, ">=")
+    assert by_at[4096].by_length[0.5] == Critical(64)  # half-way, the larger batches lag
+    assert by_at[4096].target == pytest.approx(0.1 + (4096 + 2048) / 10_000)
+    text = (sweep / "critical.md").read_text()
+    assert "| 4,096 | 256 | ≥ 512, 256 | 151 | 0.59 |" in text
+    rows = list(csv.DictReader(open(sweep / "critical.csv")))
+    assert [int(r["critical_batch"]) for r in rows] == [64, 256]
+    assert float(rows[0]["b_simple_ratio"]) == pytest.approx(110.24 / 64)
+    assert (sweep / "critical.png").stat().st_size > 10_000
+
+
+def test_b_crit_comes_from_the_fixed_sweeps_steps_to_the_trunks_accuracy(tmp_path):
+    sweep = _branch_sweep(tmp_path)
+    found = report(sweep)
+    # A sweep whose steps to any accuracy follow B_crit = 5,000 (report_runs), below its top of 0.9.
+    add_b_crit(found, points(known_b_crit_runs(b_crit=5000)))
+    assert found[0].target == pytest.approx(0.3048)
+    assert found[0].b_crit == pytest.approx(5000, rel=0.05)
+    assert found[0].ratio(found[0].b_crit) == pytest.approx(5000 / 64, rel=0.05)
+
+
+def test_the_report_command_refuses_a_directory_without_branches_in_one_line(tmp_path):
+    (tmp_path / "empty").mkdir()
+    for args, key in ((["empty"], "sweep=empty"), (["missing"], "sweep=missing"),
+                      (["empty", "--epsilon", "0"], "--epsilon=0.0")):
+        out = subprocess.run([sys.executable, "-m", "bsexp.report.critical", *args], cwd=tmp_path,
+                             capture_output=True, text=True)
+        assert out.returncode == 2 and key in out.stderr, out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
