@@ -43,10 +43,15 @@ def _job(cfg: DictConfig) -> float | None:
         # A failing point raises: Hydra records it as failed (so does jobs.jsonl) and runs the
         # others; main() reports it once the sweep has ended.
         try:
-            return job(cfg, run_dir).get("val_acc")
+            summary = job(cfg, run_dir)
         except Exception as exc:
             log.error("point %d failed: %s", hydra_cfg.job.num, one_line(exc))
             raise
+        if summary.get("preempted_by"):  # the whole sweep was told to stop (SLURM, a signal): not the next point
+            print(f"stopped by {summary['preempted_by']} at point {hydra_cfg.job.num} (step {summary['steps']}, "
+                  f"checkpoint saved in {run_dir}); the points after it did not run", file=sys.stderr, flush=True)
+            sys.exit(128 + signal.Signals[summary["preempted_by"]].value)
+        return summary.get("val_acc")
     try:
         with exit_on_config_error():
             summary = job(cfg, run_dir)

@@ -173,3 +173,19 @@ def test_under_a_batch_schedule_the_lr_decay_is_counted_in_samples(data_root, tm
     progress = (seen - 2 * 3200) / (18 * 3200)
     assert records[7]["lr"] == pytest.approx(0.025 * 0.5 * (1 + math.cos(math.pi * progress)))
     assert records[7]["lr"] > 0.7 * 0.025
+
+
+def test_a_signal_to_a_sweep_stops_the_sweep_not_just_its_running_point(data_root, tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = start(data_root, tmp_path, "-m", *SLOW, "batch.size=64", "seed=0,1,2", f"hydra.sweep.dir={sweep}")
+    deadline = time.time() + 240
+    while not list(sweep.glob("0_*/train.log")) or "lr " not in next(sweep.glob("0_*/train.log")).read_text():
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-2000:]
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)  # as SLURM does to a job it preempts
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert "the points after it did not run" in err
+    [point] = sweep.glob("0_*")
+    assert json.loads((point / "summary.json").read_text())["status"] == "preempted"
+    assert not list(sweep.glob("1_*")) and not list(sweep.glob("2_*"))
