@@ -102,8 +102,7 @@ def find(resume: str | None, run_dir: Path, restarted: bool = False) -> tuple[Pa
 
 def identity(cfg: DictConfig, loop) -> dict[str, Any]:
     """What a checkpoint must share with the run that resumes from it."""
-    sizes = loop.policy.run_steps.sizes
-    return {"model": cfg.model._target_, "batch_size": sizes[0] if sizes else None, "world_size": loop.world.size,
+    return {"model": cfg.model._target_, "batch_size": loop.policy.first_batch(), "world_size": loop.world.size,
             "shapes": {k: list(v.shape) for k, v in loop.step.net.state_dict().items()}}
 
 

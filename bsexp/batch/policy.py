@@ -165,7 +165,7 @@ class BatchPolicy:
         multiplier at every step: warmup and main schedule, times the coupling to the batch."""
         cfg, run, counted = self.cfg, self.run_steps, self.lr_layout()
         rule = str(cfg.scaling.lr_rule)
-        k = scaling.scale_factor(run.sizes[0] if run.sizes else self._plan.size, cfg.scaling.ref_batch)
+        k = scaling.scale_factor(self.first_batch(), cfg.scaling.ref_batch)
         lr = scaling.scaled_lr(cfg.optimizer.lr, k, rule)
         wd = scaling.scaled_weight_decay(cfg.optimizer.weight_decay, k, str(cfg.scaling.wd_rule))
         node = cfg.schedule
@@ -187,6 +187,11 @@ class BatchPolicy:
     def lr_factors(self, lr_schedule: scaling.LRSchedule):
         """The LR multiplier of every step (a callable of the step, as torch's LambdaLR takes)."""
         return scaling.LRFactors(lr_schedule, self.lr_coupling(), self.run_steps.before)
+
+    def first_batch(self) -> int:
+        """The global batch the LR and weight decay are scaled for (the first step's), and the
+        batch a checkpoint's run is known by."""
+        return self.run_steps.sizes[0] if self.run_steps.sizes else self._plan.size
 
     def lr_layout(self) -> RunSteps:
         """The run the LR schedule's length, warmup and milestones are counted against: this one
@@ -443,6 +448,10 @@ class SteppedPolicy(BatchPolicy):
         """The run from the batches decided so far: steps already taken keep their batches."""
         self.run_steps = self._run_steps(self.points[0][1], self.n_train)
         self._follow()
+
+    def first_batch(self) -> int:
+        """The batch the coupling is relative to (a branch from step 0 takes its own at once)."""
+        return self.points[0][1]
 
     def _by_gain(self) -> bool:
         """Whether the LR follows `gains` (AdaScale) rather than the batch through the rule."""

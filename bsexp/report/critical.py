@@ -1,7 +1,7 @@
 """The critical batch measured directly by branches (Merrill et al. 2025), held against the
 gradient noise scale B_simple and the steps-to-target B_crit (McCandlish et al. 2018).
 
-    python -m bsexp.report.critical BRANCH_SWEEP [--sweep FIXED_SWEEP] [--epsilon 0.05] [--out DIR]
+    python -m bsexp.report.critical BRANCH_SWEEP [MORE ...] [--sweep FIXED_SWEEP] [--epsilon 0.05] [--out DIR]
 
 BRANCH_SWEEP holds branches (`branch.trunk=...`, see bsexp.branch): for each trunk checkpoint
 (samples seen S), seed and batch B, a branch trained Δ = `branch.samples` samples. The rule:
@@ -10,8 +10,8 @@ validation loss at most (1 + ε) times the smallest batch's (the trunk's own, it
 on the seeds' mean loss. A critical batch at the largest batch branched is a lower bound ("≥"),
 and where no larger batch stays within ε, the smallest batch is an upper bound ("≤").
 
-Beside it, over the same trunk: B_simple, the mean of the trunk's `noise/b_simple` records within
-[S, S + Δ] (trainer.noise_scale=always on the trunk), over the seeds; and, with --sweep, B_crit =
+Beside it, over the same trunk: B_simple over [S, S + Δ] (`window_b_simple`; the trunks run with
+trainer.noise_scale=always), averaged over the seeds; and, with --sweep, B_crit =
 E_min / S_min fitted to the optimizer steps each fixed batch needed to reach the validation
 accuracy the trunk had at S + Δ (for each batch its best LR: the fewest steps over the LRs swept).
 
@@ -130,6 +130,7 @@ class Stage:
     by_epsilon: dict[float, Critical]
     by_length: dict[float, Critical]
     b_simple: float | None = None
+    b_simple_note: str = ""
     target: float | None = None  # val_acc the trunk had at at + length (for B_crit)
     b_crit: float | None = None
     b_crit_note: str = ""
@@ -138,6 +139,13 @@ class Stage:
         if value is None or self.critical.batch is None:
             return None
         return value / self.critical.batch
+
+    def shown_ratio(self, value: float | None) -> str:
+        """The ratio, a bound where the critical batch is one (over an upper bound: at least)."""
+        ratio = self.ratio(value)
+        if ratio is None:
+            return "-"
+        return {"=": "", "<=": "≥ ", ">=": "≤ "}[self.critical.bound] + f"{ratio:,.2f}"
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -175,18 +183,36 @@ def stages(branches: Sequence[Branch], epsilon: float = EPSILON) -> list[Stage]:
     return out
 
 
+def window_b_simple(records: Sequence[Mapping[str, Any]], start: float, stop: float) -> tuple[float | None, str]:
+    """B_simple over the records within [start, stop] samples seen: the mean of tr(Σ) over the
+    mean of |G|² (each averaged apart, as bsexp's estimator does), from the raw estimates each
+    record holds since the one before (`noise/*_raw`; else the moving averages). None, and why,
+    where |G|² averages to 0 or below: the gradient's signal is then too small for the trunk's
+    batch to resolve against its noise, so B_simple is far above that batch."""
+    inside = [r for r in records if start <= r.get("samples_seen", -1) <= stop]
+    for grad_key, trace_key in (("noise/grad_sq_raw", "noise/trace_sigma_raw"), ("noise/grad_sq", "noise/trace_sigma")):
+        pairs = [(r[grad_key], r[trace_key]) for r in inside
+                 if isinstance(r.get(grad_key), (int, float)) and isinstance(r.get(trace_key), (int, float))]
+        if pairs:
+            grad, trace = statistics.fmean(g for g, _ in pairs), statistics.fmean(t for _, t in pairs)
+            if grad <= 0:
+                return None, f"|G|² averages {grad:.3g} (not positive) over the window: unresolved at this batch"
+            return trace / grad, ""
+    return None, "no noise measurements in the window (run the trunk with trainer.noise_scale=always)"
+
+
 def add_trunk(found: list[Stage], branches: Sequence[Branch]) -> None:
-    """B_simple over each branch's window on the trunks, and the trunks' val_acc at its end."""
+    """B_simple over each branch's window on the trunks (mean over the seeds that resolve it), and
+    the trunks' val_acc at its end."""
     trunks = {b.seed: Path(b.trunk) for b in branches}
     records = {seed: _read_jsonl(path / "metrics.jsonl") for seed, path in trunks.items()}
     for stage in found:
-        window = []
-        for recs in records.values():
-            inside = [r["noise/b_simple"] for r in recs if stage.at <= r.get("samples_seen", -1) <= stage.at + stage.length
-                      and isinstance(r.get("noise/b_simple"), (int, float)) and r["noise/b_simple"] > 0]
-            if inside:
-                window.append(statistics.fmean(inside))
-        stage.b_simple = _mean(window)
+        estimates = [window_b_simple(recs, stage.at, stage.at + stage.length) for recs in records.values()]
+        stage.b_simple = _mean([value for value, _ in estimates])
+        resolved = sum(value is not None for value, _ in estimates)
+        if resolved < len(estimates):
+            why = next(note for value, note in estimates if value is None)
+            stage.b_simple_note = f"{len(estimates) - resolved} of {len(estimates)} trunk(s): {why}"
         stage.target = _mean([at_samples(recs, stage.at + stage.length, "val_acc") for recs in records.values()])
 
 
@@ -243,9 +269,10 @@ def markdown(found: Sequence[Stage], epsilon: float, seeds: int, swept: bool) ->
         "| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for s in found:
-        lines.append(f"| {s.at:,} | {s.critical} | {', '.join(str(c) for c in s.per_seed)} | {_num(s.b_simple)} | "
-                     f"{_num(s.ratio(s.b_simple), 2)} | {_num(s.target and 100 * s.target, 2)} | {_num(s.b_crit)} | "
-                     f"{_num(s.ratio(s.b_crit), 2)} |")
+        b_simple = _num(s.b_simple) if s.b_simple is not None or not s.b_simple_note else "unresolved"
+        lines.append(f"| {s.at:,} | {s.critical} | {', '.join(str(c) for c in s.per_seed)} | {b_simple} | "
+                     f"{s.shown_ratio(s.b_simple)} | {_num(s.target and 100 * s.target, 2)} | {_num(s.b_crit)} | "
+                     f"{s.shown_ratio(s.b_crit)} |")
     lines += ["", "Mean validation loss at the branch's end, by batch:", "",
               "| samples seen | " + " | ".join(f"B={b:,}" for b in (found[0].losses if found else {})) + " |",
               "| ---: |" + " ---: |" * len(found[0].losses if found else {})]
@@ -261,9 +288,10 @@ def markdown(found: Sequence[Stage], epsilon: float, seeds: int, swept: bool) ->
               "| ---: |" + " ---: |" * 3]
     for s in found:
         lines.append(f"| {s.at:,} | " + " | ".join(str(s.by_length[f]) for f in (0.25, 0.5, 1.0)) + " |")
-    notes = [f"- {s.at:,}: B_crit {s.b_crit_note}" for s in found if s.b_crit is None and s.b_crit_note]
+    notes = [f"- {s.at:,}: B_simple: {s.b_simple_note}" for s in found if s.b_simple_note]
+    notes += [f"- {s.at:,}: B_crit {s.b_crit_note}" for s in found if s.b_crit is None and s.b_crit_note]
     if notes:
-        lines += ["", "Where B_crit is missing:", *notes]
+        lines += ["", "Where an estimate is missing or partial:", *notes]
     return "\n".join(lines) + "\n"
 
 
@@ -309,10 +337,20 @@ def figure(found: Sequence[Stage], epsilon: float, path: Path) -> None:
     plt.close(fig)
 
 
-def report(sweep: Path, fixed: Path | None = None, epsilon: float = EPSILON, out: Path | None = None) -> list[Stage]:
-    branches = load_branches(sweep)
+def report(sweep: Path | Sequence[Path], fixed: Path | None = None, epsilon: float = EPSILON,
+           out: Path | None = None) -> list[Stage]:
+    """The report of the branches in `sweep` (one directory, or several: a point run again in a
+    later one replaces the earlier's)."""
+    sweeps = [sweep] if isinstance(sweep, Path) else list(sweep)
+    latest: dict[tuple[int, int, int], Branch] = {}
+    for directory in sweeps:
+        for b in load_branches(directory):
+            if b.status == "completed" or (b.seed, b.at, b.batch) not in latest:
+                latest[(b.seed, b.at, b.batch)] = b
+    branches = list(latest.values())
     if not branches:
-        raise ValueError(f"{sweep} holds no branch runs (summary.json with a `branch` entry)")
+        raise ValueError(f"{', '.join(map(str, sweeps))} holds no branch runs (summary.json with a `branch` entry)")
+    sweep = sweeps[0]
     found = stages(branches, epsilon)
     add_trunk(found, branches)
     if fixed is not None:
@@ -329,12 +367,12 @@ def report(sweep: Path, fixed: Path | None = None, epsilon: float = EPSILON, out
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bsexp.report.critical", description=__doc__.split("\n\n")[0])
-    parser.add_argument("sweep", type=Path, help="the branch sweep's directory")
+    parser.add_argument("sweep", type=Path, nargs="+", help="the branch sweep's directory (or several)")
     parser.add_argument("--sweep", dest="fixed", type=Path, default=None, help="a fixed-batch sweep, for B_crit")
     parser.add_argument("--epsilon", type=float, default=EPSILON, help="relative loss tolerance (default 0.05)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    for name, path in (("sweep", args.sweep), ("--sweep", args.fixed)):
+    for name, path in (*(("sweep", p) for p in args.sweep), ("--sweep", args.fixed)):
         if path is not None and not path.is_dir():
             parser.exit(2, f"error: {name}={path}: no such directory; valid: a sweep directory\n")
     if not args.epsilon > 0:
@@ -342,9 +380,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         report(args.sweep, args.fixed, args.epsilon, args.out)
     except ValueError as exc:
-        parser.exit(2, f"error: sweep={args.sweep}: {exc}; valid: the directory of a branch sweep\n")
-    print((args.out or args.sweep) / "critical.md")
-    print(((args.out or args.sweep) / "critical.md").read_text())
+        parser.exit(2, f"error: sweep={args.sweep[0]}: {exc}; valid: the directory of a branch sweep\n")
+    print(((args.out or args.sweep[0]) / "critical.md").read_text())
 
 
 if __name__ == "__main__":

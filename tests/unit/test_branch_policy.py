@@ -99,3 +99,15 @@ def test_the_critical_batch_experiments_branches_differ_from_its_trunks_only_whe
     # every branch ends within the run: 20 epochs of MNIST-1D
     assert max(marks) + make_cfg("experiment=critical_batch", "branch.trunk=/t").branch.samples <= 20 * N
     assert math.isclose(min(marks), 0)
+
+
+def test_a_branch_from_the_initialisation_takes_its_batch_from_the_first_step(make_cfg):
+    cfg, policy = laid_out(make_cfg, "batch.size=256", "branch.samples=1024", step=0, samples=0)
+    assert policy.run_steps.sizes == (256,) * 4
+    hp, factors = policy.hparams()
+    assert policy.first_batch() == 64  # known by the trunk's batch: its checkpoint's identity
+    assert hp.lr == pytest.approx(scaling.scaled_lr(0.1, 64 / 128, "linear"))
+    # the trunk's warmup start (the 0.1 of ref 128 over 0.05 at 64, capped at 1) times 256/64
+    trunk = policy_for(make_cfg("epochs=2", "batch.size=64"), 1)
+    trunk.lay_out(N)
+    assert factors(0) * hp.lr == pytest.approx(trunk.hparams()[1](0) * trunk.hparams()[0].lr * 4)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from bsexp.report.critical import Critical, add_b_crit, at_samples, critical_batch, report
+from bsexp.report.critical import Critical, add_b_crit, at_samples, critical_batch, report, window_b_simple
 from report_runs import known_b_crit_runs, points
 
 
@@ -51,8 +51,8 @@ def _branch_sweep(tmp_path):
     trunks, sweep, length = tmp_path / "trunks", tmp_path / "branches", 2048
     for seed in (0, 1):
         # The trunk: B_simple 100 + samples/100 at every 512 samples; val_acc rising.
-        records = [{"samples_seen": s, "step": s // 32, "noise/b_simple": 100 + s / 100, "val_acc": 0.1 + s / 10_000,
-                    "val_loss": 2.0} for s in range(0, 8193, 512)]
+        records = [{"samples_seen": s, "step": s // 32, "noise/grad_sq_raw": 2.0, "noise/trace_sigma_raw": 200 + s / 50,
+                    "val_acc": 0.1 + s / 10_000, "val_loss": 2.0} for s in range(0, 8193, 512)]
         _write_run(trunks / f"{seed}_seed={seed}", {"status": "completed", "seed": seed}, records)
     job = 0
     for at, by_batch in LOSSES.items():
@@ -78,7 +78,7 @@ def test_the_report_holds_the_critical_batch_b_simple_their_ratio_and_the_sensit
     by_at = {s.at: s for s in found}
     assert by_at[0].critical == Critical(64) and by_at[4096].critical == Critical(256)
     assert [c.batch for c in by_at[4096].per_seed] == [512, 256]  # seed 1's 512 branch is 0.016 worse
-    # B_simple: the trunks' mean over [at, at + 2048]: 100 + mean(0..2048 step 512)/100 = 110.24
+    # B_simple: mean tr(Σ) / mean |G|² over [at, at + 2048]: 100 + mean(0..2048 step 512)/100 = 110.24
     assert by_at[0].b_simple == pytest.approx(100 + 1024 / 100)
     assert by_at[4096].b_simple == pytest.approx(100 + (4096 + 1024) / 100)
     assert by_at[0].ratio(by_at[0].b_simple) == pytest.approx(110.24 / 64)
@@ -111,3 +111,13 @@ def test_the_report_command_refuses_a_directory_without_branches_in_one_line(tmp
                              capture_output=True, text=True)
         assert out.returncode == 2 and key in out.stderr, out.stderr
         assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+
+
+def test_b_simple_over_a_window_is_the_ratio_of_the_averages_or_unresolved_where_the_signal_is_not_positive():
+    records = [{"samples_seen": 0, "noise/grad_sq_raw": 1.0, "noise/trace_sigma_raw": 100.0},
+               {"samples_seen": 10, "noise/grad_sq_raw": 3.0, "noise/trace_sigma_raw": 500.0},
+               {"samples_seen": 20, "noise/grad_sq_raw": -5.0, "noise/trace_sigma_raw": 100.0}]
+    assert window_b_simple(records, 0, 10) == (pytest.approx(300 / 2), "")  # not the mean of 100 and 166.7
+    value, why = window_b_simple(records, 0, 20)
+    assert value is None and "unresolved" in why  # |G|² averages -1/3
+    assert window_b_simple(records, 30, 40)[0] is None
