@@ -31,6 +31,7 @@ from bsexp.errors import ConfigError
 # logging, how often it evaluates, and what only says how a run is run or shown.
 DIFFERS = ("batch", "branch", "checkpoint", "logger", "trainer.eval_every_steps", "trainer.eval_batch_size",
            *resume.RUN_ONLY)
+SAME = ("batch.drop_last",)  # of batch.*, what a branch must still share: the trunk's epochs
 TRUNK_POLICIES = ("fixed", "accumulation")
 
 
@@ -84,8 +85,11 @@ def check(cfg: DictConfig) -> Path:
     container = OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)
     container.pop("hydra", None)
     ours = resume._flat(container)
+    if theirs.get("branch.trunk") is not None:
+        raise ConfigError("branch.trunk", str(cfg.branch.trunk), f"{run} is itself a branch; branch from its trunk, "
+                                                                 f"{theirs['branch.trunk']}")
     for key in sorted(theirs.keys() | ours.keys()):
-        if any(key == k or key.startswith(k + ".") for k in DIFFERS):
+        if key not in SAME and any(key == k or key.startswith(k + ".") for k in DIFFERS):
             continue
         if str(theirs.get(key)) != str(ours.get(key)):
             raise ConfigError(key, ours.get(key), f"differs from the trunk's ({key}={theirs.get(key)} in {run}); a "

@@ -134,6 +134,7 @@ class Checkpointer:
         """Before the first step taken here: marks already passed (a run resumed past them) cannot
         be kept; a mark at the start itself (0) is saved now."""
         self.marks = [m for m in self.marks if m > state.samples_seen or (m == 0 and state.step == 0)]
+        self.marks = loop.world.broadcast_object(self.marks)  # rank 0's files say which are saved
         if self.pins_due(state.samples_seen):
             self.save(loop, state)
 
@@ -200,6 +201,7 @@ def restore(cfg: DictConfig, loop, state, path: Path, saved: dict[str, Any], bra
     set_rng_state(mine["rng"])
     if branch:
         state.records, state.best_val_acc, state.train_time_s = [], 0.0, 0.0
+        state.samples_before = state.samples_seen
         log.info("branched from %s: epoch %d, step %d, %d samples seen; %d steps to go", path, state.epoch,
                  state.step, state.samples_seen, loop.policy.run_steps.total - state.step)
         return None

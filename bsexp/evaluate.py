@@ -79,7 +79,7 @@ class Evaluator:
             "accum_steps": plan.accum_steps,
             "norm_batch": loop.norm_batch,
             "oom_recoveries": loop.policy.oom_recoveries,
-            "samples_per_s": state.samples_seen / max(state.train_time_s, 1e-9),
+            "samples_per_s": (state.samples_seen - state.samples_before) / max(state.train_time_s, 1e-9),
             **(noise.scale.record() if noise is not None else {}),
             **loop.policy.record(),
         }

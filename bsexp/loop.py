@@ -53,6 +53,7 @@ class TrainState:
     lr: float = 0.0  # the LR of the last step taken
     epoch: int = 0  # where the run is: the epoch, and the steps of it done (for a resumed run)
     in_epoch: int = 0
+    samples_before: int = 0  # samples seen before this run's own training (a branch: the trunk's)
     last_finite_loss: float | None = None  # the mean training loss of the last step before a divergence
     diverged_at_step: int | None = None
     records: list[dict[str, Any]] = field(default_factory=list)

@@ -94,9 +94,9 @@ class Preflight(Callback):
                 return
             if config.get("resume") is not None:  # into the directory it left, as it was started
                 resume.check(config, config.hydra.run.dir)
-            elif config.branch.trunk is not None:  # the trunk's run with only the batch changed
-                branch.check(config)
             elif not restarted():
+                if config.branch.trunk is not None:  # the trunk's run with only the batch changed
+                    branch.check(config)
                 check_output_dir("hydra.run.dir", config.hydra.run.dir)
             claim("hydra.run.dir", config.hydra.run.dir)
 

@@ -82,8 +82,7 @@ def _run_on(world: World, cfg: DictConfig, run_dir: Path, started: float) -> dic
         summary["resumed_from"] = str(resumed[0]) if resumed is not None else None
         summary["resume_changes"] = [{"key": k, "was": was, "now": now} for k, was, now in changed]
         if "branch" in summary:  # what the branch trained on, and with
-            summary["branch"].update(samples_trained=state.samples_seen - summary["branch"]["at_samples"],
-                                     lr=state.lr, weight_decay=loop.step.optimizer.param_groups[0]["weight_decay"])
+            summary["branch"]["samples_trained"] = state.samples_seen - summary["branch"]["at_samples"]
         if status == "preempted" and loop.watch.stop_signal:
             summary["preempted_by"] = signal.Signals(loop.watch.stop_signal).name
         if world.is_main:

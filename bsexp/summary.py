@@ -76,7 +76,8 @@ def make_summary(cfg: DictConfig, status: str, loop, hparams: dict[str, Any], st
         "test_acc": test[1] if test else None,
         "wall_time_s": wall_time_s,
         "train_time_s": state.train_time_s,
-        "samples_per_s": state.samples_seen / state.train_time_s if state.train_time_s else None,
+        "samples_per_s": ((state.samples_seen - state.samples_before) / state.train_time_s
+                          if state.train_time_s else None),
         # After a failure a collective could meet a peer stuck in another one: this rank's figure.
         "peak_memory_mb": (peak_memory_mb(device) if status in ("failed", "preempted")
                            else _max_over_ranks(loop.world, peak_memory_mb(device))),

@@ -686,11 +686,24 @@ class BranchPolicy(SteppedPolicy):
             raise ConfigError("branch.trunk", cfg.branch.trunk, f"its checkpoint at step {trunk['step']} has seen {at} "
                                                                 f"samples, which this run's layout does not reproduce "
                                                                 f"(epochs, data or batch.drop_last differ)")
-        if end > full.total_samples:
+        last = min(full.total_samples, self.lr_layout().total_samples)  # the trunk's own end (trainer.max_steps)
+        if end > last:
             raise ConfigError("branch.samples", cfg.branch.samples, f"runs past the run's end: the branch starts at "
-                                                                    f"{at} of {full.total_samples} samples, so at most "
-                                                                    f"{full.total_samples - at}")
-        return full.cut(end)
+                                                                    f"{at} of {last} samples, so at most {last - at}")
+        cut = full.cut(end, min_last=MIN_MICRO * self.world)
+        self._cut_short = bool(cut.total) and cut.taken[-1] < (full.taken or full.sizes)[cut.total - 1]
+        return cut
+
+    def _follow(self) -> None:
+        """As any stepped run; and a last step cut short of its batch (the branch's end) takes the
+        LR the rule gives the samples it takes, not the whole batch's."""
+        super()._follow()
+        run = self.run_steps
+        if getattr(self, "_cut_short", False) and run.total > self.trunk["step"]:
+            rule = str(self.cfg.scaling.lr_rule)
+            coupling = list(self._coupling)
+            coupling[-1] *= scaling.rule_multiplier(rule, run.taken[-1] / run.sizes[-1])
+            self._coupling = tuple(coupling)
 
     def lr_layout(self) -> RunSteps:
         trunk = BatchSchedule(start=self.trunk["batch"], world_size=self.world)
@@ -723,6 +736,8 @@ class BranchPolicy(SteppedPolicy):
             group["weight_decay"] *= ratio
         self._set_lr(parts, step)
         self._plan = self.plan(step)
+        self.trunk["lr"] = parts.optimizer.param_groups[0]["lr"]  # the branch's first step's
+        self.trunk["weight_decay"] = parts.optimizer.param_groups[0]["weight_decay"]
 
     def epochs_done(self, state) -> float:
         """By samples against the trunk's epochs: a branch ends within one."""
@@ -745,7 +760,8 @@ class BranchPolicy(SteppedPolicy):
         return {"branch": {"trunk": self.trunk.get("run_dir"), "checkpoint": self.trunk.get("checkpoint"),
                            "trunk_batch": self.trunk["batch"], "at_step": self.trunk["step"],
                            "at_samples": self.trunk["samples"], "samples": self.cfg.branch.samples,
-                           "batch": self.cfg.batch.size}}
+                           "batch": self.cfg.batch.size, "lr": self.trunk.get("lr"),
+                           "weight_decay": self.trunk.get("weight_decay")}}
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "trunk": dict(self.trunk)}

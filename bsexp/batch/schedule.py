@@ -120,12 +120,12 @@ class RunSteps:
         rate = per_epoch[0] if len(per_epoch) > 1 and per_epoch[1] else self.n
         return max(round(epochs * rate), sum(per_epoch[:whole]) if whole <= len(per_epoch) else 0)
 
-    def cut(self, samples: int) -> "RunSteps":
+    def cut(self, samples: int, min_last: int = 1) -> "RunSteps":
         """The run stopped once `samples` samples are seen: the last step kept takes only what is
-        left of them (at its scheduled batch's LR, like an epoch's last, smaller step)."""
+        left of them, unless fewer than `min_last` are (then the run ends a step earlier)."""
         sizes, taken, seen = [], [], 0
         for size, took in zip(self.sizes, self.taken or self.sizes):
-            if seen >= samples:
+            if seen >= samples or min(took, samples - seen) < min_last:
                 break
             sizes.append(size)
             taken.append(min(took, samples - seen))

@@ -44,26 +44,39 @@ METRIC = "val_loss"
 class Critical:
     """The critical batch from branch losses, and whether it is a bound: `=` (a larger batch
     branched fell out of ε), `>=` (every batch branched stayed within ε), `<=` (the next batch up
-    already fell out)."""
+    already fell out); `none` where the smallest batch's branch itself did not get ε below the
+    loss it started from (too short a branch to tell the batches apart)."""
 
     batch: int | None
     bound: str = "="
 
     def __str__(self) -> str:
+        if self.bound == "none":
+            return "no progress"
         if self.batch is None:
             return "-"
         return f"{'' if self.bound == '=' else ('≥ ' if self.bound == '>=' else '≤ ')}{self.batch:,}"
 
 
-def critical_batch(losses: Mapping[int, float], epsilon: float = EPSILON) -> Critical:
+def critical_batch(losses: Mapping[int, float | None], epsilon: float = EPSILON,
+                   start: float | None = None) -> Critical:
     """The largest batch B such that every batch from the smallest up to B has a loss at most
-    (1 + epsilon) x the smallest batch's (Merrill et al. 2025's rule, with a relative tolerance)."""
-    batches = sorted(b for b, v in losses.items() if v is not None and math.isfinite(v))
-    if not batches:
-        return Critical(None)
+    (1 + epsilon) x the smallest batch's (Merrill et al. 2025's rule, with a relative tolerance).
+    A diverged branch has loss inf (out of any tolerance); a batch with no result (None: failed or
+    not run) ends the search there, so the answer is a lower bound.
+    `start`: the loss at the branch point; if the smallest batch did not get below (1 - epsilon)
+    x it, the branches are too short to say anything (Critical(None, "none"))."""
+    batches = sorted(losses)
+    known = lambda b: losses[b] is not None and not math.isnan(losses[b])  # noqa: E731
+    if not batches or not known(batches[0]) or not math.isfinite(losses[batches[0]]):
+        return Critical(None)  # no reference: the smallest batch's branch did not finish
+    if start is not None and losses[batches[0]] > start * (1 - epsilon):
+        return Critical(None, "none")
     limit = losses[batches[0]] * (1 + epsilon)
     found = batches[0]
     for batch in batches[1:]:
+        if not known(batch):  # not run or failed: at least what was reached so far
+            return Critical(found, ">=")
         if losses[batch] > limit:
             return Critical(found, "<=" if found == batches[0] else "=")
         found = batch
@@ -94,7 +107,13 @@ class Branch:
     records: list[dict[str, Any]] = field(default_factory=list)
 
     def loss(self, fraction: float = 1.0) -> float | None:
+        """The validation loss `fraction` of the way along; inf for a branch that diverged."""
+        if self.status == "diverged":
+            return math.inf
         return at_samples(self.records, self.at + fraction * self.length) if self.status == "completed" else None
+
+    def start_loss(self) -> float | None:
+        return at_samples(self.records, self.at)
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -171,15 +190,19 @@ def stages(branches: Sequence[Branch], epsilon: float = EPSILON) -> list[Stage]:
 
         final = mean_losses(1.0)
         seeds = sorted({b.seed for b in group})
-        per_seed = [critical_batch({b.batch: b.loss() for b in group if b.seed == s}, epsilon) for s in seeds]
+        starts = {s: next((b.start_loss() for b in group if b.seed == s and b.start_loss() is not None), None)
+                  for s in seeds}
+        start = _mean(list(starts.values()))
+        per_seed = [critical_batch({b.batch: b.loss() for b in group if b.seed == s}, epsilon, starts[s])
+                    for s in seeds]
         losses: dict[int, list[float]] = defaultdict(list)
         for b in group:
             if b.loss() is not None:
                 losses[b.batch].append(b.loss())
         out.append(Stage(
-            at=at, length=length, losses=dict(sorted(losses.items())), critical=critical_batch(final, epsilon),
-            per_seed=per_seed, by_epsilon={e: critical_batch(final, e) for e in EPSILONS},
-            by_length={f: critical_batch(mean_losses(f), epsilon) for f in (0.25, 0.5, 1.0)}))
+            at=at, length=length, losses=dict(sorted(losses.items())), critical=critical_batch(final, epsilon, start),
+            per_seed=per_seed, by_epsilon={e: critical_batch(final, e, start) for e in EPSILONS},
+            by_length={f: critical_batch(mean_losses(f), epsilon, start) for f in (0.25, 0.5, 1.0)}))
     return out
 
 
@@ -259,7 +282,9 @@ def markdown(found: Sequence[Stage], epsilon: float, seeds: int, swept: bool) ->
         "",
         f"Branches of {length:,} samples from trunk checkpoints, {seeds} seed(s); the critical batch is the largest "
         f"batch whose branch's mean validation loss over the seeds ends within ε = {epsilon:g} (relative) of the "
-        f"smallest batch's. ≥: every batch branched stayed within ε; ≤: the next batch up already fell out. "
+        f"smallest batch's. ≥: every batch branched stayed within ε; ≤: the next batch up already fell out; "
+        f"no progress: the smallest batch's branch ended less than ε below its starting loss (too short to tell). "
+        f"A diverged branch is out of any ε. "
         f"B_simple: the trunks' mean over the branch's window. "
         + ("B_crit: E_min / S_min from the fixed-batch sweep, to the validation accuracy the trunk had at the "
            "branch's end." if swept else "B_crit: no fixed-batch sweep given (--sweep)."),
@@ -273,11 +298,19 @@ def markdown(found: Sequence[Stage], epsilon: float, seeds: int, swept: bool) ->
         lines.append(f"| {s.at:,} | {s.critical} | {', '.join(str(c) for c in s.per_seed)} | {b_simple} | "
                      f"{s.shown_ratio(s.b_simple)} | {_num(s.target and 100 * s.target, 2)} | {_num(s.b_crit)} | "
                      f"{s.shown_ratio(s.b_crit)} |")
-    lines += ["", "Mean validation loss at the branch's end, by batch:", "",
-              "| samples seen | " + " | ".join(f"B={b:,}" for b in (found[0].losses if found else {})) + " |",
-              "| ---: |" + " ---: |" * len(found[0].losses if found else {})]
+    batches = sorted({b for s in found for b in s.losses})
+    lines += ["", "Mean validation loss at the branch's end, by batch (diverged: a seed's branch diverged; "
+                  "- : not run or failed):", "",
+              "| samples seen | " + " | ".join(f"B={b:,}" for b in batches) + " |",
+              "| ---: |" + " ---: |" * len(batches)]
     for s in found:
-        lines.append(f"| {s.at:,} | " + " | ".join(_num(_mean(v), 4) for v in s.losses.values()) + " |")
+        cells = []
+        for b in batches:
+            values = s.losses.get(b)
+            mean = _mean(values) if values else None
+            cells.append("-" if mean is None else ("diverged" if not math.isfinite(mean) else
+                                                   (f"{mean:.4f}" if mean < 1e4 else f"{mean:.3g}")))
+        lines.append(f"| {s.at:,} | " + " | ".join(cells) + " |")
     lines += ["", "Sensitivity to ε (relative tolerance), full branch length:", "",
               "| samples seen | " + " | ".join(f"ε = {e:g}" for e in EPSILONS) + " |",
               "| ---: |" + " ---: |" * len(EPSILONS)]

@@ -111,3 +111,17 @@ def test_a_branch_from_the_initialisation_takes_its_batch_from_the_first_step(ma
     trunk = policy_for(make_cfg("epochs=2", "batch.size=64"), 1)
     trunk.lay_out(N)
     assert factors(0) * hp.lr == pytest.approx(trunk.hparams()[1](0) * trunk.hparams()[0].lr * 4)
+
+
+def test_the_branchs_last_step_cut_short_takes_the_rules_lr_for_its_samples_unless_an_epoch_ended_it(make_cfg):
+    _, policy = laid_out(make_cfg, "batch.size=256", "branch.samples=1000")
+    hp, factors = policy.hparams()
+    assert factors(13) == pytest.approx(factors(12) * 232 / 256)  # cut by the branch's end
+    # ending at the epoch's end (640 + 2860 = 3500): the epoch's own short step keeps the batch's LR
+    _, policy = laid_out(make_cfg, "batch.size=256", "branch.samples=2860", "schedule.main=constant")
+    assert policy.run_steps.taken[-1] == 44
+    hp, factors = policy.hparams()
+    assert factors(policy.run_steps.total - 1) == pytest.approx(factors(11))
+    # a remainder too small for a micro-batch: the branch ends a step early
+    _, policy = laid_out(make_cfg, "batch.size=256", "branch.samples=1025")
+    assert policy.run_steps.taken[10:] == (256, 256, 256, 256)

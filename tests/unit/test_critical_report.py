@@ -20,8 +20,9 @@ def test_the_critical_batch_is_the_largest_batch_within_epsilon_of_the_smallest(
     assert critical_batch(losses, 1.0) == Critical(512, ">=")  # every batch within: a lower bound
     # A batch that falls out ends it, though a larger one comes back within (noise): contiguous.
     assert critical_batch({32: 1.0, 64: 1.2, 128: 1.01}, 0.05) == Critical(32, "<=")
-    # Unfinished branches do not count; none at all gives none.
-    assert critical_batch({32: 1.0, 64: None, 128: 1.01}, 0.05) == Critical(128, ">=")
+    # A batch without a result ends the search (a lower bound); without the smallest, no answer.
+    assert critical_batch({32: 1.0, 64: None, 128: 1.01}, 0.05) == Critical(32, ">=")
+    assert critical_batch({32: None, 64: 1.0}, 0.05) == Critical(None)
     assert critical_batch({}, 0.05).batch is None
     assert str(Critical(128)) == "128" and str(Critical(1024, ">=")) == "≥ 1,024"
 
@@ -121,3 +122,14 @@ def test_b_simple_over_a_window_is_the_ratio_of_the_averages_or_unresolved_where
     value, why = window_b_simple(records, 0, 20)
     assert value is None and "unresolved" in why  # |G|² averages -1/3
     assert window_b_simple(records, 30, 40)[0] is None
+
+
+def test_a_diverged_branch_is_out_of_tolerance_and_a_branch_without_progress_tells_nothing():
+    import math
+
+    # 256 diverged: the critical batch is 128, not "at least 512" by skipping it
+    assert critical_batch({32: 1.0, 64: 1.0, 128: 1.01, 256: math.inf, 512: 1.0}, 0.05) == Critical(128)
+    # nothing learned yet (the smallest batch still at its starting loss): no answer, not "every batch"
+    assert critical_batch({32: 2.29, 64: 2.30, 1024: 2.30}, 0.05, start=2.30) == Critical(None, "none")
+    assert str(Critical(None, "none")) == "no progress"
+    assert critical_batch({32: 1.5, 64: 1.52}, 0.05, start=2.30) == Critical(64, ">=")
