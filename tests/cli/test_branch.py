@@ -116,3 +116,11 @@ def test_a_missing_trunk_directory_is_one_line(run_cli, tmp_path):
                   f"hydra.run.dir={tmp_path / 'x'}")
     assert out.returncode == 2 and "branch.trunk=" in out.stderr and "no such directory" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_a_branch_into_a_directory_holding_a_run_is_refused_and_the_trunk_left_as_it_was(run_cli, trunk):
+    before = {p: p.stat().st_mtime_ns for p in trunk.rglob("*") if p.is_file() and p.name != ".bsexp.lock"}
+    out = run_cli(*TRUNK, f"branch.trunk={trunk}", "branch.at_samples=640", "branch.samples=640",
+                  f"hydra.run.dir={trunk}")
+    assert out.returncode == 2 and "hydra.run.dir" in out.stderr and "already holds" in out.stderr, out.stderr
+    assert {p: p.stat().st_mtime_ns for p in trunk.rglob("*") if p.is_file() and p.name != ".bsexp.lock"} == before
