@@ -156,6 +156,9 @@ def test_points_side_by_side_share_the_cores(run_cli, tmp_path):
 
 
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+# Experiments run in stages, one command each (not arms swept side by side): stage -> the overrides
+# it needs besides its own (the branches need their trunks).
+STAGED = {"critical_batch": {"trunk": [], "branches": ["branch.trunk=/the/trunk/sweep"]}}
 
 
 def test_every_arm_of_every_experiment_composes_and_passes_the_checks(data_root, monkeypatch):
@@ -165,12 +168,14 @@ def test_every_arm_of_every_experiment_composes_and_passes_the_checks(data_root,
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         for name in EXPERIMENTS:
             arms = sorted(p.stem for p in (CONF / "experiment" / name).glob("*.yaml"))
+            stages = STAGED.get(name, {})
+            assert sorted(stages) == (arms if stages else sorted(stages)), name
             for arm in arms or [None]:
                 overrides = [f"experiment={name}"] + ([f"experiment/{name}={arm}"] if arm else [])
-                cfg = compose("config", overrides=overrides, return_hydra_config=True)
+                cfg = compose("config", overrides=overrides + stages.get(arm, []), return_hydra_config=True)
                 swept = cfg.hydra.sweeper.params
                 assert "seed" in swept, name
-                assert (f"experiment/{name}" in swept) == bool(arms), name
+                assert (f"experiment/{name}" in swept) == bool(arms and not stages), name
                 with open_dict(cfg):
                     del cfg["hydra"]
                 check(cfg)
@@ -191,7 +196,7 @@ def test_experiments_that_fit_the_critical_batch_evaluate_often_enough_to_resolv
         for name in EXPERIMENTS:
             cfg = compose("config", overrides=[f"experiment={name}"], return_hydra_config=True)
             batches = [int(b) for b in str(cfg.hydra.sweeper.params.get("batch.size", "")).split(",") if b]
-            if len(batches) < 3:
+            if len(batches) < 3 or cfg.branch.samples is not None:  # branches: bsexp.report.critical, no fit
                 continue
             fitted.append(name)
             n_train = len(instantiate(cfg.data).train)
@@ -205,11 +210,20 @@ def test_experiments_that_fit_the_critical_batch_evaluate_often_enough_to_resolv
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_every_experiment_runs_one_step(run_cli, tmp_path, name):
-    out = run_cli(f"experiment={name}", "data.num_samples=1500", "data.val_size=100", "trainer.max_steps=1",
-                  "logger=none", "trainer.progress=false", f"hydra.run.dir={tmp_path / 'run'}")
+    common = ["data.num_samples=1500", "data.val_size=100", "trainer.max_steps=1", "logger=none",
+              "trainer.progress=false"]
+    trunk = tmp_path / "run"
+    first = [f"experiment/{name}=trunk"] if name in STAGED else []  # the trunk, then a branch of it
+    out = run_cli(f"experiment={name}", *first, *common, f"hydra.run.dir={trunk}")
     assert out.returncode == 0, out.stderr[-3000:]
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    summary = json.loads((trunk / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps"] == 1
+    if name in STAGED:
+        out = run_cli(f"experiment={name}", *common, f"branch.trunk={trunk}", "branch.at_samples=0",
+                      "branch.samples=32", f"hydra.run.dir={tmp_path / 'branch'}")
+        assert out.returncode == 0, out.stderr[-3000:]
+        summary = json.loads((tmp_path / "branch" / "summary.json").read_text())
+        assert summary["status"] == "completed" and summary["branch"]["samples_trained"] == 32
 
 
 def test_a_sweep_of_two_settings_gets_its_grid(run_cli, data_root, tmp_path):
