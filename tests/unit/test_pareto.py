@@ -46,3 +46,23 @@ def test_the_target_the_tuned_baseline_and_the_goal_verdict_hold_the_known_numbe
     assert float(rows["adaptive_noise"]["to_target_samples"]) == pytest.approx(60 * 32)
     assert "- adaptive_noise: 0.60 x its steps, 0.30 x its samples" in md and "met." in md
     assert (tmp_path / "out" / "pareto.png").stat().st_size > 10_000
+
+
+def test_a_fixed_batch_that_reaches_the_target_on_one_seed_only_is_not_the_baseline(tmp_path):
+    fixed, others = tmp_path / "fixed", tmp_path / "arms"
+    n = 0
+    for seed in (0, 1, 2):  # batch 64 reaches 0.95 at step 100 on every seed
+        job(fixed, n, ["experiment/adaptive_vs_fixed=fixed", "batch.size=64", "optimizer.lr=0.1", f"seed={seed}"], 64,
+            [0.5] * 9 + [0.96] * 3)
+        n += 1
+    for seed in (0, 1, 2):  # batch 512 reaches it at step 20 on seed 0 only
+        curve = [0.5, 0.96, 0.96] if seed == 0 else [0.5, 0.9, 0.9]
+        job(fixed, n, ["experiment/adaptive_vs_fixed=fixed", "batch.size=512", "optimizer.lr=0.1", f"seed={seed}"],
+            512, curve)
+        n += 1
+    for seed in (0, 1, 2):  # the arm: step 60 on every seed
+        job(others, seed, ["experiment/adaptive_vs_fixed=adaptive_noise", f"seed={seed}"], 32, [0.5] * 5 + [0.96] * 3)
+    assert main([str(others), str(fixed), "--out", str(tmp_path / "out")]) == 0
+    md = (tmp_path / "out" / "pareto.md").read_text()
+    assert "reach the target on every seed: fixed 64 (100 steps" in md
+    assert "- adaptive_noise: 0.60 x its steps" in md
