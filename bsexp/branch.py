@@ -19,8 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from bsexp import resume
 from bsexp.resume import CHECKPOINTS as DIR
@@ -35,11 +34,6 @@ SAME = ("batch.drop_last",)  # of batch.*, what a branch must still share: the t
 TRUNK_POLICIES = ("fixed", "accumulation")
 
 
-def _config(run: Path) -> dict[str, Any]:
-    path = run / ".hydra" / "config.yaml"
-    return (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
-
-
 def trunk_run(cfg: DictConfig) -> Path:
     """The trunk's run directory: `branch.trunk` itself, or, for a sweep directory, its job with
     this run's seed."""
@@ -51,9 +45,9 @@ def trunk_run(cfg: DictConfig) -> Path:
     if (path / DIR).is_dir():
         return path
     runs = sorted(p for p in path.iterdir() if (p / DIR).is_dir())
-    mine = [p for p in runs if _config(p).get("seed") == cfg.seed]
+    mine = [p for p in runs if resume.saved_config(p).get("seed") == cfg.seed]
     if len(mine) != 1:
-        seeds = sorted({_config(p).get("seed") for p in runs}, key=str)
+        seeds = sorted({resume.saved_config(p).get("seed") for p in runs}, key=str)
         what = (f"holds no run with checkpoints ({DIR}/)" if not runs else
                 f"holds {len(mine)} trunk runs of seed {cfg.seed} (seeds there: {seeds})")
         raise ConfigError("branch.trunk", given, f"{what}; give the trunk's own run directory")
@@ -77,24 +71,17 @@ def check(cfg: DictConfig) -> Path:
     one fixed batch. Returns the trunk's checkpoint."""
     run = trunk_run(cfg)
     path = trunk_checkpoint(cfg, run)
-    theirs = resume._flat(_config(run))
+    theirs = resume.saved_config(run)
     policy = theirs.get("batch.policy")
     if policy is not None and policy not in TRUNK_POLICIES:
         raise ConfigError("branch.trunk", str(cfg.branch.trunk), f"ran batch={policy}; a trunk trains at one fixed "
                                                                  f"batch ({' or '.join(TRUNK_POLICIES)})")
-    container = OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)
-    container.pop("hydra", None)
-    ours = resume._flat(container)
     if theirs.get("branch.trunk") is not None:
         raise ConfigError("branch.trunk", str(cfg.branch.trunk), f"{run} is itself a branch; branch from its trunk, "
                                                                  f"{theirs['branch.trunk']}")
-    for key in sorted(theirs.keys() | ours.keys()):
-        if key not in SAME and any(key == k or key.startswith(k + ".") for k in DIFFERS):
-            continue
-        if str(theirs.get(key)) != str(ours.get(key)):
-            raise ConfigError(key, ours.get(key), f"differs from the trunk's ({key}={theirs.get(key)} in {run}); a "
-                                                  f"branch continues the trunk's run and changes only its batch "
-                                                  f"(batch.*): leave {key} out")
+    for key, was, now in resume.differences(cfg, theirs, DIFFERS, bound=SAME)[:1]:
+        raise ConfigError(key, now, f"differs from the trunk's ({key}={was} in {run}); a branch continues the "
+                                    f"trunk's run and changes only its batch (batch.*): leave {key} out")
     return path
 
 

@@ -86,23 +86,35 @@ def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix.rstrip("."): node}
 
 
-def changes(cfg: DictConfig, resume: str, run_dir: str) -> list[tuple[str, Any, Any]]:
-    """(key, the run's value, this command's value) for every key, beyond those that only say
-    how the run is run, where the config differs from the resumed run's own."""
-    saved_path = source_dir(resume, run_dir) / ".hydra" / "config.yaml"
-    if not saved_path.is_file():
-        return []
-    saved = _flat(yaml.safe_load(saved_path.read_text()) or {})
+def saved_config(run_dir: Path) -> dict[str, Any]:
+    """A run's own config (`.hydra/config.yaml`, written when it started), flat: {"a.b": value}."""
+    path = Path(run_dir) / ".hydra" / "config.yaml"
+    return _flat(yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
+
+
+def differences(cfg: DictConfig, saved: dict[str, Any], free: tuple[str, ...],
+                bound: tuple[str, ...] = ()) -> list[tuple[str, Any, Any]]:
+    """(key, the saved value, this config's value) for every key where `cfg` differs from the flat
+    `saved` config, but keys under `free` (other than those in `bound`)."""
     container = OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)
     container.pop("hydra", None)
     now = _flat(container)
     found = []
     for key in sorted(saved.keys() | now.keys()):
-        if any(key == k or key.startswith(k + ".") for k in RUN_ONLY):
+        if key not in bound and any(key == k or key.startswith(k + ".") for k in free):
             continue
         if str(saved.get(key)) != str(now.get(key)):
             found.append((key, saved.get(key), now.get(key)))
     return found
+
+
+def changes(cfg: DictConfig, resume: str, run_dir: str) -> list[tuple[str, Any, Any]]:
+    """(key, the run's value, this command's value) for every key, beyond those that only say
+    how the run is run, where the config differs from the resumed run's own."""
+    source = source_dir(resume, run_dir)
+    if not (source / ".hydra" / "config.yaml").is_file():
+        return []
+    return differences(cfg, saved_config(source), RUN_ONLY)
 
 
 def check(cfg: DictConfig, run_dir: str) -> list[tuple[str, Any, Any]]:

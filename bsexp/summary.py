@@ -45,10 +45,10 @@ def announce(cfg: DictConfig, loop, hparams: dict[str, Any]) -> None:
     log.info("lr %.4g (%s rule from %g), weight decay %.4g (%s rule from %g), warmup %d of %d steps",
              h["lr"], h["lr_rule"], h["base_lr"], h["weight_decay"], h["wd_rule"], h["base_weight_decay"],
              h["warmup_steps"], h["total_steps"])
-    run = loop.policy.run_steps
-    per_epoch = len(run.epoch(0)) if run.epoch_starts else run.total
     if loop.policy.name == "branch":  # the trunk's set-up was cautioned about; a branch only continues it
         return
+    run = loop.policy.run_steps
+    per_epoch = len(run.epoch(0)) if run.epoch_starts else run.total
     for key, what in cautions(h["lr"] / h["base_lr"], str(cfg.schedule.warmup_shape), h["warmup_steps"],
                               h["total_steps"], per_epoch, h["lr_peak"] / h["lr"]):
         log.warning("%s: %s", key, what)

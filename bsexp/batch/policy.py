@@ -646,6 +646,7 @@ class BranchPolicy(SteppedPolicy):
     def __init__(self, cfg: DictConfig, world: int) -> None:
         super().__init__(cfg, world)
         self.trunk: dict[str, Any] | None = None  # batch, step, samples, checkpoint: set before resolve
+        self._cut_short = False  # whether the branch's end cuts its last step short (set by _run_steps)
 
     def check(self) -> BatchPlan:
         batch = self.cfg.batch
@@ -699,7 +700,7 @@ class BranchPolicy(SteppedPolicy):
         LR the rule gives the samples it takes, not the whole batch's."""
         super()._follow()
         run = self.run_steps
-        if getattr(self, "_cut_short", False) and run.total > self.trunk["step"]:
+        if self._cut_short and run.total > self.trunk["step"]:
             rule = str(self.cfg.scaling.lr_rule)
             coupling = list(self._coupling)
             coupling[-1] *= scaling.rule_multiplier(rule, run.taken[-1] / run.sizes[-1])

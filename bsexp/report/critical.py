@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from bsexp.metrics import read_jsonl
+
 EPSILON = 0.05  # relative: within 5 % of the small-batch branch's loss
 EPSILONS = (0.01, 0.02, 0.05, 0.1)  # the sensitivity table's
 METRIC = "val_loss"
@@ -116,12 +118,6 @@ class Branch:
         return at_samples(self.records, self.at)
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def load_branches(sweep: Path) -> list[Branch]:
     found = []
     for job in sorted(p for p in sweep.iterdir() if (p / "summary.json").is_file()):
@@ -130,7 +126,7 @@ def load_branches(sweep: Path) -> list[Branch]:
         if not node:
             continue
         found.append(Branch(summary["seed"], node["at_samples"], node["batch"], node["samples"], node["trunk"],
-                            summary["status"], _read_jsonl(job / "metrics.jsonl")))
+                            summary["status"], read_jsonl(job / "metrics.jsonl")))
     return found
 
 
@@ -228,7 +224,7 @@ def add_trunk(found: list[Stage], branches: Sequence[Branch]) -> None:
     """B_simple over each branch's window on the trunks (mean over the seeds that resolve it), and
     the trunks' val_acc at its end."""
     trunks = {b.seed: Path(b.trunk) for b in branches}
-    records = {seed: _read_jsonl(path / "metrics.jsonl") for seed, path in trunks.items()}
+    records = {seed: read_jsonl(path / "metrics.jsonl") for seed, path in trunks.items()}
     for stage in found:
         estimates = [window_b_simple(recs, stage.at, stage.at + stage.length) for recs in records.values()]
         stage.b_simple = _mean([value for value, _ in estimates])
