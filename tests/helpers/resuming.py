@@ -72,3 +72,12 @@ def assert_same_state(a: dict, b: dict) -> None:
     assert a.keys() == b.keys()
     for key in a:
         assert torch.equal(a[key], b[key]), key
+
+
+def assert_ends_as(run_dir: Path, loop) -> None:
+    """The run's last checkpoint holds the parameters and optimizer state `loop` (the same run,
+    uninterrupted) ended with, bit for bit."""
+    state = final_state(run_dir)
+    assert_same_state(state["model"], loop.step.net.state_dict())
+    for key, value in loop.step.optimizer.state_dict()["state"].items():
+        assert_same_state(state["optimizer"]["state"][key], value)
