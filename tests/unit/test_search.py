@@ -57,6 +57,18 @@ def test_fit_settles_the_boundary_within_two_percent_in_fewer_trials_than_doubli
     assert len(tried) < len(bisected)
 
 
+@pytest.mark.parametrize("off", [1.004, 0.98])
+def test_fit_settles_the_edge_beside_the_prediction_not_by_walking_up_from_far_below(off):
+    # The line misses the edge by a little (0.4 % beyond it, 2 % short of it; issue 17's trials
+    # walked up from 600 after the prediction 1,073 failed): every trial above a quarter of the
+    # edge lies within 3 % of it, and few are needed.
+    attempt, tried, budget = oracle(1_077)
+    found = Searcher(attempt, 12, 100_000).fit(8, budget * off)
+    assert 0.99 * 1_077 <= found <= 1_077
+    near = [size for size in tried if size > 1_077 / 4]
+    assert len(near) <= 4 and all(abs(size - 1_077) <= 0.03 * 1_077 for size in near), tried
+
+
 def test_a_search_stops_after_max_trials_with_the_best_it_tried():
     attempt, tried, _ = oracle(5_000)
     found = Searcher(attempt, 4, 100_000).binsearch(8)

@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 from bsexp import memory
 from bsexp.batch.finder.cache import cache_key, cache_load, cache_store
 from bsexp.batch.finder.probe import ChildProber, InProcessProber
-from bsexp.batch.finder.result import FinderResult, Trial
+from bsexp.batch.finder.result import FinderResult, Trial, memory_breakdown
 from bsexp.batch.finder.search import Attempt, Searcher, largest_divisor_at_most, throughput_choice
 from bsexp.batch.plan import MIN_MICRO, BatchPlan, make_plan
 from bsexp.data import Splits, train_batches
@@ -61,6 +61,7 @@ def find_plan(cfg: DictConfig, world: World, splits: Splits, model: torch.nn.Mod
         trials = [Trial(**t) for t in cached["trials"]]
         result = _result(cfg, world, trials, cached["micro_size"], limit, cached["budget_mb"], keep_size, True,
                          (max_size, bound_by))
+        result.memory = cached.get("memory", {})  # a JSON file's contents (entries cached before there was one)
         log.info("finder: micro-batch %d from the cache (%s)", result.micro_size, node.cache_dir)
         return result
     started = time.perf_counter()
@@ -100,14 +101,15 @@ def find_plan(cfg: DictConfig, world: World, splits: Splits, model: torch.nn.Mod
                 chosen = min(chosen, fastest or chosen)
             if per_rank is not None:  # keep the global batch: a micro-batch that divides it
                 chosen = largest_divisor_at_most(per_rank, chosen)
-            while not searcher.attempt(chosen, counted=False).ok:  # the answer has always passed a trial
-                chosen = (largest_divisor_at_most(per_rank, chosen - 1) if per_rank is not None
-                          else math.floor(chosen * (1 - node.margin)))
+            # The answer lies at or below a size that passed, and memory grows with the size: it is
+            # not tried again (a confirmation cost a large trial and could only pass).
         finally:
             prober.close()
         result = _result(cfg, world, list(trials.values()), chosen, limit, budget / memory.MIB, keep_size, False,
                          (max_size, bound_by))
         result.seconds = time.perf_counter() - started
+        result.memory = memory_breakdown(prober.model_memory, result.trials)
+        result.startup = prober.startup
         result.loader_samples_per_s = _loader_rate(splits, cfg, result.plan, world)
     if result.loader_samples_per_s and result.step_samples_per_s and result.loader_samples_per_s < result.step_samples_per_s:
         result.note += (f" The input pipeline ({result.loader_samples_per_s:,.0f} samples/s) is slower than the "
@@ -133,7 +135,7 @@ def _agree(world: World, trial: Trial) -> Trial:
     train_peak = world.all_reduce(torch.tensor([trial.train_peak_mb or 0.0], dtype=torch.float64,
                                                device=world.device), op="max").item()
     return Trial(trial.size, not failed, failed_in, peak, reserved, trial.alloc_retries, seconds, rate,
-                 train_peak or None)
+                 train_peak or None, trial.forward_s, trial.backward_s, trial.optimizer_s, trial.eval_s)
 
 
 def _result(cfg: DictConfig, world: World, trials: list[Trial], micro: int, limit: int, budget_mb: float,
@@ -141,7 +143,8 @@ def _result(cfg: DictConfig, world: World, trials: list[Trial], micro: int, limi
     node = cfg.batch.finder
     plan = (make_plan(micro * world.size, world.size) if keep_size is None
             else make_plan(keep_size, world.size, micro_size=micro))
-    chosen = next((t for t in trials if t.size == micro), None)
+    # The speed of the nearest size that passed at or above the chosen one (it is rarely tried itself).
+    chosen = min((t for t in trials if t.ok and t.size >= micro), key=lambda t: t.size, default=None)
     note = ""
     if str(node.objective) == "throughput":
         note = (f"Throughput objective: the smallest size within {100 * node.throughput_tolerance:.0f} % of the "

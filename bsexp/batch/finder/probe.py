@@ -10,6 +10,7 @@ import copy
 import logging
 import multiprocessing
 import pickle
+import time
 import traceback
 
 import torch
@@ -38,14 +39,17 @@ class ChildProber:
         memory.trim_freed_memory()
         self.args = (cfg, limit_bytes, memory.rss(), distributed, torch.get_num_threads())
         self.context = multiprocessing.get_context("spawn")
-        self.budget_bytes = self._start()
+        self._start()
 
-    def _start(self) -> int:
+    def _start(self) -> None:
+        started = time.perf_counter()
         self.conn, child = self.context.Pipe()
         self.process = self.context.Process(target=_child_main, args=(child, *self.args), daemon=True)
         self.process.start()
         child.close()
-        return self._receive("ready")
+        self.budget_bytes, self.startup, self.model_memory = self._receive("ready")
+        # What the child did not time itself: starting Python and importing torch and bsexp.
+        self.startup = {"process_s": time.perf_counter() - started - sum(self.startup.values()), **self.startup}
 
     def _receive(self, expected: str):
         try:
@@ -86,12 +90,17 @@ def _child_main(conn, cfg: DictConfig, limit_bytes: int, parent_rss: int, distri
         torch.set_num_threads(threads)
         memory.return_freed_memory()
         seed_everything(cfg.seed, cfg.trainer.deterministic)
+        started = time.perf_counter()
         splits = build_data(cfg)
+        data_s = time.perf_counter() - started
         group = None
         if distributed:  # a world of one rank, so DDP and SyncBatchNorm are really there
             dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
             group = dist.group.WORLD
-        runner = TrialRunner(cfg, splits, torch.device("cpu"), build_model(cfg, splits), distributed, group)
+        started = time.perf_counter()
+        model = build_model(cfg, splits)
+        model_s = time.perf_counter() - started
+        runner = TrialRunner(cfg, splits, torch.device("cpu"), model, distributed, group)
         # Trials get the room the training process will have once it holds its optimizer state
         # too: what the limit leaves beside the parent's memory, not beside this process's.
         budget = limit_bytes - parent_rss - runner.state_bytes
@@ -99,7 +108,8 @@ def _child_main(conn, cfg: DictConfig, limit_bytes: int, parent_rss: int, distri
             raise ConfigError("batch.finder.memory_limit_gb", round(limit_bytes / memory.GIB, 3),
                               str(memory.CapBelowUse(parent_rss + runner.state_bytes, limit_bytes)))
         memory.cap_room(budget)
-        conn.send(("ready", budget))
+        startup = {"data_s": data_s, "model_s": model_s, "first_step_s": runner.first_step_s}
+        conn.send(("ready", (budget, startup, runner.model_memory())))
         while True:
             kind, size = conn.recv()
             if kind == "stop":
@@ -131,6 +141,8 @@ class InProcessProber:
         cap_device_memory(device, limit_bytes)
         self.runner = TrialRunner(cfg, splits, device, copy.deepcopy(model), world.distributed, group)
         self.budget_bytes = limit_bytes - torch.cuda.memory_allocated(device)
+        self.startup = {"first_step_s": self.runner.first_step_s}
+        self.model_memory = self.runner.model_memory()
         self.device = device
 
     def attempt(self, size: int) -> Trial:

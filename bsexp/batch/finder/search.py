@@ -36,14 +36,11 @@ class Searcher:
         self._attempt, self.max_size = attempt, max_size
         self.budget = Budget(max_trials, {})
 
-    def attempt(self, size: int, counted: bool = True) -> Attempt:
-        """Try `size` once (a size tried before is not tried again). An attempt that is not
-        `counted` (confirming a final answer) does not use up the search's trials."""
+    def attempt(self, size: int) -> Attempt:
+        """Try `size` once (a size tried before is not tried again)."""
         size = min(size, self.max_size)
         if size not in self.budget.attempts:
             self.budget.attempts[size] = self._attempt(size)
-            if not counted:
-                self.budget.max_trials += 1
         return self.budget.attempts[size]
 
     def best(self) -> int | None:
@@ -70,7 +67,7 @@ class Searcher:
         `tolerance` of each other, as a fraction)."""
         while self.budget.left > 0:
             low, high = self.best(), self.smallest_failure()
-            if low is None or high is None or high - low <= max(1, math.floor(low * tolerance)):
+            if low is None or high is None or high - low <= max(1, math.ceil(low * tolerance)):
                 break
             self.attempt((low + high) // 2)
         return self.best()
@@ -82,7 +79,10 @@ class Searcher:
     def fit(self, init: int, budget_bytes: float, tolerance: float = 0.01) -> int | None:
         """Probe sizes from `init` up (x4) until memory clearly grows, fit it as fixed +
         per-sample x size, try the largest size the fit allows under `budget_bytes`, then settle
-        the boundary around it to `tolerance` by bisection."""
+        the edge there: the line is usually right to a fraction of a percent, so the search
+        steps from the predicted size in growing steps (1, 2, 4 ... x `tolerance`) until the
+        outcome flips, re-fitting the line through each new pass, to within `tolerance`. Trials near the edge are the slow ones:
+        this spends two or three of them where bisecting up from the last probe spends eight."""
         small = self.attempt(init)
         if not small.ok or small.size >= self.max_size:
             return self.best()
@@ -95,18 +95,35 @@ class Searcher:
         if not large.ok:
             return self.bisect(tolerance)
         # The line through the two largest sizes that fit: furthest from small-size fixed costs.
-        fitted = sorted((a for a in self.budget.attempts.values() if a.ok), key=lambda a: a.size)[-2:]
-        predicted = predict_size(fitted[0], fitted[1], budget_bytes)
+        predicted = predict_size(*_two_largest_passes(self.budget.attempts.values()), budget_bytes)
         if predicted is None or predicted <= large.size:
             self.power(2 * large.size)  # no usable fit: fall back to doubling
-        elif self.attempt(predicted).ok:
-            # The fit was cautious: climb in growing steps until the first failure.
-            size, step = min(predicted, self.max_size), 2 * tolerance
-            while self.budget.left > 0 and size < self.max_size:
-                size, step = min(math.ceil(size * (1 + step)), self.max_size), 2 * step
-                if not self.attempt(size).ok:
+            return self.bisect(tolerance)
+        size, step = min(predicted, self.max_size), tolerance
+        while self.budget.left > 0 and size not in self.budget.attempts:
+            passed = self.attempt(size).ok
+            low, high = self.best(), self.smallest_failure()
+            if high is None:  # all passed: the fit was cautious, climb
+                if low >= self.max_size:
                     break
+                size, step = min(math.ceil(low * (1 + step)), self.max_size), 2 * step
+                continue
+            if high - low <= max(1, math.ceil(low * tolerance)):
+                break  # settled
+            # A new pass near the edge gives a better line: follow it while it points inside the
+            # bracket; else step from the side just tried, never further than the bracket's middle.
+            guess = predict_size(*_two_largest_passes(self.budget.attempts.values()), budget_bytes)
+            if guess is not None and low < guess < high and guess not in self.budget.attempts:
+                size, step = guess, tolerance
+            elif passed:
+                size, step = min(math.ceil(low * (1 + step)), (low + high) // 2), 2 * step
+            else:
+                size, step = max(math.floor(high * (1 - step)), (low + high) // 2), 2 * step
         return self.bisect(tolerance)
+
+
+def _two_largest_passes(attempts) -> list[Attempt]:
+    return sorted((a for a in attempts if a.ok), key=lambda a: a.size)[-2:]
 
 
 def predict_size(a: Attempt, b: Attempt, budget_bytes: float) -> int | None:

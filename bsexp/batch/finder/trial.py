@@ -43,11 +43,31 @@ class TrialRunner:
         self.augment = splits.augment if isinstance(splits.train, TensorSplit) else None
         self.fill = splits.train.black if self.augment is not None else 0.0
         self.generator = torch.Generator(device=device).manual_seed(0)
+        # Evaluation's memory does not depend on the training micro-batch (the training step's
+        # activations are gone by then; its gradients are fixed in size): checked once, in the
+        # first trial whose training passes, not in every trial.
+        self.eval_checked = False
         before = memory.rss() if device.type == "cpu" else torch.cuda.memory_allocated(device)
+        started = time.perf_counter()
         self._train_step(MIN_MICRO)  # creates the optimizer's state: part of every trial's baseline
         self.step.optimizer.zero_grad(set_to_none=True)
+        self.first_step_s = time.perf_counter() - started
         after = memory.rss() if device.type == "cpu" else torch.cuda.memory_allocated(device)
         self.state_bytes = max(0, after - before)  # what the run will add before its first step
+        self._marks: dict[str, float] = {}  # when the forward ended and the optimizer step began
+        self.step.net.register_forward_hook(lambda *_: self._marks.setdefault("forward", time.perf_counter()))
+        self.step.optimizer.register_step_pre_hook(lambda *_: self._marks.setdefault("optimizer", time.perf_counter()))
+
+    def model_memory(self) -> dict:
+        """What the model holds whatever the batch: its parameters and the optimizer's state, as
+        tensors (exact), and the resident memory the first step added (measured)."""
+        params = list(self.step.net.parameters())
+        state = [v for s in self.step.optimizer.state.values() for v in s.values()
+                 if isinstance(v, torch.Tensor) and v.numel() > 1]  # moments, not step counters
+        return {"params": sum(p.numel() for p in params), "param_bytes": sum(p.numel() * p.element_size() for p in params),
+                "state_bytes": sum(v.numel() * v.element_size() for v in state), "first_step_bytes": self.state_bytes,
+                "optimizer": type(self.step.optimizer).__name__,
+                "momentum": any(g.get("momentum", 0) for g in self.step.optimizer.param_groups)}
 
     def _batch(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
         idx = torch.arange(size, device=self.device) % len(self.y)
@@ -65,21 +85,27 @@ class TrialRunner:
         memory.release(device)
         base, mapped = self._memory(reset=True), (memory.vm_size() if device.type == "cpu" else 0)
         started = time.perf_counter()
-        step_times, train_peak = [], None
+        step_times, train_peak, parts, eval_s = [], None, [], None
         ok = True
         try:
             for _ in range(self.steps):
+                self._marks.clear()
                 t = time.perf_counter()
                 self._train_step(size)
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
-                step_times.append(time.perf_counter() - t)
+                end = time.perf_counter()
+                step_times.append(end - t)
+                fwd, opt = self._marks.get("forward", t), self._marks.get("optimizer", end)
+                parts.append((fwd - t, opt - fwd, end - opt))
             train_peak = self._peak() - base
-            phase = "eval"
-            net = self.step.net
-            net.eval()
-            with torch.no_grad(), self.step.autocast():
-                net(self._batch(self.eval_size)[0])
+            if not self.eval_checked:
+                phase, t = "eval", time.perf_counter()
+                net = self.step.net
+                net.eval()
+                with torch.no_grad(), self.step.autocast():
+                    net(self._batch(self.eval_size)[0])
+                self.eval_checked, eval_s = True, time.perf_counter() - t
         except Exception as exc:
             if not memory.is_oom(exc):
                 raise
@@ -100,7 +126,10 @@ class TrialRunner:
         else:  # what stays mapped after the trial: fragmentation
             reserved, retries = (memory.vm_size() - mapped) / memory.MIB, None
         mib = lambda b: None if b is None else b / memory.MIB  # noqa: E731
-        return Trial(size, ok, None if ok else phase, mib(peak), reserved, retries, seconds, rate, mib(train_peak))
+        # Forward, backward (with the loss) and optimizer seconds of the last training step.
+        forward_s, backward_s, optimizer_s = parts[-1] if parts else (None, None, None)
+        return Trial(size, ok, None if ok else phase, mib(peak), reserved, retries, seconds, rate, mib(train_peak),
+                     forward_s, backward_s, optimizer_s, eval_s)
 
     def _rewrap(self) -> None:
         """The same module and optimizer in a fresh DDP wrapper (its reducer reset)."""
