@@ -48,6 +48,17 @@ def vm_size() -> int:
     return _status("VmSize")
 
 
+def vm_peak() -> int:
+    """The largest address space the process has had mapped (VmPeak; it cannot be reset)."""
+    return _status("VmPeak")
+
+
+def address_space_room(mapped: int) -> int | None:
+    """Bytes the address-space cap leaves beyond `mapped`; None when there is no cap."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    return None if soft == resource.RLIM_INFINITY else soft - mapped
+
+
 def rss() -> int:
     """Bytes resident now."""
     return _status("VmRSS")

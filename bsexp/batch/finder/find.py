@@ -135,7 +135,9 @@ def _agree(world: World, trial: Trial) -> Trial:
     train_peak = world.all_reduce(torch.tensor([trial.train_peak_mb or 0.0], dtype=torch.float64,
                                                device=world.device), op="max").item()
     return Trial(trial.size, not failed, failed_in, peak, reserved, trial.alloc_retries, seconds, rate,
-                 train_peak or None, trial.forward_s, trial.backward_s, trial.optimizer_s, trial.eval_s)
+                 train_peak or None, trial.forward_s, trial.backward_s, trial.optimizer_s)
+    # (Each rank's address space is its own: the search, which must choose the same sizes on every
+    # rank, then fits the agreed resident peaks.)
 
 
 def _result(cfg: DictConfig, world: World, trials: list[Trial], micro: int, limit: int, budget_mb: float,

@@ -108,7 +108,8 @@ def _child_main(conn, cfg: DictConfig, limit_bytes: int, parent_rss: int, distri
             raise ConfigError("batch.finder.memory_limit_gb", round(limit_bytes / memory.GIB, 3),
                               str(memory.CapBelowUse(parent_rss + runner.state_bytes, limit_bytes)))
         memory.cap_room(budget)
-        startup = {"data_s": data_s, "model_s": model_s, "first_step_s": runner.first_step_s}
+        runner.check_eval()
+        startup = {"data_s": data_s, "model_s": model_s, "first_step_s": runner.first_step_s, "eval_s": runner.eval_s}
         conn.send(("ready", (budget, startup, runner.model_memory())))
         while True:
             kind, size = conn.recv()
@@ -141,7 +142,8 @@ class InProcessProber:
         cap_device_memory(device, limit_bytes)
         self.runner = TrialRunner(cfg, splits, device, copy.deepcopy(model), world.distributed, group)
         self.budget_bytes = limit_bytes - torch.cuda.memory_allocated(device)
-        self.startup = {"first_step_s": self.runner.first_step_s}
+        self.runner.check_eval()
+        self.startup = {"first_step_s": self.runner.first_step_s, "eval_s": self.runner.eval_s}
         self.model_memory = self.runner.model_memory()
         self.device = device
 

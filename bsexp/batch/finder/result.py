@@ -15,7 +15,7 @@ from bsexp.batch.plan import BatchPlan
 class Trial:
     size: int
     ok: bool
-    failed_in: str | None = None  # "train" or "eval" when out of memory
+    failed_in: str | None = None  # "train" or "eval" (checked once, before the trials) when out of memory
     peak_mb: float | None = None  # above the baseline (model, data, optimizer state), train or eval
     reserved_mb: float | None = None  # CUDA: the allocator's reserve; CPU: address space mapped
     alloc_retries: int | None = None  # CUDA: allocations retried after freeing the cache
@@ -25,11 +25,17 @@ class Trial:
     forward_s: float | None = None  # the last training step's parts: forward,
     backward_s: float | None = None  # backward (with the loss),
     optimizer_s: float | None = None  # optimizer step
-    eval_s: float | None = None  # the evaluation pass, in the one trial that ran it
+    mapped_peak_mb: float | None = None  # CPU: address space at the peak (what the cap limits), when known
+    room_mb: float | None = None  # CPU: address space the cap left after the trial
 
     def attempt(self) -> Attempt:
-        peak = None if self.train_peak_mb is None else self.train_peak_mb * memory.MIB
-        return Attempt(self.size, self.ok, peak, self.samples_per_s)
+        """What the search sees. On CPU the cap limits address space, so that is the peak its
+        line is fitted to (None where this trial could not measure it); on CUDA, allocated memory."""
+        if self.room_mb is not None:
+            peak, room = self.mapped_peak_mb, self.room_mb * memory.MIB
+        else:
+            peak, room = self.train_peak_mb, None
+        return Attempt(self.size, self.ok, None if peak is None else peak * memory.MIB, self.samples_per_s, room)
 
 
 @dataclass
@@ -71,11 +77,11 @@ class FinderResult:
                  f"{100 * self.margin:.0f} %, budget above baseline {self.budget_mb:,.0f} MB, "
                  f"{self.seconds:.1f} s{', from cache' if self.cached else ''}):",
                  f"  {'size':>6}  {'result':<10}  {'peak MB':>9}  {'reserved MB':>11}  {'retries':>7}  "
-                 f"{'seconds':>7}  {'samples/s':>9}  fwd/bwd/opt/eval s"]
+                 f"{'seconds':>7}  {'samples/s':>9}  fwd/bwd/opt s"]
         for t in sorted(self.trials, key=lambda t: t.size):
             result = "ok" if t.ok else f"OOM ({t.failed_in})"
             fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
-            parts = "/".join(fmt(v, ".2f") for v in (t.forward_s, t.backward_s, t.optimizer_s, t.eval_s))
+            parts = "/".join(fmt(v, ".2f") for v in (t.forward_s, t.backward_s, t.optimizer_s))
             lines.append(f"  {t.size:>6}  {result:<10}  {fmt(t.peak_mb, '9,.1f')}  {fmt(t.reserved_mb, '11,.1f')}  "
                          f"{fmt(t.alloc_retries, '7d')}  {t.seconds:7.2f}  {fmt(t.samples_per_s, '9,.0f')}  {parts}")
         if self.memory:
@@ -111,7 +117,7 @@ def memory_breakdown(model: dict[str, Any], trials: list[Trial]) -> dict[str, An
     out = {"params": model["params"], "optimizer": model["optimizer"], "param_mb": param_mb,
            "analytic_bytes_per_param": None if slots is None else 4 * (2 + slots),
            "optimizer_state_mb": state_mb, "fixed_mb": None, "fixed_analytic_mb": analytic,
-           "fixed_vs_analytic": None, "per_sample_mb": None}
+           "fixed_vs_analytic": None, "per_sample_mb": None, "eval_peak_mb": model.get("eval_peak_mb")}
     passed = sorted((t for t in trials if t.ok and t.train_peak_mb is not None), key=lambda t: t.size)[-2:]
     if len(passed) == 2:
         a, b = passed

@@ -17,6 +17,7 @@ class Attempt:
     ok: bool
     peak_bytes: float | None = None  # memory above the baseline at the trial's peak
     samples_per_s: float | None = None
+    room_bytes: float | None = None  # the memory the trial had (where it is measured): the budget it saw
 
 
 @dataclass
@@ -95,7 +96,7 @@ class Searcher:
         if not large.ok:
             return self.bisect(tolerance)
         # The line through the two largest sizes that fit: furthest from small-size fixed costs.
-        predicted = predict_size(*_two_largest_passes(self.budget.attempts.values()), budget_bytes)
+        predicted = _fit(self.budget.attempts.values(), budget_bytes)
         if predicted is None or predicted <= large.size:
             self.power(2 * large.size)  # no usable fit: fall back to doubling
             return self.bisect(tolerance)
@@ -112,7 +113,7 @@ class Searcher:
                 break  # settled
             # A new pass near the edge gives a better line: follow it while it points inside the
             # bracket; else step from the side just tried, never further than the bracket's middle.
-            guess = predict_size(*_two_largest_passes(self.budget.attempts.values()), budget_bytes)
+            guess = _fit(self.budget.attempts.values(), budget_bytes)
             if guess is not None and low < guess < high and guess not in self.budget.attempts:
                 size, step = guess, tolerance
             elif passed:
@@ -122,8 +123,15 @@ class Searcher:
         return self.bisect(tolerance)
 
 
-def _two_largest_passes(attempts) -> list[Attempt]:
-    return sorted((a for a in attempts if a.ok), key=lambda a: a.size)[-2:]
+def _fit(attempts, budget_bytes: float) -> int | None:
+    """The size predicted by the line through the two largest passes whose peak was measured,
+    under the room the latest trial had (where measured) or `budget_bytes`."""
+    fitted = sorted((a for a in attempts if a.ok and a.peak_bytes is not None), key=lambda a: a.size)[-2:]
+    if len(fitted) < 2:
+        return None
+    # The room the latest trial had: what the next one will have, near enough.
+    rooms = [a.room_bytes for a in attempts if a.room_bytes is not None]
+    return predict_size(fitted[0], fitted[1], rooms[-1] if rooms else budget_bytes)
 
 
 def predict_size(a: Attempt, b: Attempt, budget_bytes: float) -> int | None:
