@@ -9,6 +9,7 @@ import contextlib
 import copy
 import logging
 import multiprocessing
+import os
 import pickle
 import time
 import traceback
@@ -28,6 +29,8 @@ from bsexp.runtime import cap_device_memory, seed_everything
 
 log = logging.getLogger(__name__)
 
+STRANDED = 0.05  # of the budget, still mapped after a failed trial: restart the probe process
+
 
 class ChildProber:
     """Trials in a child process capped at the memory limit (CPU): real allocator failures, and
@@ -45,11 +48,16 @@ class ChildProber:
         started = time.perf_counter()
         self.conn, child = self.context.Pipe()
         self.process = self.context.Process(target=_child_main, args=(child, *self.args), daemon=True)
-        self.process.start()
+        # oneDNN keeps the kernels it compiles for every input shape (~10-20 MB a shape for a conv
+        # net): the probe process tries many shapes, training one or two, so each trial would
+        # leave the next less room than training has. Without that cache every trial starts alike.
+        with _environ(ONEDNN_PRIMITIVE_CACHE_CAPACITY="0"):
+            self.process.start()
         child.close()
-        self.budget_bytes, self.startup, self.model_memory = self._receive("ready")
+        self.budget_bytes, startup, self.model_memory = self._receive("ready")
         # What the child did not time itself: starting Python and importing torch and bsexp.
-        self.startup = {"process_s": time.perf_counter() - started - sum(self.startup.values()), **self.startup}
+        if not hasattr(self, "startup"):  # the first start is the one reported
+            self.startup = {"process_s": time.perf_counter() - started - sum(startup.values()), **startup}
 
     def _receive(self, expected: str):
         try:
@@ -64,12 +72,22 @@ class ChildProber:
     def attempt(self, size: int) -> Trial:
         self.conn.send(("trial", size))
         try:
-            return self._receive("trial")
+            trial = self._receive("trial")
         except ChildDied as died:  # killed outright: a failure at this size; start afresh
             log.warning("finder: the probe process died at micro-batch %d (%s); restarting it", size, died)
             self.close()
             self._start()
             return Trial(size, False, "killed")
+        if not trial.ok and (trial.reserved_mb or 0) * memory.MIB > STRANDED * self.budget_bytes:
+            # When the cap refuses a large mapping, glibc falls back to its heap, which a small
+            # block left on top can keep from shrinking: memory stranded that no later trial would
+            # have. A fresh probe process starts clean.
+            log.info("finder: %.0f MB stranded after the failure at %d; restarting the probe process",
+                     trial.reserved_mb, size)
+            self.close()
+            self._start()
+            trial.room_mb = None  # the room it left is not the fresh process's
+        return trial
 
     def close(self) -> None:
         with contextlib.suppress(OSError, BrokenPipeError):
@@ -154,3 +172,18 @@ class InProcessProber:
         del self.runner
         memory.release(self.device)
         cap_device_memory(self.device, None)
+
+
+@contextlib.contextmanager
+def _environ(**values: str):
+    """Environment variables set for a child process started inside (spawn copies them)."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

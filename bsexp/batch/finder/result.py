@@ -29,13 +29,11 @@ class Trial:
     room_mb: float | None = None  # CPU: address space the cap left after the trial
 
     def attempt(self) -> Attempt:
-        """What the search sees. On CPU the cap limits address space, so that is the peak its
-        line is fitted to (None where this trial could not measure it); on CUDA, allocated memory."""
-        if self.room_mb is not None:
-            peak, room = self.mapped_peak_mb, self.room_mb * memory.MIB
-        else:
-            peak, room = self.train_peak_mb, None
-        return Attempt(self.size, self.ok, None if peak is None else peak * memory.MIB, self.samples_per_s, room)
+        """What the search sees: the training step's peak, and on CPU the address space (what the
+        cap limits) at the peak where measured and the room the cap left."""
+        mib = lambda v: None if v is None else v * memory.MIB  # noqa: E731
+        return Attempt(self.size, self.ok, mib(self.train_peak_mb), self.samples_per_s, mib(self.room_mb),
+                       mib(self.mapped_peak_mb))
 
 
 @dataclass

@@ -7,7 +7,7 @@ returns a size it did not try, never exceeds `max_size`, and stops after `max_tr
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 
@@ -17,7 +17,8 @@ class Attempt:
     ok: bool
     peak_bytes: float | None = None  # memory above the baseline at the trial's peak
     samples_per_s: float | None = None
-    room_bytes: float | None = None  # the memory the trial had (where it is measured): the budget it saw
+    room_bytes: float | None = None  # CPU: the address space the cap left after the trial
+    mapped_bytes: float | None = None  # CPU: address space at the peak (what the cap limits), where known
 
 
 @dataclass
@@ -88,10 +89,11 @@ class Searcher:
         if not small.ok or small.size >= self.max_size:
             return self.best()
         large = self.attempt(4 * init)
-        # At small sizes fixed costs hide the per-sample cost: grow until the peak is a tenth of
-        # the budget, so that the line is fitted over a range that matters.
+        # At small sizes fixed costs (gradients, the optimizer's temporaries) hide the per-sample
+        # cost: grow until the peak has grown by a tenth of the budget, so that the line is
+        # fitted over a range that matters.
         while (large.ok and large.size < self.max_size and self.budget.left > 2
-               and (large.peak_bytes or 0) < 0.1 * budget_bytes):
+               and (large.peak_bytes or 0) - (small.peak_bytes or 0) < 0.1 * budget_bytes):
             large = self.attempt(4 * large.size)
         if not large.ok:
             return self.bisect(tolerance)
@@ -104,22 +106,23 @@ class Searcher:
         while self.budget.left > 0 and size not in self.budget.attempts:
             passed = self.attempt(size).ok
             low, high = self.best(), self.smallest_failure()
-            if high is None:  # all passed: the fit was cautious, climb
-                if low >= self.max_size:
-                    break
-                size, step = min(math.ceil(low * (1 + step)), self.max_size), 2 * step
-                continue
-            if high - low <= max(1, math.ceil(low * tolerance)):
+            if low is not None and high is not None and high - low <= max(1, math.ceil(low * tolerance)):
                 break  # settled
-            # A new pass near the edge gives a better line: follow it while it points inside the
-            # bracket; else step from the side just tried, never further than the bracket's middle.
+            if high is None and low >= self.max_size:
+                break
+            # A new pass near the edge gives a better line: follow it while it points past the
+            # largest pass (and below the smallest failure); else step from the side just tried,
+            # never beyond the middle of the bracket.
             guess = _fit(self.budget.attempts.values(), budget_bytes)
-            if guess is not None and low < guess < high and guess not in self.budget.attempts:
+            top = self.max_size + 1 if high is None else high
+            if guess is not None and low is not None and low < guess < top and guess not in self.budget.attempts:
                 size, step = guess, tolerance
             elif passed:
-                size, step = min(math.ceil(low * (1 + step)), (low + high) // 2), 2 * step
+                size = min(math.ceil(low * (1 + step)), self.max_size if high is None else (low + high) // 2)
+                step *= 2
             else:
-                size, step = max(math.floor(high * (1 - step)), (low + high) // 2), 2 * step
+                size = math.floor(high * (1 - step))
+                size, step = size if low is None else max(size, (low + high) // 2), 2 * step
         return self.bisect(tolerance)
 
 
@@ -129,7 +132,9 @@ def _fit(attempts, budget_bytes: float) -> int | None:
     fitted = sorted((a for a in attempts if a.ok and a.peak_bytes is not None), key=lambda a: a.size)[-2:]
     if len(fitted) < 2:
         return None
-    # The room the latest trial had: what the next one will have, near enough.
+    if all(a.mapped_bytes is not None for a in fitted):  # CPU: the quantity the cap limits
+        fitted = [replace(a, peak_bytes=a.mapped_bytes) for a in fitted]
+    # The room the latest trial left: what the next one will have.
     rooms = [a.room_bytes for a in attempts if a.room_bytes is not None]
     return predict_size(fitted[0], fitted[1], rooms[-1] if rooms else budget_bytes)
 

@@ -44,6 +44,7 @@ class TrialRunner:
         self.fill = splits.train.black if self.augment is not None else 0.0
         self.generator = torch.Generator(device=device).manual_seed(0)
         self.eval_fits: bool | None = None  # check_eval
+        self.eval_failed_in = "train"
         self.eval_s = self.eval_peak_mb = None
         before = memory.rss() if device.type == "cpu" else torch.cuda.memory_allocated(device)
         started = time.perf_counter()
@@ -86,10 +87,11 @@ class TrialRunner:
         Its memory does not depend on the training micro-batch (the step's activations are gone
         by then, its gradients, made here by a step of 2 samples, are fixed in size), so trials
         need not repeat it; an evaluation that does not fit fails every size."""
-        self._train_step(MIN_MICRO)
         base = self._memory(reset=True)
         started, net = time.perf_counter(), self.step.net
         try:
+            self._train_step(MIN_MICRO)
+            self.eval_failed_in = "eval"
             net.eval()
             with torch.no_grad(), self.step.autocast():
                 net(self._batch(self.eval_size)[0])
@@ -106,7 +108,7 @@ class TrialRunner:
 
     def run(self, size: int) -> Trial:
         if self.eval_fits is False:
-            return Trial(size, False, "eval")
+            return Trial(size, False, self.eval_failed_in)
         device = self.device
         memory.release(device)
         base, mapped = self._memory(reset=True), (memory.vm_size() if device.type == "cpu" else 0)
