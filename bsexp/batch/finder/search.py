@@ -95,14 +95,17 @@ class Searcher:
         while (large.ok and large.size < self.max_size and self.budget.left > 2
                and (large.peak_bytes or 0) - (small.peak_bytes or 0) < 0.1 * budget_bytes):
             large = self.attempt(4 * large.size)
-        if not large.ok:
-            return self.bisect(tolerance)
         # The line through the two largest sizes that fit: furthest from small-size fixed costs.
         predicted = _fit(self.budget.attempts.values(), budget_bytes)
-        if predicted is None or predicted <= large.size:
+        if not large.ok:  # the edge lies below the last probe: the line's guess, else the middle
+            low = self.best()
+            size = predicted if predicted is not None and low < predicted < large.size else (low + large.size) // 2
+        elif predicted is None or predicted <= large.size:
             self.power(2 * large.size)  # no usable fit: fall back to doubling
             return self.bisect(tolerance)
-        size, step = min(predicted, self.max_size), tolerance
+        else:
+            size = min(predicted, self.max_size)
+        step = tolerance
         while self.budget.left > 0 and size not in self.budget.attempts:
             passed = self.attempt(size).ok
             low, high = self.best(), self.smallest_failure()
