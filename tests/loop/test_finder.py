@@ -67,14 +67,14 @@ def test_finding_leaves_the_run_exactly_as_a_fixed_run_at_that_size(make_cfg):
 def test_max_size_reached_while_doubling_is_tried_not_assumed(make_cfg):
     result = find(make_cfg, "model.hidden=[64]", "batch.finder.mode=power", "batch.finder.max_size=100")
     sizes = sorted(t.size for t in result.trials)
-    assert sizes == [8, 16, 32, 64, 95, 100] and result.micro_size == 95  # 100 tried; 5 % margin below it
+    assert sizes == [8, 16, 32, 64, 100] and result.micro_size == 95  # 100 tried; 5 % margin below it
 
 
 def test_a_global_batch_is_kept_by_choosing_micro_batch_and_accumulation(make_cfg):
     result = find(make_cfg, "model.hidden=[64]", "batch.size=1000", "batch.finder.max_size=300")
     plan = result.plan
     assert (plan.size, plan.micro_size, plan.accum_steps) == (1000, 250, 4)  # 300 fits; 285 -> divisor 250
-    assert {t.size: t.ok for t in result.trials}[250] is True
+    assert max(t.size for t in result.trials if t.ok) == 300  # 250 lies below a size that passed
 
 
 def test_init_that_does_not_fit_is_a_clear_error(make_cfg):
