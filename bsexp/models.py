@@ -14,6 +14,7 @@ from torch.utils.checkpoint import checkpoint
 
 from bsexp.config.schema import NORMS
 
+
 def norm_layer(kind: str, channels: int, dims: int) -> nn.Module:
     """A normalisation over `channels` features for `dims`-D feature maps (0 = flat vectors)."""
     if kind == "batch":

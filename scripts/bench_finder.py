@@ -111,8 +111,8 @@ def main() -> None:
                 if args.out:
                     with open(args.out, "a") as out:
                         out.write(json.dumps(row) + "\n")
-    print(f"\n| model | cap GB | truth | mode | found | found/truth | verified/truth | trials (> truth/4) | seconds "
-          f"| vs binsearch | trains at found |")
+    print("\n| model | cap GB | truth | mode | found | found/truth | verified/truth | trials (> truth/4) | seconds "
+          "| vs binsearch | trains at found |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for row in rows:
         bis = next((r for r in rows if r["mode"] == "binsearch" and r["model"] == row["model"]

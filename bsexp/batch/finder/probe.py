@@ -69,8 +69,9 @@ class ChildProber:
         assert kind == expected, kind
         return payload
 
-    def attempt(self, size: int) -> Trial:
-        self.conn.send(("trial", size))
+    def attempt(self, size: int, plain: bool = False) -> Trial:
+        """A trial at `size`; `plain`: with activation checkpointing off, to compare."""
+        self.conn.send(("plain" if plain else "trial", size))
         try:
             trial = self._receive("trial")
         except ChildDied as died:  # killed outright: a failure at this size; start afresh
@@ -133,7 +134,7 @@ def _child_main(conn, cfg: DictConfig, limit_bytes: int, parent_rss: int, distri
             kind, size = conn.recv()
             if kind == "stop":
                 break
-            conn.send(("trial", runner.run(size)))
+            conn.send(("trial", runner.run(size, plain=kind == "plain")))
     except Exception as exc:  # not an OOM: the parent re-raises it
         with contextlib.suppress(Exception):
             conn.send(("error", _picklable(exc)))
@@ -165,8 +166,8 @@ class InProcessProber:
         self.model_memory = self.runner.model_memory()
         self.device = device
 
-    def attempt(self, size: int) -> Trial:
-        return self.runner.run(size)
+    def attempt(self, size: int, plain: bool = False) -> Trial:
+        return self.runner.run(size, plain)
 
     def close(self) -> None:
         del self.runner

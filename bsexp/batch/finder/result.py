@@ -57,13 +57,15 @@ class FinderResult:
     max_size_by: str = ""  # what set it (memory aside): the data, batch.finder.max_size, ...
     memory: dict[str, Any] = field(default_factory=dict)  # where the memory goes (memory_breakdown)
     startup: dict[str, float] = field(default_factory=dict)  # seconds before the first trial, by part
+    checkpointing: dict[str, Any] = field(default_factory=dict)  # model.activation_checkpointing: its trade
 
     def summary(self) -> dict[str, Any]:
         """The short form for summary.json (finder.json holds every trial)."""
         keys = ("mode", "objective", "limit_gb", "margin", "budget_mb", "micro_size", "note",
                 "loader_samples_per_s", "step_samples_per_s", "cached", "seconds", "noise_b_simple", "max_size",
                 "max_size_by")
-        return {**{k: getattr(self, k) for k in keys}, **self.memory, **self.startup, "trials": len(self.trials),
+        return {**{k: getattr(self, k) for k in keys}, **self.memory, **self.startup, **self.checkpointing,
+                "trials": len(self.trials),
                 "batch_size": self.plan.size, "accum_steps": self.plan.accum_steps}
 
     def to_json(self) -> dict[str, Any]:
@@ -84,6 +86,15 @@ class FinderResult:
                          f"{fmt(t.alloc_retries, '7d')}  {t.seconds:7.2f}  {fmt(t.samples_per_s, '9,.0f')}  {parts}")
         if self.memory:
             lines.append("  " + memory_line(self.memory))
+        c = self.checkpointing
+        if c.get("slowdown_per_sample"):
+            lines.append(f"  activation checkpointing: {c['checkpointing_found']:,} fit with it, about "
+                         f"{c['plain_size_estimate'] or 0:,} without ({c['plain_per_sample_mb']:.3f} MB a sample without "
+                         f"it); {c['slowdown_per_sample']:.2f} x the seconds per sample (both at "
+                         f"{c['checkpointing_compared_at']:,})")
+        elif c:
+            lines.append(f"  activation checkpointing: {c['checkpointing_found']:,} fit with it; without it "
+                         f"{c['checkpointing_compared_at']:,} did not")
         if self.startup:
             lines.append("  before the first trial: " + ", ".join(f"{k[:-2].replace('_', ' ')} {v:.1f} s"
                                                                for k, v in self.startup.items()))
@@ -116,18 +127,27 @@ def memory_breakdown(model: dict[str, Any], trials: list[Trial]) -> dict[str, An
            "analytic_bytes_per_param": None if slots is None else 4 * (2 + slots),
            "optimizer_state_mb": state_mb, "fixed_mb": None, "fixed_analytic_mb": analytic,
            "fixed_vs_analytic": None, "per_sample_mb": None, "eval_peak_mb": model.get("eval_peak_mb")}
-    passed = sorted((t for t in trials if t.ok and t.train_peak_mb is not None), key=lambda t: t.size)[-2:]
-    if len(passed) == 2:
-        a, b = passed
-        per_sample = (b.train_peak_mb - a.train_peak_mb) / (b.size - a.size)
-        # The line's value at no samples: what a step holds whatever the batch (gradients,
-        # the optimizer's temporaries), above the baseline, which holds the parameters and the
-        # memory the first step left behind (the optimizer's state).
-        at_zero = a.train_peak_mb - per_sample * a.size
+    line = peak_line(trials)
+    if line is not None:
+        per_sample, at_zero = line
+        # Above the baseline, which holds the parameters and the memory the first step left
+        # behind (the optimizer's state), the line's value at no samples is what a step holds
+        # whatever the batch (gradients, the optimizer's temporaries).
         fixed = param_mb + model["first_step_bytes"] / mib + at_zero
         out.update(per_sample_mb=per_sample, fixed_mb=fixed,
                    fixed_vs_analytic=fixed / analytic if analytic else None)
     return out
+
+
+def peak_line(trials: list[Trial]) -> tuple[float, float] | None:
+    """MB per sample and MB at no samples of the training step's peak, on the line through the
+    two largest sizes that passed; None with fewer than two."""
+    passed = sorted((t for t in trials if t.ok and t.train_peak_mb is not None), key=lambda t: t.size)[-2:]
+    if len(passed) < 2:
+        return None
+    a, b = passed
+    per_sample = (b.train_peak_mb - a.train_peak_mb) / (b.size - a.size)
+    return per_sample, a.train_peak_mb - per_sample * a.size
 
 
 def memory_line(m: dict[str, Any]) -> str:

@@ -19,6 +19,7 @@ from bsexp.batch.scaling import ScaledHparams
 from bsexp.build import make_step, wrap_model
 from bsexp.data import Splits, TensorSplit, augment_batch
 from bsexp.distributed import World
+from bsexp.models import set_checkpointing
 from bsexp.step import train_step
 
 CACHED_BATCH = 256  # real samples kept for probing, tiled to each trial's size
@@ -106,9 +107,16 @@ class TrialRunner:
         self.eval_s, self.eval_peak_mb = time.perf_counter() - started, (self._peak() - base) / memory.MIB
         memory.release(self.device)
 
-    def run(self, size: int) -> Trial:
+    def run(self, size: int, plain: bool = False) -> Trial:
+        """A trial at `size`; `plain`: with activation checkpointing off (to measure its cost)."""
         if self.eval_fits is False:
             return Trial(size, False, self.eval_failed_in)
+        if plain:
+            set_checkpointing(self.step.net, False)
+            try:
+                return self.run(size)
+            finally:
+                set_checkpointing(self.step.net, True)
         device = self.device
         memory.release(device)
         base, mapped = self._memory(reset=True), (memory.vm_size() if device.type == "cpu" else 0)
