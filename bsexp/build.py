@@ -54,7 +54,7 @@ def build_model(cfg: DictConfig, splits: Splits) -> nn.Module:
         try:
             model = checkpoint_blocks(model)
         except ValueError as exc:
-            raise ConfigError("model.activation_checkpointing", True,
+            raise ConfigError("model.activation_checkpointing", "true",
                               f"{exc}; valid for mlp, cnn, cnn1d, resnet18 and any nn.Sequential") from None
     return model
 

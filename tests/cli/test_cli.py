@@ -129,6 +129,7 @@ BAD_INPUTS = [
     (["trainer.noise_scale=sometimes"], "trainer.noise_scale", "auto, off, always"),
     (["checkpoint.keep=0"], "checkpoint.keep", ">= 1"),
     (["batch=finder", "batch.finder.objective=biggest"], "batch.finder.objective", "noise_scale"),
+    (["model.activation_checkpointing=maybe"], "model.activation_checkpointing", "not a valid bool"),
     pytest.param([_no_cuda()], "device", "auto, cpu",
                   marks=pytest.mark.skipif(_no_cuda() is None, reason="CUDA is available here")),
 ]
@@ -142,6 +143,8 @@ LATE_BAD_INPUTS = [
     (["model._target_=collections.OrderedDict"], "model._target_", "torch.nn.Module"),
     (["data=digits", "data.val_size=1500"], "data.val_size", "between 1 and 898"),
     (["optimizer.nesterov=true", "optimizer.momentum=0"], "optimizer._target_", "Nesterov"),
+    (["model._target_=torch.nn.Identity", "model.activation_checkpointing=true"], "model.activation_checkpointing",
+     "valid for mlp, cnn, cnn1d, resnet18 and any nn.Sequential"),
 ]
 
 

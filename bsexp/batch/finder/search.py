@@ -80,11 +80,13 @@ class Searcher:
 
     def fit(self, init: int, budget_bytes: float, tolerance: float = 0.01) -> int | None:
         """Probe sizes from `init` up (x4) until memory clearly grows, fit it as fixed +
-        per-sample x size, try the largest size the fit allows under `budget_bytes`, then settle
-        the edge there: the line is usually right to a fraction of a percent, so the search
-        steps from the predicted size in growing steps (1, 2, 4 ... x `tolerance`) until the
-        outcome flips, re-fitting the line through each new pass, to within `tolerance`. Trials near the edge are the slow ones:
-        this spends two or three of them where bisecting up from the last probe spends eight."""
+        per-sample x size, try the largest size the fit allows under `budget_bytes` (the room
+        the latest trial left, where measured), then settle the edge there to `tolerance`: the
+        line is usually right to a percent, so the search follows the line re-fitted through
+        each new pass, else steps from the side just tried in growing steps (1, 2, 4 ... x
+        `tolerance`), never past the middle of the bracket. Trials near the edge are the slow
+        ones: this spends two or three of them where bisecting up from the last probe spends
+        eight."""
         small = self.attempt(init)
         if not small.ok or small.size >= self.max_size:
             return self.best()
