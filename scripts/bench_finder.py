@@ -35,9 +35,9 @@ SETUP = ["data=synthetic", "data.shape=[3,32,32]", "data.num_samples=8000", "dat
          "optimizer=adamw", "logger=none", "trainer.progress=false", "epochs=1", "trainer.max_steps=2",
          "trainer.oom_recovery=false"]
 # Small widths and caps, so that one model x cap takes a few minutes on 2 cores.
-MODELS = {"mlp": ["model=mlp", "model.hidden=[4096]"], "cnn": ["model=cnn", "model.width=16"],
+MODELS = {"mlp": ["model=mlp", "model.hidden=[1024,1024,1024,1024]"], "cnn": ["model=cnn", "model.width=16"],
           "resnet18": ["model=resnet18"]}
-CASES = "mlp@1.2,mlp@1.35,cnn@1.2,cnn@1.5,resnet18@1.3,resnet18@1.5"
+CASES = "mlp@1.1,mlp@1.2,cnn@1.2,cnn@1.5,resnet18@1.3,resnet18@1.5"
 
 
 def train(args: list[str], workdir: Path, tag: str) -> tuple[int, str, Path]:

@@ -136,11 +136,11 @@ def _compare_plain(world: World, prober, trials: list[Trial], best: int, budget:
     plain = _agree(world, prober.attempt(ok[-1].size, plain=True))
     same = _agree(world, prober.attempt(ok[-1].size))  # timed again beside it: the machine as busy
     out = {"checkpointing_compared_at": same.size, "checkpointing_found": best, "plain_fits_there": plain.ok}
-    if not (plain.ok and plain.samples_per_s and same.samples_per_s and plain.train_peak_mb is not None):
+    if not (plain.ok and plain.samples_per_s and same.samples_per_s and plain.growing_peak_mb is not None):
         return out
     line = peak_line(trials)
     at_zero = line[1] if line is not None else 0.0  # what the checkpointed step holds at no samples
-    plain_per_sample = (plain.train_peak_mb - at_zero) / same.size
+    plain_per_sample = (plain.growing_peak_mb - at_zero) / same.size
     out.update(slowdown_per_sample=plain.samples_per_s / same.samples_per_s, plain_per_sample_mb=plain_per_sample,
                plain_size_estimate=int((budget / memory.MIB - at_zero) / plain_per_sample) if plain_per_sample > 0
                else None)
@@ -162,7 +162,9 @@ def _agree(world: World, trial: Trial) -> Trial:
     train_peak = world.all_reduce(torch.tensor([trial.train_peak_mb or 0.0], dtype=torch.float64,
                                                device=world.device), op="max").item()
     return Trial(trial.size, not failed, failed_in, peak, reserved, trial.alloc_retries, seconds, rate,
-                 train_peak or None, trial.forward_s, trial.backward_s, trial.optimizer_s)
+                 train_peak or None, trial.forward_s, trial.backward_s, trial.optimizer_s, None, None,
+                 world.all_reduce(torch.tensor([trial.backward_peak_mb or 0.0], dtype=torch.float64,
+                                               device=world.device), op="max").item() or None)
     # (Each rank's address space is its own: the search, which must choose the same sizes on every
     # rank, then fits the agreed resident peaks.)
 

@@ -25,15 +25,21 @@ class Trial:
     forward_s: float | None = None  # the last training step's parts: forward,
     backward_s: float | None = None  # backward (with the loss),
     optimizer_s: float | None = None  # optimizer step
-    mapped_peak_mb: float | None = None  # CPU: address space at the peak (what the cap limits), when known
+    mapped_peak_mb: float | None = None  # CPU: address space (what the cap limits) at backward_peak_mb, when known
     room_mb: float | None = None  # CPU: address space the cap left after the trial
+    backward_peak_mb: float | None = None  # through forward and backward, before the optimizer step
 
     def attempt(self) -> Attempt:
         """What the search sees: the training step's peak, and on CPU the address space (what the
         cap limits) at the peak where measured and the room the cap left."""
         mib = lambda v: None if v is None else v * memory.MIB  # noqa: E731
-        return Attempt(self.size, self.ok, mib(self.train_peak_mb), self.samples_per_s, mib(self.room_mb),
+        return Attempt(self.size, self.ok, mib(self.growing_peak_mb), self.samples_per_s, mib(self.room_mb),
                        mib(self.mapped_peak_mb))
+
+    @property
+    def growing_peak_mb(self) -> float | None:
+        """The peak that grows with the size: through forward and backward where measured."""
+        return self.backward_peak_mb if self.backward_peak_mb is not None else self.train_peak_mb
 
 
 @dataclass
@@ -140,14 +146,14 @@ def memory_breakdown(model: dict[str, Any], trials: list[Trial]) -> dict[str, An
 
 
 def peak_line(trials: list[Trial]) -> tuple[float, float] | None:
-    """MB per sample and MB at no samples of the training step's peak, on the line through the
-    two largest sizes that passed; None with fewer than two."""
-    passed = sorted((t for t in trials if t.ok and t.train_peak_mb is not None), key=lambda t: t.size)[-2:]
+    """MB per sample and MB at no samples of the training step's peak through forward and
+    backward, on the line through the two largest sizes that passed; None with fewer than two."""
+    passed = sorted((t for t in trials if t.ok and t.growing_peak_mb is not None), key=lambda t: t.size)[-2:]
     if len(passed) < 2:
         return None
     a, b = passed
-    per_sample = (b.train_peak_mb - a.train_peak_mb) / (b.size - a.size)
-    return per_sample, a.train_peak_mb - per_sample * a.size
+    per_sample = (b.growing_peak_mb - a.growing_peak_mb) / (b.size - a.size)
+    return per_sample, a.growing_peak_mb - per_sample * a.size
 
 
 def memory_line(m: dict[str, Any]) -> str:

@@ -79,9 +79,10 @@ class Searcher:
         return self.bisect()
 
     def fit(self, init: int, budget_bytes: float, tolerance: float = 0.01) -> int | None:
-        """Probe sizes from `init` up (x4) until memory clearly grows, fit it as fixed +
-        per-sample x size, try the largest size the fit allows under `budget_bytes` (the room
-        the latest trial left, where measured), then settle the edge there to `tolerance`: the
+        """Probe sizes from `init` up (x4) until memory clearly grows, fit its peak (through
+        forward and backward) as fixed + per-sample x size, try the largest size the fit allows
+        under `budget_bytes` (or the room the latest trial left), then settle the edge there to
+        `tolerance`: the
         line is usually right to a percent, so the search follows the line re-fitted through
         each new pass, else steps from the side just tried in growing steps (1, 2, 4 ... x
         `tolerance`), never past the middle of the bracket. Trials near the edge are the slow
@@ -92,10 +93,10 @@ class Searcher:
             return self.best()
         large = self.attempt(4 * init)
         # At small sizes fixed costs (gradients, the optimizer's temporaries) hide the per-sample
-        # cost: grow until the peak has grown by a tenth of the budget, so that the line is
-        # fitted over a range that matters.
+        # cost: grow until the peak has grown by a quarter of the budget, so that the line is
+        # fitted over a range that matters and extrapolated by less.
         while (large.ok and large.size < self.max_size and self.budget.left > 2
-               and (large.peak_bytes or 0) - (small.peak_bytes or 0) < 0.1 * budget_bytes):
+               and (large.peak_bytes or 0) - (small.peak_bytes or 0) < 0.25 * budget_bytes):
             large = self.attempt(4 * large.size)
         # The line through the two largest sizes that fit: furthest from small-size fixed costs.
         predicted = _fit(self.budget.attempts.values(), budget_bytes)

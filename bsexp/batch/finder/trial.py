@@ -55,11 +55,20 @@ class TrialRunner:
         after = memory.rss() if device.type == "cpu" else torch.cuda.memory_allocated(device)
         self.state_bytes = max(0, after - before)  # what the run will add before its first step
         self._marks: dict[str, float] = {}  # when the forward ended and the optimizer step began
+        self._peaks: dict[str, int] = {}  # memory peaks before the first optimizer step of a trial
         self.step.net.register_forward_hook(lambda *_: self._mark("forward"))
         self.step.optimizer.register_step_pre_hook(lambda *_: self._mark("optimizer"))
 
     def _mark(self, event: str) -> None:  # a hook: returns None, so the output is left alone
         self._marks.setdefault(event, time.perf_counter())
+        if event == "optimizer" and not self._peaks:
+            # Forward and backward hold what grows with the size (activations) on top of what
+            # does not (gradients); the optimizer step's own peak (an AdamW step's temporaries)
+            # does not grow with it. Fitting the first alone keeps the line straight where the
+            # second dominates small sizes.
+            self._peaks["resident"] = self._peak()
+            if self.device.type == "cpu":
+                self._peaks["mapped"] = memory.vm_peak()
 
     def model_memory(self) -> dict:
         """What the model holds whatever the batch: its parameters and the optimizer's state, as
@@ -123,6 +132,7 @@ class TrialRunner:
         vm_high = memory.vm_peak() if device.type == "cpu" else 0
         started = time.perf_counter()
         step_times, train_peak, parts = [], None, []
+        self._peaks.clear()
         ok = True
         try:
             for _ in range(self.steps):
@@ -155,22 +165,24 @@ class TrialRunner:
             retries = torch.cuda.memory_stats(device).get("num_alloc_retries", 0)
         else:  # what stays mapped after the trial: fragmentation
             reserved, retries = (memory.vm_size() - mapped) / memory.MIB, None
-        # CPU: the cap limits address space, which runs ahead of resident memory (by 5-10 % in
-        # a conv net's step). Its peak is known when the trial set the process's new high
+        # CPU: the cap limits address space, which runs ahead of resident memory. Its peak
+        # through forward and backward is known when the trial set the process's new high
         # (VmPeak cannot be reset): the growing probes do; nothing after a failure does. The room
         # is what the cap leaves after the trial: each new size keeps a little mapped (oneDNN
         # caches the kernels it compiled for that shape, ~11 MB for a small conv net), so it is
         # what the next trial will have.
         mapped_peak = room = None
         if device.type == "cpu":
-            mapped_peak = (memory.vm_peak() - mapped) / memory.MIB if memory.vm_peak() > vm_high else None
+            high = self._peaks.get("mapped", 0)
+            mapped_peak = (high - mapped) / memory.MIB if high > vm_high else None
             room = memory.address_space_room(memory.vm_size())
             room = None if room is None else room / memory.MIB
         mib = lambda b: None if b is None else b / memory.MIB  # noqa: E731
         # Forward, backward (with the loss) and optimizer seconds of the last training step.
         forward_s, backward_s, optimizer_s = parts[-1] if parts else (None, None, None)
+        backward_peak = self._peaks["resident"] - base if ok and "resident" in self._peaks else None
         return Trial(size, ok, None if ok else "train", mib(peak), reserved, retries, seconds, rate, mib(train_peak),
-                     forward_s, backward_s, optimizer_s, mapped_peak, room)
+                     forward_s, backward_s, optimizer_s, mapped_peak, room, mib(backward_peak))
 
     def _rewrap(self) -> None:
         """The same module and optimizer in a fresh DDP wrapper (its reducer reset)."""
