@@ -24,6 +24,8 @@ OOM_MESSAGES = (
     "DefaultCPUAllocator: can't allocate memory",
     "can't allocate memory",
     "std::bad_alloc",
+    # oneDNN, when the memory for a kernel it compiles is refused (seen under a memory cap).
+    "could not create a primitive",
 )
 
 

@@ -48,9 +48,9 @@ def train(args: list[str], workdir: Path, tag: str) -> tuple[int, str, Path]:
 
 
 def fits(size: int, setup: list[str], limit: float, workdir: Path) -> bool:
-    code, err, _ = train([*setup, f"batch.size={size}", f"trainer.memory_limit_gb={limit}"], workdir,
-                         f"gt-{limit}-{size}")
-    if code not in (0, 1) or (code == 1 and "out of memory" not in err):
+    run = f"gt-{len(list(workdir.iterdir()))}-{size}"  # a directory of its own
+    code, err, _ = train([*setup, f"batch.size={size}", f"trainer.memory_limit_gb={limit}"], workdir, run)
+    if code not in (0, 1) or (code == 1 and "out of memory" not in err and "could not create a primitive" not in err):
         raise RuntimeError(f"batch {size} failed for another reason:\n{err[-2000:]}")
     return code == 0
 
@@ -98,7 +98,7 @@ def main() -> None:
                                             "batch.finder.data_fraction=null",
                                             f"batch.finder.max_trials={args.max_trials}",
                                             f"batch.finder.memory_limit_gb={limit}",
-                                            f"trainer.memory_limit_gb={limit}"], workdir, f"finder-{limit}-{mode}")
+                                            f"trainer.memory_limit_gb={limit}"], workdir, f"finder-{model}-{limit}-{mode}")
                 finder = json.loads((run_dir / "finder.json").read_text())
                 trials = finder["trials"]
                 row = {"model": model, "limit_gb": limit, "truth": truth, "mode": mode, "found": finder["micro_size"],
