@@ -37,7 +37,7 @@ SETUP = ["data=synthetic", "data.shape=[3,32,32]", "data.num_samples=8000", "dat
 # Small widths and caps, so that one model x cap takes a few minutes on 2 cores.
 MODELS = {"mlp": ["model=mlp", "model.hidden=[1024,1024,1024,1024]"], "cnn": ["model=cnn", "model.width=16"],
           "resnet18": ["model=resnet18"]}
-CASES = "mlp@1.1,mlp@1.2,cnn@1.2,cnn@1.5,resnet18@1.3,resnet18@1.5"
+CASES = "mlp@1.1,mlp@1.2,cnn@1.2,cnn@1.5,resnet18@1.25,resnet18@1.3"
 
 
 def train(args: list[str], workdir: Path, tag: str) -> tuple[int, str, Path]:
@@ -79,6 +79,7 @@ def main() -> None:
     parser.add_argument("--modes", default="fit,power,binsearch")
     parser.add_argument("--max-trials", type=int, default=25, help="per search (25, as Lightning's binsearch)")
     parser.add_argument("--out", default=None, help="write the rows as JSON lines here too")
+    parser.add_argument("--truth", default="", help="truths measured before, model@cap=size,... (not measured again)")
     args = parser.parse_args()
     os.environ.setdefault("BSEXP_DATA", str(Path("data").resolve()))
     rows = []
@@ -89,9 +90,14 @@ def main() -> None:
             limit = float(limit)
             setup = [*SETUP, *MODELS[model]]
             started = time.perf_counter()
-            truth, runs = ground_truth(setup, limit, workdir, largest=7800)
-            print(f"{model} @ {limit} GB: truth {truth} ({runs} fresh processes, {time.perf_counter() - started:.0f} s)",
-                  flush=True)
+            known = dict(item.split("=") for item in args.truth.split(",") if item)
+            if case in known:
+                truth = int(known[case])
+                print(f"{model} @ {limit} GB: truth {truth} (measured before)", flush=True)
+            else:
+                truth, runs = ground_truth(setup, limit, workdir, largest=7800)
+                print(f"{model} @ {limit} GB: truth {truth} ({runs} fresh processes, "
+                      f"{time.perf_counter() - started:.0f} s)", flush=True)
             for mode in args.modes.split(","):
                 # The data fraction bound off: memory alone decides.
                 code, err, run_dir = train([*setup, "batch=finder", f"batch.finder.mode={mode}",

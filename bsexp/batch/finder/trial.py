@@ -47,12 +47,14 @@ class TrialRunner:
         self.eval_fits: bool | None = None  # check_eval
         self.eval_failed_in = "train"
         self.eval_s = self.eval_peak_mb = None
-        before = memory.rss() if device.type == "cpu" else torch.cuda.memory_allocated(device)
+        # CPU: what the cap limits, address space (the first step also pages in library code,
+        # resident memory that costs no address space: ~20 MB for a conv net).
+        before = memory.vm_size() if device.type == "cpu" else torch.cuda.memory_allocated(device)
         started = time.perf_counter()
         self._train_step(MIN_MICRO)  # creates the optimizer's state: part of every trial's baseline
         self.step.optimizer.zero_grad(set_to_none=True)
         self.first_step_s = time.perf_counter() - started
-        after = memory.rss() if device.type == "cpu" else torch.cuda.memory_allocated(device)
+        after = memory.vm_size() if device.type == "cpu" else torch.cuda.memory_allocated(device)
         self.state_bytes = max(0, after - before)  # what the run will add before its first step
         self._marks: dict[str, float] = {}  # when the forward ended and the optimizer step began
         self._peaks: dict[str, int] = {}  # memory peaks before the first optimizer step of a trial
