@@ -14,8 +14,10 @@ Goals (issue 17): fit finds >= 0.92 of the truth (after the 5 % margin), has ver
 >= 0.97 of it and none above it, in at most a third of binsearch's seconds, with at most 5
 trials above a quarter of the truth; every found size trains.
 
-    python scripts/bench_finder.py                        # mlp, cnn, resnet18 x two caps each (~30 min on 2 cores)
+    python scripts/bench_finder.py                        # mlp, cnn, resnet18 x two caps each (~40 min on 2 cores)
     python scripts/bench_finder.py --cases cnn@1.5        # one model and cap
+    python scripts/bench_finder.py --truth cnn@1.5=1284   # a truth measured before (the finder's code changed)
+    python scripts/bench_finder.py --out rows.jsonl; python scripts/bench_finder.py --table rows.jsonl
 """
 
 from __future__ import annotations
@@ -80,7 +82,11 @@ def main() -> None:
     parser.add_argument("--max-trials", type=int, default=25, help="per search (25, as Lightning's binsearch)")
     parser.add_argument("--out", default=None, help="write the rows as JSON lines here too")
     parser.add_argument("--truth", default="", help="truths measured before, model@cap=size,... (not measured again)")
+    parser.add_argument("--table", default=None, help="only print the table of rows written before with --out")
     args = parser.parse_args()
+    if args.table:
+        print_table([json.loads(line) for line in Path(args.table).read_text().splitlines()])
+        return
     os.environ.setdefault("BSEXP_DATA", str(Path("data").resolve()))
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench_finder_") as tmp:
@@ -117,6 +123,10 @@ def main() -> None:
                 if args.out:
                     with open(args.out, "a") as out:
                         out.write(json.dumps(row) + "\n")
+    print_table(rows)
+
+
+def print_table(rows: list[dict]) -> None:
     print("\n| model | cap GB | truth | mode | found | found/truth | verified/truth | trials (> truth/4) | seconds "
           "| vs binsearch | trains at found |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
