@@ -22,6 +22,7 @@ from bsexp.data import Splits
 from bsexp.distributed import GradSync, World, sum_gradients_hook
 from bsexp.errors import ConfigError
 from bsexp.metrics import JsonlSink, Sinks, WandbSink
+from bsexp.models import checkpoint_blocks
 from bsexp.noise import NoiseMeter, NoiseScale
 from bsexp.optim import build_optimizer, build_scheduler
 from bsexp.runtime import autocast, grad_scaler
@@ -44,9 +45,17 @@ def build_data(cfg: DictConfig) -> Splits:
 
 
 def build_model(cfg: DictConfig, splits: Splits) -> nn.Module:
-    model = call_target("model", cfg.model, input_shape=splits.input_shape, num_classes=splits.num_classes)
+    model = call_target("model", cfg.model, input_shape=splits.input_shape, num_classes=splits.num_classes,
+                        exclude=("activation_checkpointing",))
     if not isinstance(model, nn.Module):
         raise ConfigError("model._target_", cfg.model._target_, f"must return a torch.nn.Module, got {type(model).__name__}")
+    # A user's model node may lack the key (no schema): +model.activation_checkpointing=true adds it.
+    if cfg.model.get("activation_checkpointing", False):
+        try:
+            model = checkpoint_blocks(model)
+        except ValueError as exc:
+            raise ConfigError("model.activation_checkpointing", "true",
+                              f"{exc}; valid for mlp, cnn, cnn1d, resnet18 and any nn.Sequential") from None
     return model
 
 

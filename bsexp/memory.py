@@ -24,6 +24,8 @@ OOM_MESSAGES = (
     "DefaultCPUAllocator: can't allocate memory",
     "can't allocate memory",
     "std::bad_alloc",
+    # oneDNN, when the memory for a kernel it compiles is refused (seen under a memory cap).
+    "could not create a primitive",
 )
 
 
@@ -46,6 +48,17 @@ def _status(field: str) -> int:
 def vm_size() -> int:
     """Bytes of address space the process has mapped now (what RLIMIT_AS limits)."""
     return _status("VmSize")
+
+
+def vm_peak() -> int:
+    """The largest address space the process has had mapped (VmPeak; it cannot be reset)."""
+    return _status("VmPeak")
+
+
+def address_space_room(mapped: int) -> int | None:
+    """Bytes the address-space cap leaves beyond `mapped`; None when there is no cap."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    return None if soft == resource.RLIM_INFINITY else soft - mapped
 
 
 def rss() -> int:

@@ -4,12 +4,16 @@ signature that returns an `nn.Module` can replace them."""
 
 from __future__ import annotations
 
+import contextlib
+import math
 from typing import Sequence
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from bsexp.config.schema import NORMS
+
 
 def norm_layer(kind: str, channels: int, dims: int) -> nn.Module:
     """A normalisation over `channels` features for `dims`-D feature maps (0 = flat vectors)."""
@@ -112,3 +116,73 @@ def resnet18(input_shape: Sequence[int], num_classes: int, norm: str, cifar_stem
     elif input_shape[0] != 3:
         model.conv1 = nn.Conv2d(input_shape[0], 64, 7, stride=2, padding=3, bias=False)
     return model
+
+
+# ---------------------------------------------------------------------------- activation checkpointing
+
+
+class Checkpointed(nn.Module):
+    """`block` with its activations recomputed in the backward pass instead of kept
+    (torch.utils.checkpoint; Chen et al. 2016): memory per sample traded for a second forward.
+    A recomputation would update BatchNorm's running statistics twice; buffers are put back after
+    it, so a checkpointed run trains exactly as the plain one. `enabled=False` runs it plainly."""
+
+    def __init__(self, block: nn.Module) -> None:
+        super().__init__()
+        self.block, self.enabled = block, True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not (self.enabled and self.training and torch.is_grad_enabled()):
+            return self.block(x)
+        return checkpoint(self.block, x, use_reentrant=False, context_fn=self._contexts)
+
+    def _contexts(self):
+        return contextlib.nullcontext(), _buffers_kept(self.block)
+
+
+@contextlib.contextmanager
+def _buffers_kept(module: nn.Module):
+    saved = [(buffer, buffer.clone()) for buffer in module.buffers()]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for buffer, value in saved:
+                buffer.copy_(value)
+
+
+def checkpoint_blocks(model: nn.Module) -> nn.Module:
+    """`model.activation_checkpointing=true`: each block of a built-in model checkpointed (the
+    conv nets' conv-norm-ReLU blocks, ResNet-18's residual blocks, the MLP's hidden layers), or
+    for any other nn.Sequential its children in about sqrt(n) segments (Chen et al.'s choice:
+    memory ~ 2 sqrt(n) layers' activations). Anything else: ValueError."""
+    from torchvision.models import ResNet
+
+    if isinstance(model, _ConvNet):
+        for i, block in enumerate(model.features):
+            model.features[i] = Checkpointed(block)
+    elif isinstance(model, MLP):  # Flatten, (Linear, norm, ReLU, Dropout) per hidden layer, Linear
+        layers = list(model.net)
+        hidden = [Checkpointed(nn.Sequential(*layers[i:i + 4])) for i in range(1, len(layers) - 1, 4)]
+        model.net = nn.Sequential(layers[0], *hidden, layers[-1])
+    elif isinstance(model, ResNet):
+        for stage in (model.layer1, model.layer2, model.layer3, model.layer4):
+            for i, block in enumerate(stage):
+                stage[i] = Checkpointed(block)
+    elif isinstance(model, nn.Sequential):
+        children = list(model)
+        size = max(1, math.ceil(math.sqrt(len(children))))
+        model = nn.Sequential(*(Checkpointed(nn.Sequential(*children[i:i + size]))
+                                for i in range(0, len(children), size)))
+    else:
+        raise ValueError(f"{type(model).__name__} is neither a built-in model nor an nn.Sequential: bsexp does not "
+                         f"know its blocks")
+    return model
+
+
+def set_checkpointing(model: nn.Module, enabled: bool) -> int:
+    """Turn every checkpointed block on or off; returns how many there are."""
+    blocks = [m for m in model.modules() if isinstance(m, Checkpointed)]
+    for block in blocks:
+        block.enabled = enabled
+    return len(blocks)

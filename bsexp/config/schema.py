@@ -168,6 +168,9 @@ class SyntheticData(DataConfig):
 class ModelConfig:
     _target_: str = MISSING
     norm: Norm = Norm.batch
+    # Recompute each block's activations in the backward pass (torch.utils.checkpoint): a larger
+    # micro-batch fits, for a second forward. Built-in models and any nn.Sequential.
+    activation_checkpointing: bool = False
 
 
 @dataclass

@@ -142,6 +142,7 @@ BAD_INPUTS = [
     (["batch=scheduled", "batch.schedule.kind=seesaw"], "batch.schedule.kind", "schedule.main=step"),
     (["batch=scheduled", "batch.schedule.kind=seesaw", "schedule.main=step", "schedule.milestones=[5]",
       "schedule.factor=0.3"], "schedule.factor", "whole alpha"),
+    (["model.activation_checkpointing=maybe"], "model.activation_checkpointing", "not a valid bool"),
     pytest.param([_no_cuda()], "device", "auto, cpu",
                   marks=pytest.mark.skipif(_no_cuda() is None, reason="CUDA is available here")),
 ]
@@ -155,6 +156,8 @@ LATE_BAD_INPUTS = [
     (["model._target_=collections.OrderedDict"], "model._target_", "torch.nn.Module"),
     (["data=digits", "data.val_size=1500"], "data.val_size", "between 1 and 898"),
     (["optimizer.nesterov=true", "optimizer.momentum=0"], "optimizer._target_", "Nesterov"),
+    (["model._target_=torch.nn.Identity", "model.activation_checkpointing=true"], "model.activation_checkpointing",
+     "valid for mlp, cnn, cnn1d, resnet18 and any nn.Sequential"),
 ]
 
 

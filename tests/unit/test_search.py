@@ -57,6 +57,19 @@ def test_fit_settles_the_boundary_within_two_percent_in_fewer_trials_than_doubli
     assert len(tried) < len(bisected)
 
 
+@pytest.mark.parametrize("off", [1.004, 0.98])
+def test_fit_settles_the_edge_beside_the_prediction_not_by_walking_up_from_far_below(off):
+    # The line misses the edge by a little (0.4 % beyond it, 2 % short of it; issue 17's trials
+    # walked up from 600 after the prediction 1,073 failed): at most 5 trials above a quarter of
+    # the edge, and every one after the probes (8 x 4^k) within 3 % of it.
+    attempt, tried, budget = oracle(1_077)
+    found = Searcher(attempt, 12, 100_000).fit(8, budget * off)
+    assert 0.99 * 1_077 <= found <= 1_077
+    near = [size for size in tried if size > 1_077 / 4]
+    after_probes = [size for size in tried if size not in (8, 32, 128, 512, 2048)]
+    assert len(near) <= 5 and all(abs(size - 1_077) <= 0.03 * 1_077 for size in after_probes), tried
+
+
 def test_a_search_stops_after_max_trials_with_the_best_it_tried():
     attempt, tried, _ = oracle(5_000)
     found = Searcher(attempt, 4, 100_000).binsearch(8)

@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 from bsexp import memory
 from bsexp.batch.finder.cache import cache_key, cache_load, cache_store
 from bsexp.batch.finder.probe import ChildProber, InProcessProber
-from bsexp.batch.finder.result import FinderResult, Trial
+from bsexp.batch.finder.result import FinderResult, Trial, memory_breakdown, peak_line
 from bsexp.batch.finder.search import Attempt, Searcher, largest_divisor_at_most, throughput_choice
 from bsexp.batch.plan import MIN_MICRO, BatchPlan, make_plan
 from bsexp.data import Splits, train_batches
@@ -61,6 +61,7 @@ def find_plan(cfg: DictConfig, world: World, splits: Splits, model: torch.nn.Mod
         trials = [Trial(**t) for t in cached["trials"]]
         result = _result(cfg, world, trials, cached["micro_size"], limit, cached["budget_mb"], keep_size, True,
                          (max_size, bound_by))
+        result.memory = cached.get("memory", {})  # a JSON file's contents (entries cached before there was one)
         log.info("finder: micro-batch %d from the cache (%s)", result.micro_size, node.cache_dir)
         return result
     started = time.perf_counter()
@@ -100,14 +101,20 @@ def find_plan(cfg: DictConfig, world: World, splits: Splits, model: torch.nn.Mod
                 chosen = min(chosen, fastest or chosen)
             if per_rank is not None:  # keep the global batch: a micro-batch that divides it
                 chosen = largest_divisor_at_most(per_rank, chosen)
-            while not searcher.attempt(chosen, counted=False).ok:  # the answer has always passed a trial
-                chosen = (largest_divisor_at_most(per_rank, chosen - 1) if per_rank is not None
-                          else math.floor(chosen * (1 - node.margin)))
+            checkpointed = bool(cfg.model.get("activation_checkpointing", False))  # a user's node may lack it
+            if checkpointed:
+                plain_comparison = _compare_plain(world, prober, list(trials.values()), best, budget)
+            # The answer lies at or below a size that passed, and memory grows with the size: it is
+            # not tried again (a confirmation cost a large trial and could only pass).
         finally:
             prober.close()
         result = _result(cfg, world, list(trials.values()), chosen, limit, budget / memory.MIB, keep_size, False,
                          (max_size, bound_by))
         result.seconds = time.perf_counter() - started
+        result.memory = memory_breakdown(prober.model_memory, result.trials)
+        result.startup = prober.startup
+        if checkpointed:
+            result.checkpointing = plain_comparison
         result.loader_samples_per_s = _loader_rate(splits, cfg, result.plan, world)
     if result.loader_samples_per_s and result.step_samples_per_s and result.loader_samples_per_s < result.step_samples_per_s:
         result.note += (f" The input pipeline ({result.loader_samples_per_s:,.0f} samples/s) is slower than the "
@@ -116,6 +123,28 @@ def find_plan(cfg: DictConfig, world: World, splits: Splits, model: torch.nn.Mod
     if world.is_main:
         cache_store(cfg, key, result)
     return result
+
+
+def _compare_plain(world: World, prober, trials: list[Trial], best: int, budget: float) -> dict:
+    """Activation checkpointing's trade, measured: a trial without it at the largest size that
+    passed at most half of `best` (the plain step likely fits there) and one with it right after:
+    the seconds per sample, and the memory per sample, whence about how large a micro-batch
+    would fit without it."""
+    ok = sorted((t for t in trials if t.ok and t.size <= best / 2 and t.samples_per_s), key=lambda t: t.size)
+    if not ok:
+        return {}
+    plain = _agree(world, prober.attempt(ok[-1].size, plain=True))
+    same = _agree(world, prober.attempt(ok[-1].size))  # timed again beside it: the machine as busy
+    out = {"checkpointing_compared_at": same.size, "checkpointing_found": best, "plain_fits_there": plain.ok}
+    if not (plain.ok and plain.samples_per_s and same.samples_per_s and plain.growing_peak_mb is not None):
+        return out
+    line = peak_line(trials)
+    at_zero = line[1] if line is not None else 0.0  # what the checkpointed step holds at no samples
+    plain_per_sample = (plain.growing_peak_mb - at_zero) / same.size
+    out.update(slowdown_per_sample=plain.samples_per_s / same.samples_per_s, plain_per_sample_mb=plain_per_sample,
+               plain_size_estimate=int((budget / memory.MIB - at_zero) / plain_per_sample) if plain_per_sample > 0
+               else None)
+    return out
 
 
 def _agree(world: World, trial: Trial) -> Trial:
@@ -133,7 +162,11 @@ def _agree(world: World, trial: Trial) -> Trial:
     train_peak = world.all_reduce(torch.tensor([trial.train_peak_mb or 0.0], dtype=torch.float64,
                                                device=world.device), op="max").item()
     return Trial(trial.size, not failed, failed_in, peak, reserved, trial.alloc_retries, seconds, rate,
-                 train_peak or None)
+                 train_peak or None, trial.forward_s, trial.backward_s, trial.optimizer_s, None, None,
+                 world.all_reduce(torch.tensor([trial.backward_peak_mb or 0.0], dtype=torch.float64,
+                                               device=world.device), op="max").item() or None)
+    # (Each rank's address space is its own: the search, which must choose the same sizes on every
+    # rank, then fits the agreed resident peaks.)
 
 
 def _result(cfg: DictConfig, world: World, trials: list[Trial], micro: int, limit: int, budget_mb: float,
@@ -141,7 +174,8 @@ def _result(cfg: DictConfig, world: World, trials: list[Trial], micro: int, limi
     node = cfg.batch.finder
     plan = (make_plan(micro * world.size, world.size) if keep_size is None
             else make_plan(keep_size, world.size, micro_size=micro))
-    chosen = next((t for t in trials if t.size == micro), None)
+    # The speed of the nearest size that passed at or above the chosen one (it is rarely tried itself).
+    chosen = min((t for t in trials if t.ok and t.size >= micro), key=lambda t: t.size, default=None)
     note = ""
     if str(node.objective) == "throughput":
         note = (f"Throughput objective: the smallest size within {100 * node.throughput_tolerance:.0f} % of the "

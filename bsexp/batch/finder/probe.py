@@ -9,7 +9,9 @@ import contextlib
 import copy
 import logging
 import multiprocessing
+import os
 import pickle
+import time
 import traceback
 
 import torch
@@ -27,6 +29,8 @@ from bsexp.runtime import cap_device_memory, seed_everything
 
 log = logging.getLogger(__name__)
 
+STRANDED = 0.05  # of the budget, still mapped after a failed trial: restart the probe process
+
 
 class ChildProber:
     """Trials in a child process capped at the memory limit (CPU): real allocator failures, and
@@ -38,14 +42,22 @@ class ChildProber:
         memory.trim_freed_memory()
         self.args = (cfg, limit_bytes, memory.rss(), distributed, torch.get_num_threads())
         self.context = multiprocessing.get_context("spawn")
-        self.budget_bytes = self._start()
+        self._start()
 
-    def _start(self) -> int:
+    def _start(self) -> None:
+        started = time.perf_counter()
         self.conn, child = self.context.Pipe()
         self.process = self.context.Process(target=_child_main, args=(child, *self.args), daemon=True)
-        self.process.start()
+        # oneDNN keeps the kernels it compiles for every input shape (~10-20 MB a shape for a conv
+        # net): the probe process tries many shapes, training one or two, so each trial would
+        # leave the next less room than training has. Without that cache every trial starts alike.
+        with _environ(ONEDNN_PRIMITIVE_CACHE_CAPACITY="0"):
+            self.process.start()
         child.close()
-        return self._receive("ready")
+        self.budget_bytes, startup, self.model_memory = self._receive("ready")
+        # What the child did not time itself: starting Python and importing torch and bsexp.
+        if not hasattr(self, "startup"):  # the first start is the one reported
+            self.startup = {"process_s": time.perf_counter() - started - sum(startup.values()), **startup}
 
     def _receive(self, expected: str):
         try:
@@ -57,15 +69,26 @@ class ChildProber:
         assert kind == expected, kind
         return payload
 
-    def attempt(self, size: int) -> Trial:
-        self.conn.send(("trial", size))
+    def attempt(self, size: int, plain: bool = False) -> Trial:
+        """A trial at `size`; `plain`: with activation checkpointing off, to compare."""
+        self.conn.send(("plain" if plain else "trial", size))
         try:
-            return self._receive("trial")
+            trial = self._receive("trial")
         except ChildDied as died:  # killed outright: a failure at this size; start afresh
             log.warning("finder: the probe process died at micro-batch %d (%s); restarting it", size, died)
             self.close()
             self._start()
             return Trial(size, False, "killed")
+        if not trial.ok and (trial.reserved_mb or 0) * memory.MIB > STRANDED * self.budget_bytes:
+            # When the cap refuses a large mapping, glibc falls back to its heap, which a small
+            # block left on top can keep from shrinking: memory stranded that no later trial would
+            # have. A fresh probe process starts clean.
+            log.info("finder: %.0f MB stranded after the failure at %d; restarting the probe process",
+                     trial.reserved_mb, size)
+            self.close()
+            self._start()
+            trial.room_mb = None  # the room it left is not the fresh process's
+        return trial
 
     def close(self) -> None:
         with contextlib.suppress(OSError, BrokenPipeError):
@@ -86,12 +109,17 @@ def _child_main(conn, cfg: DictConfig, limit_bytes: int, parent_rss: int, distri
         torch.set_num_threads(threads)
         memory.return_freed_memory()
         seed_everything(cfg.seed, cfg.trainer.deterministic)
+        started = time.perf_counter()
         splits = build_data(cfg)
+        data_s = time.perf_counter() - started
         group = None
         if distributed:  # a world of one rank, so DDP and SyncBatchNorm are really there
             dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
             group = dist.group.WORLD
-        runner = TrialRunner(cfg, splits, torch.device("cpu"), build_model(cfg, splits), distributed, group)
+        started = time.perf_counter()
+        model = build_model(cfg, splits)
+        model_s = time.perf_counter() - started
+        runner = TrialRunner(cfg, splits, torch.device("cpu"), model, distributed, group)
         # Trials get the room the training process will have once it holds its optimizer state
         # too: what the limit leaves beside the parent's memory, not beside this process's.
         budget = limit_bytes - parent_rss - runner.state_bytes
@@ -99,12 +127,14 @@ def _child_main(conn, cfg: DictConfig, limit_bytes: int, parent_rss: int, distri
             raise ConfigError("batch.finder.memory_limit_gb", round(limit_bytes / memory.GIB, 3),
                               str(memory.CapBelowUse(parent_rss + runner.state_bytes, limit_bytes)))
         memory.cap_room(budget)
-        conn.send(("ready", budget))
+        runner.check_eval()
+        startup = {"data_s": data_s, "model_s": model_s, "first_step_s": runner.first_step_s, "eval_s": runner.eval_s}
+        conn.send(("ready", (budget, startup, runner.model_memory())))
         while True:
             kind, size = conn.recv()
             if kind == "stop":
                 break
-            conn.send(("trial", runner.run(size)))
+            conn.send(("trial", runner.run(size, plain=kind == "plain")))
     except Exception as exc:  # not an OOM: the parent re-raises it
         with contextlib.suppress(Exception):
             conn.send(("error", _picklable(exc)))
@@ -131,12 +161,30 @@ class InProcessProber:
         cap_device_memory(device, limit_bytes)
         self.runner = TrialRunner(cfg, splits, device, copy.deepcopy(model), world.distributed, group)
         self.budget_bytes = limit_bytes - torch.cuda.memory_allocated(device)
+        self.runner.check_eval()
+        self.startup = {"first_step_s": self.runner.first_step_s, "eval_s": self.runner.eval_s}
+        self.model_memory = self.runner.model_memory()
         self.device = device
 
-    def attempt(self, size: int) -> Trial:
-        return self.runner.run(size)
+    def attempt(self, size: int, plain: bool = False) -> Trial:
+        return self.runner.run(size, plain)
 
     def close(self) -> None:
         del self.runner
         memory.release(self.device)
         cap_device_memory(self.device, None)
+
+
+@contextlib.contextmanager
+def _environ(**values: str):
+    """Environment variables set for a child process started inside (spawn copies them)."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

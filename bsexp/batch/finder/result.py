@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from bsexp import memory
@@ -15,17 +15,31 @@ from bsexp.batch.plan import BatchPlan
 class Trial:
     size: int
     ok: bool
-    failed_in: str | None = None  # "train" or "eval" when out of memory
+    failed_in: str | None = None  # "train" or "eval" (checked once, before the trials) when out of memory
     peak_mb: float | None = None  # above the baseline (model, data, optimizer state), train or eval
     reserved_mb: float | None = None  # CUDA: the allocator's reserve; CPU: address space mapped
     alloc_retries: int | None = None  # CUDA: allocations retried after freeing the cache
     seconds: float = 0.0
     samples_per_s: float | None = None  # of the training steps, after the first
     train_peak_mb: float | None = None  # of the training steps alone: what grows with the size
+    forward_s: float | None = None  # the last training step's parts: forward,
+    backward_s: float | None = None  # backward (with the loss),
+    optimizer_s: float | None = None  # optimizer step
+    mapped_peak_mb: float | None = None  # CPU: address space (what the cap limits) at backward_peak_mb, when known
+    room_mb: float | None = None  # CPU: address space the cap left after the trial
+    backward_peak_mb: float | None = None  # through forward and backward, before the optimizer step
 
     def attempt(self) -> Attempt:
-        peak = None if self.train_peak_mb is None else self.train_peak_mb * memory.MIB
-        return Attempt(self.size, self.ok, peak, self.samples_per_s)
+        """What the search sees: the training step's peak, and on CPU the address space (what the
+        cap limits) at the peak where measured and the room the cap left."""
+        mib = lambda v: None if v is None else v * memory.MIB  # noqa: E731
+        return Attempt(self.size, self.ok, mib(self.growing_peak_mb), self.samples_per_s, mib(self.room_mb),
+                       mib(self.mapped_peak_mb))
+
+    @property
+    def growing_peak_mb(self) -> float | None:
+        """The peak that grows with the size: through forward and backward where measured."""
+        return self.backward_peak_mb if self.backward_peak_mb is not None else self.train_peak_mb
 
 
 @dataclass
@@ -47,29 +61,49 @@ class FinderResult:
     noise_b_simple: float | None = None  # objective=noise_scale: the measured gradient noise scale
     max_size: int | None = None  # the largest micro-batch per rank considered
     max_size_by: str = ""  # what set it (memory aside): the data, batch.finder.max_size, ...
+    memory: dict[str, Any] = field(default_factory=dict)  # where the memory goes (memory_breakdown)
+    startup: dict[str, float] = field(default_factory=dict)  # seconds before the first trial, by part
+    checkpointing: dict[str, Any] = field(default_factory=dict)  # model.activation_checkpointing: its trade
 
     def summary(self) -> dict[str, Any]:
         """The short form for summary.json (finder.json holds every trial)."""
         keys = ("mode", "objective", "limit_gb", "margin", "budget_mb", "micro_size", "note",
                 "loader_samples_per_s", "step_samples_per_s", "cached", "seconds", "noise_b_simple", "max_size",
                 "max_size_by")
-        return {**{k: getattr(self, k) for k in keys}, "trials": len(self.trials),
+        return {**{k: getattr(self, k) for k in keys}, **self.memory, **self.startup, **self.checkpointing,
+                "trials": len(self.trials),
                 "batch_size": self.plan.size, "accum_steps": self.plan.accum_steps}
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.summary(), "plan": asdict(self.plan), "trials": [asdict(t) for t in self.trials]}
+        return {**self.summary(), "memory": self.memory, "startup": self.startup, "plan": asdict(self.plan),
+                "trials": [asdict(t) for t in self.trials]}
 
     def table(self) -> str:
         lines = [f"finder ({self.mode}, objective {self.objective}, limit {self.limit_gb:.2f} GB, margin "
                  f"{100 * self.margin:.0f} %, budget above baseline {self.budget_mb:,.0f} MB, "
                  f"{self.seconds:.1f} s{', from cache' if self.cached else ''}):",
                  f"  {'size':>6}  {'result':<10}  {'peak MB':>9}  {'reserved MB':>11}  {'retries':>7}  "
-                 f"{'seconds':>7}  {'samples/s':>9}"]
+                 f"{'seconds':>7}  {'samples/s':>9}  fwd/bwd/opt s"]
         for t in sorted(self.trials, key=lambda t: t.size):
             result = "ok" if t.ok else f"OOM ({t.failed_in})"
             fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
+            parts = "/".join(fmt(v, ".2f") for v in (t.forward_s, t.backward_s, t.optimizer_s))
             lines.append(f"  {t.size:>6}  {result:<10}  {fmt(t.peak_mb, '9,.1f')}  {fmt(t.reserved_mb, '11,.1f')}  "
-                         f"{fmt(t.alloc_retries, '7d')}  {t.seconds:7.2f}  {fmt(t.samples_per_s, '9,.0f')}")
+                         f"{fmt(t.alloc_retries, '7d')}  {t.seconds:7.2f}  {fmt(t.samples_per_s, '9,.0f')}  {parts}")
+        if self.memory:
+            lines.append("  " + memory_line(self.memory))
+        c = self.checkpointing
+        if c.get("slowdown_per_sample"):
+            lines.append(f"  activation checkpointing: {c['checkpointing_found']:,} fit with it, about "
+                         f"{c['plain_size_estimate'] or 0:,} without ({c['plain_per_sample_mb']:.3f} MB a sample without "
+                         f"it); {c['slowdown_per_sample']:.2f} x the seconds per sample (both at "
+                         f"{c['checkpointing_compared_at']:,})")
+        elif c:
+            lines.append(f"  activation checkpointing: {c['checkpointing_found']:,} fit with it; without it "
+                         f"{c['checkpointing_compared_at']:,} did not")
+        if self.startup:
+            lines.append("  before the first trial: " + ", ".join(f"{k[:-2].replace('_', ' ')} {v:.1f} s"
+                                                               for k, v in self.startup.items()))
         if self.max_size is not None:
             lines.append(f"  sizes considered up to {self.max_size:,} per rank, set by {self.max_size_by}")
         lines.append(f"  chosen: micro-batch {self.micro_size} -> batch {self.plan.size} = {self.plan.micro_size} "
@@ -77,3 +111,58 @@ class FinderResult:
         return "\n".join(lines)
 
 
+
+
+# Optimizer state per parameter, in parameter-sized tensors: momentum (SGD, LARS), or the first
+# and second moments (Adam, AdamW, LAMB).
+STATE_SLOTS = {"SGD": 1, "Lars": 1, "Adam": 2, "AdamW": 2, "Lamb": 2}
+
+
+def memory_breakdown(model: dict[str, Any], trials: list[Trial]) -> dict[str, Any]:
+    """Where the memory goes, from what the trials measured: a fixed part (parameters,
+    gradients, optimizer state, the step's other fixed costs) and a part per sample
+    (activations), beside the analytic estimate from the parameter count (4 B a parameter for
+    the parameters, 4 B for their gradients, 4 B per optimizer slot: SGD momentum 1, Adam 2)."""
+    mib = memory.MIB
+    param_mb, state_mb = model["param_bytes"] / mib, model["state_bytes"] / mib
+    slots = STATE_SLOTS.get(model["optimizer"])
+    if slots == 1 and not model["momentum"]:
+        slots = 0
+    analytic = None if slots is None else param_mb * (2 + slots)
+    out = {"params": model["params"], "optimizer": model["optimizer"], "param_mb": param_mb,
+           "analytic_bytes_per_param": None if slots is None else 4 * (2 + slots),
+           "optimizer_state_mb": state_mb, "fixed_mb": None, "fixed_analytic_mb": analytic,
+           "fixed_vs_analytic": None, "per_sample_mb": None, "eval_peak_mb": model.get("eval_peak_mb")}
+    line = peak_line(trials)
+    if line is not None:
+        per_sample, at_zero = line
+        # Above the baseline, which holds the parameters and the memory the first step left
+        # behind (the optimizer's state), the line's value at no samples is what a step holds
+        # whatever the batch (gradients, the optimizer's temporaries).
+        fixed = param_mb + model["first_step_bytes"] / mib + at_zero
+        out.update(per_sample_mb=per_sample, fixed_mb=fixed,
+                   fixed_vs_analytic=fixed / analytic if analytic else None)
+    return out
+
+
+def peak_line(trials: list[Trial]) -> tuple[float, float] | None:
+    """MB per sample and MB at no samples of the training step's peak through forward and
+    backward, on the line through the two largest sizes that passed; None with fewer than two."""
+    passed = sorted((t for t in trials if t.ok and t.growing_peak_mb is not None), key=lambda t: t.size)[-2:]
+    if len(passed) < 2:
+        return None
+    a, b = passed
+    per_sample = (b.growing_peak_mb - a.growing_peak_mb) / (b.size - a.size)
+    return per_sample, a.growing_peak_mb - per_sample * a.size
+
+
+def memory_line(m: dict[str, Any]) -> str:
+    """One line of the trial table: measured beside analytic."""
+    fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
+    analytic = ("no estimate for this optimizer" if m["fixed_analytic_mb"] is None else
+                f"analytic {m['fixed_analytic_mb']:,.1f} MB from {m['params']:,} parameters x "
+                f"{m['analytic_bytes_per_param']} B ({m['optimizer']})")
+    ratio = "" if m["fixed_vs_analytic"] is None else f", measured/analytic {m['fixed_vs_analytic']:.2f}"
+    return (f"memory: fixed {fmt(m['fixed_mb'], ',.1f')} MB measured (params, grads, optimizer state "
+            f"{m['optimizer_state_mb']:,.1f} MB, step overhead) vs {analytic}{ratio}; "
+            f"per sample {fmt(m['per_sample_mb'], ',.3f')} MB (activations)")

@@ -7,7 +7,7 @@ returns a size it did not try, never exceeds `max_size`, and stops after `max_tr
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 
@@ -17,6 +17,8 @@ class Attempt:
     ok: bool
     peak_bytes: float | None = None  # memory above the baseline at the trial's peak
     samples_per_s: float | None = None
+    room_bytes: float | None = None  # CPU: the address space the cap left after the trial
+    mapped_bytes: float | None = None  # CPU: address space at the peak (what the cap limits), where known
 
 
 @dataclass
@@ -36,14 +38,11 @@ class Searcher:
         self._attempt, self.max_size = attempt, max_size
         self.budget = Budget(max_trials, {})
 
-    def attempt(self, size: int, counted: bool = True) -> Attempt:
-        """Try `size` once (a size tried before is not tried again). An attempt that is not
-        `counted` (confirming a final answer) does not use up the search's trials."""
+    def attempt(self, size: int) -> Attempt:
+        """Try `size` once (a size tried before is not tried again)."""
         size = min(size, self.max_size)
         if size not in self.budget.attempts:
             self.budget.attempts[size] = self._attempt(size)
-            if not counted:
-                self.budget.max_trials += 1
         return self.budget.attempts[size]
 
     def best(self) -> int | None:
@@ -70,7 +69,7 @@ class Searcher:
         `tolerance` of each other, as a fraction)."""
         while self.budget.left > 0:
             low, high = self.best(), self.smallest_failure()
-            if low is None or high is None or high - low <= max(1, math.floor(low * tolerance)):
+            if low is None or high is None or high - low <= max(1, math.ceil(low * tolerance)):
                 break
             self.attempt((low + high) // 2)
         return self.best()
@@ -80,33 +79,70 @@ class Searcher:
         return self.bisect()
 
     def fit(self, init: int, budget_bytes: float, tolerance: float = 0.01) -> int | None:
-        """Probe sizes from `init` up (x4) until memory clearly grows, fit it as fixed +
-        per-sample x size, try the largest size the fit allows under `budget_bytes`, then settle
-        the boundary around it to `tolerance` by bisection."""
+        """Probe sizes from `init` up (x4) until memory clearly grows, fit its peak (through
+        forward and backward) as fixed + per-sample x size, try the largest size the fit allows
+        under `budget_bytes` (or the room the latest trial left), then settle the edge there to
+        `tolerance`: the
+        line is usually right to a percent, so the search follows the line re-fitted through
+        each new pass, else steps from the side just tried in growing steps (1, 2, 4 ... x
+        `tolerance`), never past the middle of the bracket. Trials near the edge are the slow
+        ones: this spends two or three of them where bisecting up from the last probe spends
+        eight."""
         small = self.attempt(init)
         if not small.ok or small.size >= self.max_size:
             return self.best()
         large = self.attempt(4 * init)
-        # At small sizes fixed costs hide the per-sample cost: grow until the peak is a tenth of
-        # the budget, so that the line is fitted over a range that matters.
+        # At small sizes fixed costs (gradients, the optimizer's temporaries) hide the per-sample
+        # cost: grow until the peak has grown by a quarter of the budget, so that the line is
+        # fitted over a range that matters and extrapolated by less.
         while (large.ok and large.size < self.max_size and self.budget.left > 2
-               and (large.peak_bytes or 0) < 0.1 * budget_bytes):
+               and (large.peak_bytes or 0) - (small.peak_bytes or 0) < 0.25 * budget_bytes):
             large = self.attempt(4 * large.size)
-        if not large.ok:
-            return self.bisect(tolerance)
         # The line through the two largest sizes that fit: furthest from small-size fixed costs.
-        fitted = sorted((a for a in self.budget.attempts.values() if a.ok), key=lambda a: a.size)[-2:]
-        predicted = predict_size(fitted[0], fitted[1], budget_bytes)
-        if predicted is None or predicted <= large.size:
+        predicted = _fit(self.budget.attempts.values(), budget_bytes)
+        if not large.ok:  # the edge lies below the last probe: the line's guess, else the middle
+            low = self.best()
+            size = predicted if predicted is not None and low < predicted < large.size else (low + large.size) // 2
+        elif predicted is None or predicted <= large.size:
             self.power(2 * large.size)  # no usable fit: fall back to doubling
-        elif self.attempt(predicted).ok:
-            # The fit was cautious: climb in growing steps until the first failure.
-            size, step = min(predicted, self.max_size), 2 * tolerance
-            while self.budget.left > 0 and size < self.max_size:
-                size, step = min(math.ceil(size * (1 + step)), self.max_size), 2 * step
-                if not self.attempt(size).ok:
-                    break
+            return self.bisect(tolerance)
+        else:
+            size = min(predicted, self.max_size)
+        step = tolerance
+        while self.budget.left > 0 and size not in self.budget.attempts:
+            passed = self.attempt(size).ok
+            low, high = self.best(), self.smallest_failure()
+            if low is not None and high is not None and high - low <= max(1, math.ceil(low * tolerance)):
+                break  # settled
+            if high is None and low >= self.max_size:
+                break
+            # A new pass near the edge gives a better line: follow it while it points past the
+            # largest pass (and below the smallest failure); else step from the side just tried,
+            # never beyond the middle of the bracket.
+            guess = _fit(self.budget.attempts.values(), budget_bytes)
+            top = self.max_size + 1 if high is None else high
+            if guess is not None and low is not None and low < guess < top and guess not in self.budget.attempts:
+                size, step = guess, tolerance
+            elif passed:
+                size = min(math.ceil(low * (1 + step)), self.max_size if high is None else (low + high) // 2)
+                step *= 2
+            else:
+                size = math.floor(high * (1 - step))
+                size, step = size if low is None else max(size, (low + high) // 2), 2 * step
         return self.bisect(tolerance)
+
+
+def _fit(attempts, budget_bytes: float) -> int | None:
+    """The size predicted by the line through the two largest passes whose peak was measured,
+    under the room the latest trial had (where measured) or `budget_bytes`."""
+    fitted = sorted((a for a in attempts if a.ok and a.peak_bytes is not None), key=lambda a: a.size)[-2:]
+    if len(fitted) < 2:
+        return None
+    if all(a.mapped_bytes is not None for a in fitted):  # CPU: the quantity the cap limits
+        fitted = [replace(a, peak_bytes=a.mapped_bytes) for a in fitted]
+    # The room the latest trial left: what the next one will have.
+    rooms = [a.room_bytes for a in attempts if a.room_bytes is not None]
+    return predict_size(fitted[0], fitted[1], rooms[-1] if rooms else budget_bytes)
 
 
 def predict_size(a: Attempt, b: Attempt, budget_bytes: float) -> int | None:

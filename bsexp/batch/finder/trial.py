@@ -19,6 +19,7 @@ from bsexp.batch.scaling import ScaledHparams
 from bsexp.build import make_step, wrap_model
 from bsexp.data import Splits, TensorSplit, augment_batch
 from bsexp.distributed import World
+from bsexp.models import set_checkpointing
 from bsexp.step import train_step
 
 CACHED_BATCH = 256  # real samples kept for probing, tiled to each trial's size
@@ -43,11 +44,44 @@ class TrialRunner:
         self.augment = splits.augment if isinstance(splits.train, TensorSplit) else None
         self.fill = splits.train.black if self.augment is not None else 0.0
         self.generator = torch.Generator(device=device).manual_seed(0)
-        before = memory.rss() if device.type == "cpu" else torch.cuda.memory_allocated(device)
+        self.eval_fits: bool | None = None  # check_eval
+        self.eval_failed_in = "train"
+        self.eval_s = self.eval_peak_mb = None
+        # CPU: what the cap limits, address space (the first step also pages in library code,
+        # resident memory that costs no address space: ~20 MB for a conv net).
+        before = memory.vm_size() if device.type == "cpu" else torch.cuda.memory_allocated(device)
+        started = time.perf_counter()
         self._train_step(MIN_MICRO)  # creates the optimizer's state: part of every trial's baseline
         self.step.optimizer.zero_grad(set_to_none=True)
-        after = memory.rss() if device.type == "cpu" else torch.cuda.memory_allocated(device)
+        self.first_step_s = time.perf_counter() - started
+        after = memory.vm_size() if device.type == "cpu" else torch.cuda.memory_allocated(device)
         self.state_bytes = max(0, after - before)  # what the run will add before its first step
+        self._marks: dict[str, float] = {}  # when the forward ended and the optimizer step began
+        self._peaks: dict[str, int] = {}  # memory peaks before the first optimizer step of a trial
+        self.step.net.register_forward_hook(lambda *_: self._mark("forward"))
+        self.step.optimizer.register_step_pre_hook(lambda *_: self._mark("optimizer"))
+
+    def _mark(self, event: str) -> None:  # a hook: returns None, so the output is left alone
+        self._marks.setdefault(event, time.perf_counter())
+        if event == "optimizer" and not self._peaks:
+            # Forward and backward hold what grows with the size (activations) on top of what
+            # does not (gradients); the optimizer step's own peak (an AdamW step's temporaries)
+            # does not grow with it. Fitting the first alone keeps the line straight where the
+            # second dominates small sizes.
+            self._peaks["resident"] = self._peak()
+            if self.device.type == "cpu":
+                self._peaks["mapped"] = memory.vm_peak()
+
+    def model_memory(self) -> dict:
+        """What the model holds whatever the batch: its parameters and the optimizer's state, as
+        tensors (exact), and the resident memory the first step added (measured)."""
+        params = list(self.step.net.parameters())
+        state = [v for s in self.step.optimizer.state.values() for v in s.values()
+                 if isinstance(v, torch.Tensor) and v.numel() > 1]  # moments, not step counters
+        return {"params": sum(p.numel() for p in params), "param_bytes": sum(p.numel() * p.element_size() for p in params),
+                "state_bytes": sum(v.numel() * v.element_size() for v in state), "first_step_bytes": self.state_bytes,
+                "optimizer": type(self.step.optimizer).__name__, "eval_peak_mb": self.eval_peak_mb,
+                "momentum": any(g.get("momentum", 0) for g in self.step.optimizer.param_groups)}
 
     def _batch(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
         idx = torch.arange(size, device=self.device) % len(self.y)
@@ -60,26 +94,60 @@ class TrialRunner:
         x, y = self._batch(size)
         train_step(self.step, x, y, size, make_plan(size))
 
-    def run(self, size: int) -> Trial:
-        device, phase = self.device, "train"
+    def check_eval(self) -> None:
+        """The evaluation pass at trainer.eval_batch_size, once, under the cap, before any trial.
+        Its memory does not depend on the training micro-batch (the step's activations are gone
+        by then, its gradients, made here by a step of 2 samples, are fixed in size), so trials
+        need not repeat it; an evaluation that does not fit fails every size."""
+        base = self._memory(reset=True)
+        started, net = time.perf_counter(), self.step.net
+        try:
+            self._train_step(MIN_MICRO)
+            self.eval_failed_in = "eval"
+            net.eval()
+            with torch.no_grad(), self.step.autocast():
+                net(self._batch(self.eval_size)[0])
+            self.eval_fits = True
+        except Exception as exc:
+            if not memory.is_oom(exc):
+                raise
+            self.eval_fits = False
+        finally:
+            net.train()
+            self.step.optimizer.zero_grad(set_to_none=True)
+        self.eval_s, self.eval_peak_mb = time.perf_counter() - started, (self._peak() - base) / memory.MIB
+        memory.release(self.device)
+
+    def run(self, size: int, plain: bool = False) -> Trial:
+        """A trial at `size`; `plain`: with activation checkpointing off (to measure its cost)."""
+        if self.eval_fits is False:
+            return Trial(size, False, self.eval_failed_in)
+        if plain:
+            set_checkpointing(self.step.net, False)
+            try:
+                return self.run(size)
+            finally:
+                set_checkpointing(self.step.net, True)
+        device = self.device
         memory.release(device)
         base, mapped = self._memory(reset=True), (memory.vm_size() if device.type == "cpu" else 0)
+        vm_high = memory.vm_peak() if device.type == "cpu" else 0
         started = time.perf_counter()
-        step_times, train_peak = [], None
+        step_times, train_peak, parts = [], None, []
+        self._peaks.clear()
         ok = True
         try:
             for _ in range(self.steps):
+                self._marks.clear()
                 t = time.perf_counter()
                 self._train_step(size)
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
-                step_times.append(time.perf_counter() - t)
+                end = time.perf_counter()
+                step_times.append(end - t)
+                fwd, opt = self._marks.get("forward", t), self._marks.get("optimizer", end)
+                parts.append((fwd - t, opt - fwd, end - opt))
             train_peak = self._peak() - base
-            phase = "eval"
-            net = self.step.net
-            net.eval()
-            with torch.no_grad(), self.step.autocast():
-                net(self._batch(self.eval_size)[0])
         except Exception as exc:
             if not memory.is_oom(exc):
                 raise
@@ -99,8 +167,24 @@ class TrialRunner:
             retries = torch.cuda.memory_stats(device).get("num_alloc_retries", 0)
         else:  # what stays mapped after the trial: fragmentation
             reserved, retries = (memory.vm_size() - mapped) / memory.MIB, None
+        # CPU: the cap limits address space, which runs ahead of resident memory. Its peak
+        # through forward and backward is known when the trial set the process's new high
+        # (VmPeak cannot be reset): the growing probes do; nothing after a failure does. The room
+        # is what the cap leaves after the trial: each new size keeps a little mapped (oneDNN
+        # caches the kernels it compiled for that shape, ~11 MB for a small conv net), so it is
+        # what the next trial will have.
+        mapped_peak = room = None
+        if device.type == "cpu":
+            high = self._peaks.get("mapped", 0)
+            mapped_peak = (high - mapped) / memory.MIB if high > vm_high else None
+            room = memory.address_space_room(memory.vm_size())
+            room = None if room is None else room / memory.MIB
         mib = lambda b: None if b is None else b / memory.MIB  # noqa: E731
-        return Trial(size, ok, None if ok else phase, mib(peak), reserved, retries, seconds, rate, mib(train_peak))
+        # Forward, backward (with the loss) and optimizer seconds of the last training step.
+        forward_s, backward_s, optimizer_s = parts[-1] if parts else (None, None, None)
+        backward_peak = self._peaks["resident"] - base if ok and "resident" in self._peaks else None
+        return Trial(size, ok, None if ok else "train", mib(peak), reserved, retries, seconds, rate, mib(train_peak),
+                     forward_s, backward_s, optimizer_s, mapped_peak, room, mib(backward_peak))
 
     def _rewrap(self) -> None:
         """The same module and optimizer in a fresh DDP wrapper (its reducer reset)."""
