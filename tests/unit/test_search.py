@@ -70,6 +70,18 @@ def test_fit_settles_the_edge_beside_the_prediction_not_by_walking_up_from_far_b
     assert len(near) <= 5 and all(abs(size - 1_077) <= 0.03 * 1_077 for size in after_probes), tried
 
 
+@pytest.mark.parametrize("edge", [1_077, 700, 3_000])
+def test_fit_goes_from_the_small_probes_to_the_edge_without_a_probe_in_between(edge):
+    # Trials near the edge are the slow ones: once the line through the small probes puts the
+    # next x4 probe beyond a quarter of the edge, that probe would only steady the line. Every trial
+    # above a quarter of the edge is then within 2 % of it, and there are at most two.
+    attempt, tried, budget = oracle(edge)
+    found = Searcher(attempt, 12, 100_000).fit(8, budget)
+    assert 0.99 * edge <= found <= edge
+    large = [size for size in tried if size > edge / 4]
+    assert len(large) <= 2 and all(abs(size - edge) <= 0.02 * edge for size in large), tried
+
+
 def test_a_search_stops_after_max_trials_with_the_best_it_tried():
     attempt, tried, _ = oracle(5_000)
     found = Searcher(attempt, 4, 100_000).binsearch(8)

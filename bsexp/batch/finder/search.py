@@ -95,8 +95,13 @@ class Searcher:
         # At small sizes fixed costs (gradients, the optimizer's temporaries) hide the per-sample
         # cost: grow until the peak has grown by a quarter of the budget, so that the line is
         # fitted over a range that matters and extrapolated by less.
+        # But a probe beyond a quarter of the edge is a large trial (the slow ones) that only
+        # steadies the line: once the line puts the next probe there, go to the edge instead.
         while (large.ok and large.size < self.max_size and self.budget.left > 2
                and (large.peak_bytes or 0) - (small.peak_bytes or 0) < 0.25 * budget_bytes):
+            guess = _fit(self.budget.attempts.values(), budget_bytes)
+            if guess is not None and 4 * large.size > guess / 4:
+                break
             large = self.attempt(4 * large.size)
         # The line through the two largest sizes that fit: furthest from small-size fixed costs.
         predicted = _fit(self.budget.attempts.values(), budget_bytes)
