@@ -95,12 +95,14 @@ class Searcher:
         # At small sizes fixed costs (gradients, the optimizer's temporaries) hide the per-sample
         # cost: grow until the peak has grown by a quarter of the budget, so that the line is
         # fitted over a range that matters and extrapolated by less.
-        # But a probe beyond a quarter of the edge is a large trial (the slow ones) that only
-        # steadies the line: once the line puts the next probe there, go to the edge instead.
+        # But a probe beyond a quarter of the edge is a large trial (the slow ones): where the
+        # probes already lie on one line (fixed costs no longer hide the per-sample cost: an
+        # MLP's small activations sit in the allocator's heap until a few hundred samples) and
+        # it puts the next probe there, go to the edge instead.
         while (large.ok and large.size < self.max_size and self.budget.left > 2
                and (large.peak_bytes or 0) - (small.peak_bytes or 0) < 0.25 * budget_bytes):
             guess = _fit(self.budget.attempts.values(), budget_bytes)
-            if guess is not None and 4 * large.size > guess / 4:
+            if guess is not None and 4 * large.size > guess / 4 and _straight(self.budget.attempts.values()):
                 break
             large = self.attempt(4 * large.size)
         # The line through the two largest sizes that fit: furthest from small-size fixed costs.
@@ -148,6 +150,17 @@ def _fit(attempts, budget_bytes: float) -> int | None:
     # The room the latest trial left: what the next one will have.
     rooms = [a.room_bytes for a in attempts if a.room_bytes is not None]
     return predict_size(fitted[0], fitted[1], rooms[-1] if rooms else budget_bytes)
+
+
+def _straight(attempts, tolerance: float = 0.1) -> bool:
+    """Whether the last three passes with a measured peak lie on one line: the per-sample cost
+    between the last two within `tolerance` of that between the two before."""
+    points = sorted((a for a in attempts if a.ok and a.peak_bytes is not None), key=lambda a: a.size)[-3:]
+    if len(points) < 3:
+        return False
+    (s0, p0), (s1, p1), (s2, p2) = ((a.size, a.peak_bytes) for a in points)
+    before, last = (p1 - p0) / (s1 - s0), (p2 - p1) / (s2 - s1)
+    return before > 0 and last > 0 and abs(last - before) <= tolerance * last
 
 
 def predict_size(a: Attempt, b: Attempt, budget_bytes: float) -> int | None:
