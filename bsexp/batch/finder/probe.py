@@ -146,8 +146,8 @@ def _child_main(conn, cfg: DictConfig, limit_bytes: int, parent_rss: int, distri
             conn.send(("error", _picklable(exc)))
     finally:
         conn.close()
-    # Nothing to save or flush: leave without the interpreter's teardown of torch (~1 s that the
-    # parent would wait for).
+    # Leave without the interpreter's teardown of torch (~1 s that the parent would wait for):
+    # the child holds nothing to save, and its output streams are flushed first.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

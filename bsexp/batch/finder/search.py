@@ -142,7 +142,7 @@ class Searcher:
 def _fit(attempts, budget_bytes: float) -> int | None:
     """The size predicted by the line through the two largest passes whose peak was measured,
     under the room the latest trial had (where measured) or `budget_bytes`."""
-    fitted = sorted((a for a in attempts if a.ok and a.peak_bytes is not None), key=lambda a: a.size)[-2:]
+    fitted = _largest_measured(attempts, 2)
     if len(fitted) < 2:
         return None
     if all(a.mapped_bytes is not None for a in fitted):  # CPU: the quantity the cap limits
@@ -155,12 +155,21 @@ def _fit(attempts, budget_bytes: float) -> int | None:
 def _straight(attempts, tolerance: float = 0.1) -> bool:
     """Whether the last three passes with a measured peak lie on one line: the per-sample cost
     between the last two within `tolerance` of that between the two before."""
-    points = sorted((a for a in attempts if a.ok and a.peak_bytes is not None), key=lambda a: a.size)[-3:]
+    points = _largest_measured(attempts, 3)
     if len(points) < 3:
         return False
-    (s0, p0), (s1, p1), (s2, p2) = ((a.size, a.peak_bytes) for a in points)
-    before, last = (p1 - p0) / (s1 - s0), (p2 - p1) / (s2 - s1)
+    before, last = _per_sample(points[0], points[1]), _per_sample(points[1], points[2])
     return before > 0 and last > 0 and abs(last - before) <= tolerance * last
+
+
+def _largest_measured(attempts, n: int) -> list[Attempt]:
+    """The `n` largest passes whose peak was measured, smallest first."""
+    return sorted((a for a in attempts if a.ok and a.peak_bytes is not None), key=lambda a: a.size)[-n:]
+
+
+def _per_sample(a: Attempt, b: Attempt) -> float:
+    """The slope of the peak between two measured sizes."""
+    return (b.peak_bytes - a.peak_bytes) / (b.size - a.size)
 
 
 def predict_size(a: Attempt, b: Attempt, budget_bytes: float) -> int | None:
@@ -168,7 +177,7 @@ def predict_size(a: Attempt, b: Attempt, budget_bytes: float) -> int | None:
     stays within `budget_bytes`; None when the points give no positive per-sample cost."""
     if a.peak_bytes is None or b.peak_bytes is None or b.size == a.size:
         return None
-    per_sample = (b.peak_bytes - a.peak_bytes) / (b.size - a.size)
+    per_sample = _per_sample(a, b)
     if per_sample <= 0:
         return None
     fixed = a.peak_bytes - per_sample * a.size
