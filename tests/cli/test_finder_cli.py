@@ -68,6 +68,14 @@ def test_a_finder_run_records_its_trials_and_the_input_pipeline_rate(run_cli, tm
     assert summary["finder"]["trials"] == len(finder["trials"]) and summary["finder"]["cached"] is False
     assert summary["finder"]["loader_samples_per_s"] > 0 and summary["finder"]["step_samples_per_s"] > 0
     assert "finder (fit, objective max" in out.stdout and "chosen: micro-batch 243" in out.stdout
+    # What the first trial waits for, by part, and each passing trial's forward, backward and
+    # optimizer seconds: parts of what the trial itself timed.
+    assert set(finder["startup"]) == {"process_s", "data_s", "model_s", "first_step_s", "eval_s"}
+    assert finder["startup"]["process_s"] > 0 and all(v >= 0 for v in finder["startup"].values())
+    assert "before the first trial: process" in out.stdout
+    for trial in (t for t in finder["trials"] if t["ok"]):
+        parts = [trial["forward_s"], trial["backward_s"], trial["optimizer_s"]]
+        assert all(p >= 0 for p in parts) and trial["forward_s"] > 0 and sum(parts) <= trial["seconds"], trial
     [run_file] = run_dir.glob("wandb/offline-run-*/run-*.wandb")
     import wandb_records
 
