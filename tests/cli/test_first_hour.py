@@ -120,10 +120,13 @@ def test_a_second_run_given_the_same_directory_is_refused_before_it_writes_there
     run_dir = tmp_path / "run"
     first = start(data_root, tmp_path, *SLOW, "batch.size=64", f"hydra.run.dir={run_dir}")
     deadline = time.time() + 240
-    while not (run_dir / "train.log").exists():  # its .hydra/ written in full, its lock held
+    # Hydra opens train.log before it writes .hydra/; once the run logs, .hydra/ is written in full
+    # (and the lock was taken before either).
+    while not (run_dir / "train.log").exists() or not (run_dir / "train.log").read_text():
         assert first.poll() is None and time.time() < deadline
         time.sleep(0.05)
     before = (run_dir / ".hydra" / "config.yaml").read_text()
+    assert "batch:" in before
     second = command(data_root, tmp_path, *TINY, "seed=7", f"hydra.run.dir={run_dir}")
     one_line(second, "hydra.run.dir", "in use by another run")
     assert (run_dir / ".hydra" / "config.yaml").read_text() == before
