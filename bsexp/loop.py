@@ -23,6 +23,7 @@ import torch
 from omegaconf import DictConfig, open_dict
 from tqdm import tqdm
 
+from bsexp.batch.finder import server
 from bsexp.batch.policy import BatchPolicy, Probe, policy_for
 from bsexp.batch.scaling import ScaledHparams
 from bsexp.build import build_data, build_model, make_step, sync_batchnorm, wrap_model
@@ -156,12 +157,15 @@ def build_loop(cfg: DictConfig, world: World | None = None, run_dir: Path | None
         policy.trunk = trunk
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
-    seed_everything(cfg.seed, cfg.trainer.deterministic)
-    splits = build_data(cfg).to(world.device)
-    policy.check_data(len(splits.train), splits.name)
-    model = build_model(cfg, splits)
-    measure = lambda batch, steps: _measure_noise(cfg, world, len(splits.train), batch, steps)  # noqa: E731
-    policy.resolve(Probe(splits, model, world, measure), None if resumed is None else resumed["policy"])
+    # The CPU finder's probe processes fork from a server that imports torch and bsexp while this
+    # process builds the data and the model; it is stopped once the policy has resolved.
+    with server.running(resumed is None and world.device.type == "cpu" and policy.searches()):
+        seed_everything(cfg.seed, cfg.trainer.deterministic)
+        splits = build_data(cfg).to(world.device)
+        policy.check_data(len(splits.train), splits.name)
+        model = build_model(cfg, splits)
+        measure = lambda batch, steps: _measure_noise(cfg, world, len(splits.train), batch, steps)  # noqa: E731
+        policy.resolve(Probe(splits, model, world, measure), None if resumed is None else resumed["policy"])
     model, grad_sync = wrap_model(cfg, model, world.device, world.distributed)
     hp, factors = policy.hparams()
     step = make_step(cfg, model, world, world.distributed, hp, factors, grad_sync,

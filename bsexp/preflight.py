@@ -13,10 +13,11 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from bsexp import branch, resume
+from bsexp.batch.finder import server
 from bsexp.batch.plan import BatchPlan
 from bsexp.batch.policy import policy_for
 from bsexp.config.checks import check
-from bsexp.config.env import env_rank, restarted, under_torchrun
+from bsexp.config.env import env_rank, launches_workers, restarted, under_torchrun
 from bsexp.errors import ConfigError, exit_on_config_error
 
 RESULTS = ("summary.json", "metrics.jsonl")
@@ -83,12 +84,26 @@ def claim(key: str, path: str) -> None:
     _CLAIMS.append(handle)
 
 
+def _searches_on_cpu(cfg: DictConfig) -> bool:
+    """Whether this process will likely run the CPU batch finder (bsexp.loop decides, and stops
+    the probe server whichever way it goes): a search not resumed, in a process that trains."""
+    try:
+        return (cfg.get("resume") is None and str(cfg.device) in ("cpu", "auto") and not launches_workers(cfg)
+                and policy_for(cfg).searches())
+    except ConfigError:  # reported by the checks
+        return False
+
+
 class Preflight(Callback):
     """Hydra turns exceptions from callbacks into warnings and carries on, so a failed check
     exits here (SystemExit passes through Hydra untouched)."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        with exit_on_config_error():
+        # The finder's probe server imports torch and bsexp beside these checks (which import
+        # torch too) and the building of data and model; a failed check stops it at once.
+        if _searches_on_cpu(config):
+            server.start()
+        with exit_on_config_error(), server.stopped_on_error():
             check_all(config)
             if env_rank() != 0:  # other ranks of a torchrun job write nothing (bsexp.train)
                 return

@@ -18,7 +18,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from bsexp import resume
-from bsexp.config.env import env_rank, remember_torchrun_dir, torchrun_first_dir, under_torchrun
+from bsexp.config.env import env_rank, launches_workers, remember_torchrun_dir, torchrun_first_dir, under_torchrun
 from bsexp.config.schema import register_configs
 from bsexp.errors import ConfigError, exit_on_config_error, one_line
 from bsexp.sweep import apply_wandb_identity
@@ -35,7 +35,7 @@ def _job(cfg: DictConfig) -> float | None:
     run_dir = Path(hydra_cfg.runtime.output_dir)
     job = run
     remember_torchrun_dir(run_dir)
-    if cfg.distributed.kind == "ddp" and not under_torchrun() and cfg.distributed.nproc_per_node > 1:
+    if launches_workers(cfg):
         from bsexp.launch import launch_workers as job
     apply_wandb_identity(cfg)
     _share_cores(cfg, hydra_cfg)

@@ -50,9 +50,8 @@ def run_cli(data_root, tmp_path):
     """Run `python -m bsexp.train ARGS` in a subprocess from a scratch working directory."""
 
     def run(*args: str, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
-        options = dict(capture_output=True, text=True) | kwargs
-        return subprocess.run([sys.executable, "-m", "bsexp.train", *args], cwd=tmp_path,
-                              env=cli_env(data_root), timeout=timeout, **options)
+        options = dict(capture_output=True, text=True, env=cli_env(data_root)) | kwargs
+        return subprocess.run([sys.executable, "-m", "bsexp.train", *args], cwd=tmp_path, timeout=timeout, **options)
 
     return run
 

@@ -71,6 +71,10 @@ class BatchPolicy:
         where the config alone decides it (None: the data or a measurement will)."""
         return None
 
+    def searches(self) -> bool:
+        """Whether resolving afresh (not from a checkpoint) runs the batch finder."""
+        return bool(self.cfg.batch.get("find_micro_size", False))
+
     def resolve(self, probe: Probe, state: dict | None = None) -> None:
         """Fix the run: the global batch of every step and the micro-batch cap; `state` is a
         checkpoint's (`state_dict`), whose choices are taken instead of measured again."""
@@ -283,6 +287,9 @@ class FinderPolicy(BatchPolicy):
     the ranks (or, with objective=noise_scale, the batch nearest the measured B_simple)."""
 
     name = "finder"
+
+    def searches(self) -> bool:
+        return True
 
     def check(self) -> None:
         size = self.cfg.batch.size

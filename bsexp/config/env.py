@@ -29,6 +29,12 @@ def restarted() -> bool:
     return any(int(os.environ.get(name, "0") or 0) > 0 for name in counts)
 
 
+def launches_workers(cfg: DictConfig) -> bool:
+    """Whether this process only starts the ranks (distributed=ddp with several processes per
+    node, not under torchrun): bsexp.launch, which trains nothing itself."""
+    return cfg.distributed.kind == DistributedKind.ddp and not under_torchrun() and cfg.distributed.nproc_per_node > 1
+
+
 def world_size(cfg: DictConfig) -> int:
     """Ranks of the run: torchrun's WORLD_SIZE when it started us, else the workers bsexp launches."""
     if under_torchrun():

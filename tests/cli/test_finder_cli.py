@@ -1,10 +1,14 @@
 """batch=finder through the CLI: each mode under a real cap, the trial table, the cache, the noise-scale objective."""
 
 import json
+import subprocess
+import sys
+import uuid
 
 import pytest
+from forkservers import forkservers
 
-from conftest import limit_for_size
+from conftest import cli_env, limit_for_size
 
 # Memory grows fast with the batch and compute does not: one wide hidden layer on 40 inputs.
 WIDE = ["data=synthetic", "data.shape=[1,40]", "data.num_samples=8000", "data.val_size=200",
@@ -111,3 +115,18 @@ def test_the_finder_trains_at_the_batch_nearest_the_measured_noise_scale(run_cli
     again = json.loads((tmp_path / "fixed" / "summary.json").read_text())
     assert (again["train_loss"], again["val_acc"], again["steps"]) == (summary["train_loss"], summary["val_acc"],
                                                                        summary["steps"])
+
+
+def test_a_finder_run_refused_by_its_checks_leaves_no_probe_server_behind(data_root, tmp_path):
+    # The probe server starts before the checks, to import torch beside them; a bad value must
+    # not leave it importing on its own (holding the terminal's output open) after the error.
+    marker = uuid.uuid4().hex
+    stderr = tmp_path / "stderr"
+    with stderr.open("w") as err:  # not a pipe: the command's end, not its output's, is waited for
+        code = subprocess.run([sys.executable, "-m", "bsexp.train", *WIDE, "logger=none", "batch.finder.margin=2",
+                               f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                              stderr=err, env=cli_env(data_root) | {"BSEXP_TEST_MARKER": marker}, timeout=300).returncode
+    assert forkservers(marker=marker) == []
+    assert code == 2 and stderr.read_text().splitlines() == [
+        "error: batch.finder.margin=2.0: must be a finite number in [0, 0.9]"]
+    assert not (tmp_path / "run").exists()

@@ -1,11 +1,14 @@
 """The batch-size finder under real memory caps: real allocator failures in a child process."""
 
 import math
+import os
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
+from forkservers import forkservers
 
 from bsexp.batch.finder.find import find_plan
 from bsexp.build import build_data, build_model
@@ -62,6 +65,29 @@ def test_finding_leaves_the_run_exactly_as_a_fixed_run_at_that_size(make_cfg):
         train(loop, TrainState())
     for key, value in fixed_loop.step.model.state_dict().items():
         assert torch.equal(finder_loop.step.model.state_dict()[key], value), key
+
+
+def test_the_probes_fork_from_a_server_that_is_gone_once_the_batch_is_found(make_cfg):
+    # The server (bsexp.batch.finder.server) imports torch once for every probe process; it lives
+    # while the data and model are built and the finder searches, not while the run trains.
+    cfg = make_cfg(*WIDE, "model.hidden=[64]", "batch.finder.max_size=200", "trainer.max_steps=1")
+    seen, done = set(), threading.Event()
+
+    def watch():
+        while not done.is_set():
+            seen.update(forkservers(parent=os.getpid()))
+            done.wait(0.01)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        loop = build_loop(cfg)
+    finally:
+        done.set()
+        watcher.join()
+    assert loop.policy.found.trials and len(seen) == 1
+    assert forkservers(parent=os.getpid()) == []
+    train(loop, TrainState())  # the run trains without it
 
 
 def test_max_size_reached_while_doubling_is_tried_not_assumed(make_cfg):

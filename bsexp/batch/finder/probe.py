@@ -21,6 +21,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 
 from bsexp import memory
+from bsexp.batch.finder import server
 from bsexp.batch.finder.result import Trial
 from bsexp.batch.finder.trial import TrialRunner
 from bsexp.build import build_data, build_model
@@ -43,21 +44,19 @@ class ChildProber:
         # (not counting memory freed while the data and model were built).
         memory.trim_freed_memory()
         self.args = (cfg, limit_bytes, memory.rss(), distributed, torch.get_num_threads())
-        self.context = multiprocessing.get_context("spawn")
+        self.context = multiprocessing.get_context("forkserver")
         self._start()
 
     def _start(self) -> None:
         started = time.perf_counter()
+        server.start()  # already running where bsexp.preflight or bsexp.loop saw a search coming
         self.conn, child = self.context.Pipe()
         self.process = self.context.Process(target=_child_main, args=(child, *self.args), daemon=True)
-        # oneDNN keeps the kernels it compiles for every input shape (~10-20 MB a shape for a conv
-        # net): the probe process tries many shapes, training one or two, so each trial would
-        # leave the next less room than training has. Without that cache every trial starts alike.
-        with _environ(ONEDNN_PRIMITIVE_CACHE_CAPACITY="0"):
-            self.process.start()
+        self.process.start()
         child.close()
         self.budget_bytes, startup, self.model_memory = self._receive("ready")
-        # What the child did not time itself: starting Python and importing torch and bsexp.
+        # What the child did not time itself: forking from the server (or waiting for it to finish
+        # importing torch and bsexp) and building the optimizer.
         if not hasattr(self, "startup"):  # the first start is the one reported
             self.startup = {"process_s": time.perf_counter() - started - sum(startup.values()), **startup}
 
@@ -184,18 +183,3 @@ class InProcessProber:
         del self.runner
         memory.release(self.device)
         cap_device_memory(self.device, None)
-
-
-@contextlib.contextmanager
-def _environ(**values: str):
-    """Environment variables set for a child process started inside (spawn copies them)."""
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value

@@ -1,0 +1,86 @@
+"""The process the CPU finder's probe processes fork from (multiprocessing's forkserver). It
+imports torch and bsexp once, so a probe process starts in a fraction of a second instead of the
+seconds a fresh interpreter takes, and restarting one after a failure costs as little. It never
+runs a torch operation (no thread pools, no oneDNN state), so forking from it is safe where
+forking from the training process would not be. Torch-free at import: bsexp.preflight starts it
+before the run's own process imports torch, so that the two imports overlap."""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import multiprocessing.forkserver
+import os
+import signal
+
+# What a probe process needs imported before it starts: torch and bsexp's finder, and
+# torch._dynamo (an optimizer's first parameter group imports it, ~1 s).
+PRELOAD = ["bsexp.batch.finder.probe", "torch._dynamo"]
+
+_started_here = False
+
+
+def start() -> None:
+    """Start the server unless it runs; returns at once (it imports in the background)."""
+    global _started_here
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)
+    # oneDNN keeps the kernels it compiles for every input shape (~10-20 MB a shape for a conv
+    # net): a probe process tries many shapes, training one or two, so each trial would leave the
+    # next less room than training has. Without that cache every trial starts alike. The
+    # server's environment is its children's.
+    if multiprocessing.forkserver._forkserver._forkserver_pid is None:  # not one another part started
+        _started_here = True
+    with _environ(ONEDNN_PRIMITIVE_CACHE_CAPACITY="0"):
+        multiprocessing.forkserver.ensure_running()
+
+
+def stop() -> None:
+    """Stop the server if `start` started it (its ~0.3 GB are not the training's to share), at
+    once: it holds nothing to save, and may still be importing (a run that failed its checks)."""
+    global _started_here
+    if not _started_here:
+        return
+    forkserver = multiprocessing.forkserver._forkserver  # the module has no public way to stop it
+    if forkserver._forkserver_pid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(forkserver._forkserver_pid, signal.SIGKILL)
+    forkserver._stop()  # closes its socket and reaps it
+    _started_here = False
+
+
+@contextlib.contextmanager
+def stopped_on_error():
+    """The server stopped if what runs inside fails (the run will not search)."""
+    try:
+        yield
+    except BaseException:
+        stop()
+        raise
+
+
+@contextlib.contextmanager
+def running(search: bool):
+    """Inside: the server running where `search` (started now unless it was earlier, so that its
+    imports overlap what this process does next); after: stopped, however it was started."""
+    if search:
+        start()
+    try:
+        yield
+    finally:
+        stop()
+
+
+@contextlib.contextmanager
+def _environ(**values: str):
+    """Environment variables set for a process started inside."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
