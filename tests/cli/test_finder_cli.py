@@ -74,7 +74,7 @@ def test_a_finder_run_records_its_trials_and_the_input_pipeline_rate(run_cli, tm
     assert "finder (fit, objective max" in out.stdout and "chosen: micro-batch 243" in out.stdout
     # What the first trial waits for, by part, and each passing trial's forward, backward and
     # optimizer seconds: parts of what the trial itself timed.
-    assert set(finder["startup"]) == {"process_s", "data_s", "model_s", "first_step_s", "eval_s"}
+    assert set(finder["startup"]) == {"process_s", "model_s", "first_step_s", "eval_s"}
     assert finder["startup"]["process_s"] > 0 and all(v >= 0 for v in finder["startup"].values())
     assert "before the first trial: process" in out.stdout
     for trial in (t for t in finder["trials"] if t["ok"]):
@@ -130,3 +130,21 @@ def test_a_finder_run_refused_by_its_checks_leaves_no_probe_server_behind(data_r
     assert code == 2 and stderr.read_text().splitlines() == [
         "error: batch.finder.margin=2.0: must be a finite number in [0, 0.9]"]
     assert not (tmp_path / "run").exists()
+
+
+def test_the_probe_process_works_from_the_runs_data_without_loading_it_again(run_cli, tmp_path):
+    # Trials need a few real samples, the input's shape and the evaluation's size: the training
+    # process hands them over, so a dataset is loaded once per run, not again per probe process.
+    conf = tmp_path / "my_conf" / "data"
+    conf.mkdir(parents=True)
+    loads = tmp_path / "loads"
+    (conf / "logged.yaml").write_text(f"_target_: user_models.logged_synthetic\nlog: {loads}\nshape: [1, 40]\n"
+                                      "num_classes: 10\nnum_samples: 2000\nval_size: 200\ntest_size: 0\nnoise: 1.0\n"
+                                      "seed: 0\nin_memory: true\nnum_workers: 0\n")
+    out = run_cli(f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]", "data=logged", "model=mlp", "model.hidden=[64]",
+                  "batch=finder", "batch.finder.max_size=256", "batch.finder.data_fraction=null", "logger=none",
+                  "trainer.progress=false", "epochs=1", f"hydra.run.dir={tmp_path / 'run'}")
+    assert out.returncode == 0, out.stderr[-2000:]
+    finder = json.loads((tmp_path / "run" / "finder.json").read_text())
+    assert [t["size"] for t in finder["trials"]][:3] == [8, 32, 128] and finder["micro_size"] == int(256 * 0.95)
+    assert len(loads.read_text().split()) == 1

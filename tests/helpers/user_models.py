@@ -1,7 +1,11 @@
-"""A model of the kind a user brings with `_target_`, living outside bsexp."""
+"""Models (and data) of the kind a user brings with `_target_`, living outside bsexp."""
+
+import os
 
 import torch
 from torch import nn
+
+from bsexp.data import synthetic
 
 
 class TinyNet(nn.Module):
@@ -86,3 +90,10 @@ class DiesOnce(TinyNet):
             if self.calls == self.die_at and first_attempt and os.environ.get("RANK") == str(self.rank):
                 os.kill(os.getpid(), signal.SIGKILL)
         return self.net(x)
+
+
+def logged_synthetic(log: str, **kwargs):
+    """bsexp's synthetic data, each load noted in `log` (the loading process's id)."""
+    with open(log, "a") as out:
+        out.write(f"{os.getpid()}\n")
+    return synthetic(**kwargs)

@@ -4,6 +4,7 @@ import pytest
 
 from bsexp import memory
 from bsexp.batch.finder.probe import ChildProber
+from bsexp.build import build_data
 
 # 17 M parameters and tiny activations: the gradients dominate what a step adds. Plain SGD
 # without weight decay updates in place (with weight decay, its foreach step makes a gradient-sized
@@ -18,7 +19,7 @@ def trial_peak_mb(make_cfg, *overrides) -> float:
     """The training peak of a trial at micro-batch 8 in the real probe process (a DDP run's trial:
     a one-rank process group, the DDP wrapper, gradients reduced as training reduces them)."""
     cfg = make_cfg(*BIG_GRADIENTS, *overrides)
-    prober = ChildProber(cfg, 16 * memory.GIB, distributed=True)
+    prober = ChildProber(cfg, build_data(cfg), 16 * memory.GIB, distributed=True)
     try:
         trial = prober.attempt(8)
     finally:

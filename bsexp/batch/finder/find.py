@@ -67,7 +67,7 @@ def find_plan(cfg: DictConfig, world: World, splits: Splits, model: torch.nn.Mod
     started = time.perf_counter()
     with preserved_rng():
         prober = (InProcessProber(cfg, splits, model, world, limit) if world.device.type == "cuda"
-                  else ChildProber(cfg, limit, world.distributed))
+                  else ChildProber(cfg, splits, limit, world.distributed))
         try:
             # The smallest budget of any rank (a max of negatives).
             budget = -world.all_reduce(torch.tensor([-float(prober.budget_bytes)], device=world.device), op="max").item()

@@ -23,8 +23,8 @@ from omegaconf import DictConfig
 from bsexp import memory
 from bsexp.batch.finder import server
 from bsexp.batch.finder.result import Trial
-from bsexp.batch.finder.trial import TrialRunner
-from bsexp.build import build_data, build_model
+from bsexp.batch.finder.trial import TrialData, TrialRunner
+from bsexp.build import build_model
 from bsexp.data import Splits
 from bsexp.distributed import World
 from bsexp.errors import ConfigError
@@ -39,11 +39,13 @@ class ChildProber:
     """Trials in a child process capped at the memory limit (CPU): real allocator failures, and
     the parent's memory, model and random state untouched."""
 
-    def __init__(self, cfg: DictConfig, limit_bytes: int, distributed: bool) -> None:
+    def __init__(self, cfg: DictConfig, splits: Splits, limit_bytes: int, distributed: bool) -> None:
         # The room the training process itself will have: the limit less what it holds now
         # (not counting memory freed while the data and model were built).
         memory.trim_freed_memory()
-        self.args = (cfg, limit_bytes, memory.rss(), distributed, torch.get_num_threads())
+        parent_rss = memory.rss()
+        data = TrialData.of(splits, cfg.trainer.eval_batch_size)  # not the whole dataset again
+        self.args = (cfg, data, limit_bytes, parent_rss, distributed, torch.get_num_threads())
         self.context = multiprocessing.get_context("forkserver")
         self._start()
 
@@ -105,22 +107,20 @@ class ChildDied(RuntimeError):
         super().__init__(f"exit code {process.exitcode}")
 
 
-def _child_main(conn, cfg: DictConfig, limit_bytes: int, parent_rss: int, distributed: bool, threads: int) -> None:
+def _child_main(conn, cfg: DictConfig, data: TrialData, limit_bytes: int, parent_rss: int, distributed: bool,
+                threads: int) -> None:
     try:
         torch.set_num_threads(threads)
         memory.return_freed_memory()
         seed_everything(cfg.seed, cfg.trainer.deterministic)
-        started = time.perf_counter()
-        splits = build_data(cfg)
-        data_s = time.perf_counter() - started
         group = None
         if distributed:  # a world of one rank, so DDP and SyncBatchNorm are really there
             dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
             group = dist.group.WORLD
         started = time.perf_counter()
-        model = build_model(cfg, splits)
+        model = build_model(cfg, data)  # what it reads of the data: the input's shape and classes
         model_s = time.perf_counter() - started
-        runner = TrialRunner(cfg, splits, torch.device("cpu"), model, distributed, group)
+        runner = TrialRunner(cfg, data, torch.device("cpu"), model, distributed, group)
         # Trials get the room the training process will have once it holds its optimizer state
         # too: what the limit leaves beside the parent's memory, not beside this process's.
         budget = limit_bytes - parent_rss - runner.state_bytes
@@ -133,7 +133,7 @@ def _child_main(conn, cfg: DictConfig, limit_bytes: int, parent_rss: int, distri
         # torch's own objects frozen out of the collector, a collection takes milliseconds, not
         # the ~0.1 s a pass over every module, function and tensor of torch costs.
         gc.freeze()
-        startup = {"data_s": data_s, "model_s": model_s, "first_step_s": runner.first_step_s, "eval_s": runner.eval_s}
+        startup = {"model_s": model_s, "first_step_s": runner.first_step_s, "eval_s": runner.eval_s}
         conn.send(("ready", (budget, startup, runner.model_memory())))
         while True:
             kind, size = conn.recv()
@@ -169,7 +169,8 @@ class InProcessProber:
         if world.distributed:  # every rank in a group of its own: an OOM on one cannot hang the others
             group, _ = dist.new_subgroups(group_size=1)
         cap_device_memory(device, limit_bytes)
-        self.runner = TrialRunner(cfg, splits, device, copy.deepcopy(model), world.distributed, group)
+        self.runner = TrialRunner(cfg, TrialData.of(splits, cfg.trainer.eval_batch_size), device, copy.deepcopy(model),
+                                  world.distributed, group)
         self.budget_bytes = limit_bytes - torch.cuda.memory_allocated(device)
         self.runner.check_eval()
         self.startup = {"first_step_s": self.runner.first_step_s, "eval_s": self.runner.eval_s}

@@ -13,9 +13,10 @@ import multiprocessing.forkserver
 import os
 import signal
 
-# What a probe process needs imported before it starts: torch and bsexp's finder, and
-# torch._dynamo (an optimizer's first parameter group imports it, ~1 s).
-PRELOAD = ["bsexp.batch.finder.probe", "torch._dynamo"]
+# What a probe process needs imported before it starts: torch and bsexp's finder, torch._dynamo
+# (an optimizer's first parameter group imports it, ~1 s), and the entry point, which
+# multiprocessing runs again in every child as `__mp_main__` (Hydra's imports, ~0.25 s).
+PRELOAD = ["bsexp.batch.finder.probe", "torch._dynamo", "bsexp.train"]
 
 _started_here = False
 

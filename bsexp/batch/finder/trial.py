@@ -7,7 +7,7 @@ optimizer state) is what training at that size adds."""
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 from omegaconf import DictConfig
@@ -17,7 +17,7 @@ from bsexp.batch.finder.result import Trial
 from bsexp.batch.plan import MIN_MICRO, make_plan
 from bsexp.batch.scaling import ScaledHparams
 from bsexp.build import make_step, wrap_model
-from bsexp.data import Splits, TensorSplit, augment_batch
+from bsexp.data import Augment, Splits, TensorSplit, augment_batch
 from bsexp.distributed import World
 from bsexp.models import set_checkpointing
 from bsexp.step import train_step
@@ -25,24 +25,47 @@ from bsexp.step import train_step
 CACHED_BATCH = 256  # real samples kept for probing, tiled to each trial's size
 
 
+@dataclass
+class TrialData:
+    """What trials need of a run's data, small enough to hand to the probe process instead of
+    loading the whole dataset again there: real training samples as the step receives them
+    (tiled to each size), their augmentation, the evaluation batch's size, and the input's shape
+    and classes (what `build_model` reads)."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    augment: Augment | None
+    fill: float | torch.Tensor  # what crop padding fills with
+    eval_size: int
+    input_shape: tuple[int, ...]
+    num_classes: int
+
+    @classmethod
+    def of(cls, splits: Splits, eval_batch_size: int) -> "TrialData":
+        x, y = _cached_batch(splits.train, CACHED_BATCH)
+        augment = splits.augment if isinstance(splits.train, TensorSplit) else None
+        return cls(x.cpu(), y.cpu(), augment, splits.train.black if augment is not None else 0.0,
+                   min(eval_batch_size, max(len(splits.val), len(splits.train_eval))), splits.input_shape,
+                   splits.num_classes)
+
+
 class TrialRunner:
     """The model, optimizer and one cached real batch of a run, and the trial at a given size.
     `distributed`: whether the run trains on several ranks; the trial then runs in a world of its
     own (`process_group`, one rank) with the same modules and gradient reduction."""
 
-    def __init__(self, cfg: DictConfig, splits: Splits, device: torch.device, model: torch.nn.Module,
+    def __init__(self, cfg: DictConfig, data: TrialData, device: torch.device, model: torch.nn.Module,
                  distributed: bool = False, process_group=None) -> None:
         self.cfg, self.device = cfg, device
         self.steps = cfg.batch.finder.steps_per_trial
-        self.eval_size = min(cfg.trainer.eval_batch_size, max(len(splits.val), len(splits.train_eval)))
+        self.eval_size = data.eval_size
         self.distributed, self.process_group = distributed, process_group
         self.model, grad_sync = wrap_model(cfg, model, device, distributed, process_group)
         hp = ScaledHparams(1.0, cfg.optimizer.lr, cfg.optimizer.lr, cfg.optimizer.weight_decay, 0, 1)
         self.step = make_step(cfg, self.model, World(device=device), distributed, hp, None, grad_sync)
-        self.x, self.y = _cached_batch(splits.train, CACHED_BATCH)
-        self.x, self.y = self.x.to(device), self.y.to(device)
-        self.augment = splits.augment if isinstance(splits.train, TensorSplit) else None
-        self.fill = splits.train.black if self.augment is not None else 0.0
+        self.x, self.y = data.x.to(device), data.y.to(device)
+        self.augment = data.augment
+        self.fill = data.fill.to(device) if isinstance(data.fill, torch.Tensor) else data.fill
         self.generator = torch.Generator(device=device).manual_seed(0)
         self.eval_fits: bool | None = None  # check_eval
         self.eval_failed_in = "train"
