@@ -41,7 +41,7 @@ class TrialData:
     num_classes: int
 
     @classmethod
-    def of(cls, splits: Splits, eval_batch_size: int) -> "TrialData":
+    def of(cls, splits: Splits, eval_batch_size: int) -> TrialData:
         x, y = _cached_batch(splits.train, CACHED_BATCH)
         augment = splits.augment if isinstance(splits.train, TensorSplit) else None
         return cls(x.cpu(), y.cpu(), augment, splits.train.black if augment is not None else 0.0,
