@@ -47,6 +47,7 @@ class ChildProber:
         data = TrialData.of(splits, cfg.trainer.eval_batch_size)  # not the whole dataset again
         self.args = (cfg, data, limit_bytes, parent_rss, distributed, torch.get_num_threads())
         self.context = multiprocessing.get_context("forkserver")
+        self.startup: dict[str, float] | None = None  # the first start's, by part
         self._start()
 
     def _start(self) -> None:
@@ -59,7 +60,7 @@ class ChildProber:
         self.budget_bytes, startup, self.model_memory = self._receive("ready")
         # What the child did not time itself: forking from the server (or waiting for it to finish
         # importing torch and bsexp) and building the optimizer.
-        if not hasattr(self, "startup"):  # the first start is the one reported
+        if self.startup is None:  # the first start is the one reported
             self.startup = {"process_s": time.perf_counter() - started - sum(startup.values()), **startup}
 
     def _receive(self, expected: str):

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from bsexp import memory
+from bsexp.batch.finder import search
 from bsexp.batch.finder.search import Attempt
 from bsexp.batch.plan import BatchPlan
 
@@ -111,8 +112,6 @@ class FinderResult:
         return "\n".join(lines)
 
 
-
-
 # Optimizer state per parameter, in parameter-sized tensors: momentum (SGD, LARS), or the first
 # and second moments (Adam, AdamW, LAMB).
 STATE_SLOTS = {"SGD": 1, "Lars": 1, "Adam": 2, "AdamW": 2, "Lamb": 2}
@@ -147,13 +146,10 @@ def memory_breakdown(model: dict[str, Any], trials: list[Trial]) -> dict[str, An
 
 def peak_line(trials: list[Trial]) -> tuple[float, float] | None:
     """MB per sample and MB at no samples of the training step's peak through forward and
-    backward, on the line through the two largest sizes that passed; None with fewer than two."""
-    passed = sorted((t for t in trials if t.ok and t.growing_peak_mb is not None), key=lambda t: t.size)[-2:]
-    if len(passed) < 2:
-        return None
-    a, b = passed
-    per_sample = (b.growing_peak_mb - a.growing_peak_mb) / (b.size - a.size)
-    return per_sample, a.growing_peak_mb - per_sample * a.size
+    backward, on the line through the two largest sizes that passed (search.peak_line); None
+    with fewer than two."""
+    line = search.peak_line([t.attempt() for t in trials])
+    return None if line is None else (line[0] / memory.MIB, line[1] / memory.MIB)
 
 
 def memory_line(m: dict[str, Any]) -> str:

@@ -162,6 +162,17 @@ def _straight(attempts, tolerance: float = 0.1) -> bool:
     return before > 0 and last > 0 and abs(last - before) <= tolerance * last
 
 
+def peak_line(attempts) -> tuple[float, float] | None:
+    """Bytes per sample and bytes at no samples of the peak, on the line through the two largest
+    passes whose peak was measured; None with fewer than two."""
+    points = _largest_measured(attempts, 2)
+    if len(points) < 2:
+        return None
+    a, b = points
+    per_sample = _per_sample(a, b)
+    return per_sample, a.peak_bytes - per_sample * a.size
+
+
 def _largest_measured(attempts, n: int) -> list[Attempt]:
     """The `n` largest passes whose peak was measured, smallest first."""
     return sorted((a for a in attempts if a.ok and a.peak_bytes is not None), key=lambda a: a.size)[-n:]

@@ -26,12 +26,12 @@ def start() -> None:
     global _started_here
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(PRELOAD)
+    if multiprocessing.forkserver._forkserver._forkserver_pid is None:  # not one another part started
+        _started_here = True
     # oneDNN keeps the kernels it compiles for every input shape (~10-20 MB a shape for a conv
     # net): a probe process tries many shapes, training one or two, so each trial would leave the
     # next less room than training has. Without that cache every trial starts alike. The
     # server's environment is its children's.
-    if multiprocessing.forkserver._forkserver._forkserver_pid is None:  # not one another part started
-        _started_here = True
     with _environ(ONEDNN_PRIMITIVE_CACHE_CAPACITY="0"):
         multiprocessing.forkserver.ensure_running()
 
