@@ -14,15 +14,15 @@ from typing import Any
 from omegaconf import DictConfig
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from bsexp import branch, memory, resume
 from bsexp import checkpoint as ckpt
-from bsexp import branch, resume
 from bsexp.build import build_sinks
 from bsexp.config.env import restarted
 from bsexp.distributed import World, close_world, init_world
 from bsexp.io import write_json
 from bsexp.loop import TrainState, build_loop, train
-from bsexp.signals import stop_on_signals
 from bsexp.runtime import limit_memory, reset_peak_memory
+from bsexp.signals import stop_on_signals
 from bsexp.summary import announce, hyperparameters, make_summary, print_summary
 
 log = logging.getLogger(__name__)
@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     """The whole job on this rank; returns its summary."""
     started = time.perf_counter()
+    if cfg.trainer.memory_limit_gb is not None:  # before threads that would take arenas of their own
+        memory.one_arena()
     world = init_world(str(cfg.device), str(cfg.distributed.backend), cfg.distributed.timeout_s)
     run_dir = Path(world.broadcast_object(str(run_dir)))  # rank 0's, where ranks disagree
     summary = _run_on(world, cfg, run_dir, started)

@@ -25,6 +25,7 @@ CONF = Path(__file__).resolve().parents[2] / "bsexp" / "conf"
 
 
 def main(out: str, room_mb: str, *overrides: str) -> None:
+    memory.one_arena()  # as bsexp.run does for a capped run, before any thread allocates
     register_configs()
     torch.set_num_threads(int(os.environ.get("BSEXP_TEST_THREADS", "1")))
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):

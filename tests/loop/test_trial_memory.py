@@ -1,5 +1,8 @@
 """The finder's trial runs the trainer's own training step, so it holds what training holds."""
 
+import subprocess
+import sys
+
 import pytest
 
 from bsexp import memory
@@ -37,3 +40,30 @@ def test_a_ddp_trial_with_oom_recovery_holds_the_flat_gradient_buffer_training_a
     recovering = trial_peak_mb(make_cfg, "trainer.oom_recovery=true")
     overlapped = trial_peak_mb(make_cfg, "trainer.oom_recovery=false")
     assert recovering - overlapped == pytest.approx(flat_mb, rel=0.25), (recovering, overlapped, flat_mb)
+
+
+ARENA_SCRIPT = """
+import sys, threading
+import torch
+from bsexp import memory
+
+memory.one_arena()  # as bsexp.run does where a run is capped, before any other thread allocates
+# A thread that allocates (torch's own worker threads do): with an arena of its own, it would
+# leave 64 MiB of address space reserved that an allocation refused under the cap can fall back to.
+worker = threading.Thread(target=lambda: [bytearray(1000) for _ in range(1000)] and torch.ones(1000).sum())
+worker.start(); worker.join()
+memory.return_freed_memory()
+memory.cap_memory(memory.rss() + 16 * memory.MIB)
+try:
+    print("allocated", torch.ones(12 * memory.MIB).numel())  # 48 MiB
+except RuntimeError as exc:
+    print("refused", memory.is_oom(exc))
+"""
+
+
+def test_a_capped_process_cannot_outgrow_its_cap_through_another_threads_arena():
+    # Before one_arena, glibc retried the refused 48 MiB in the worker thread's arena and it
+    # succeeded: a run capped at 1.2 GB held 1.25 GB, and the finder's bench truth was inflated.
+    done = subprocess.run([sys.executable, "-c", ARENA_SCRIPT], check=False, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["refused", "True"], done.stdout
