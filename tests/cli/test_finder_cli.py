@@ -64,6 +64,10 @@ def test_a_finder_run_records_its_trials_and_the_input_pipeline_rate(run_cli, tm
     summary = json.loads((run_dir / "summary.json").read_text())
     assert finder["micro_size"] == summary["micro_size"] == summary["batch_size"] == 243  # 256 fits; 5 % below
     assert {t["size"] for t in finder["trials"]} >= {8, 32, 128, 256} and 243 not in {t["size"] for t in finder["trials"]}
+    # The small sizes are probes (one step, to measure the peak); the size the answer stands on
+    # passed a full trial.
+    assert [t["size"] for t in finder["trials"] if t["probe"]] == [8, 32, 128]
+    assert [t["probe"] for t in finder["trials"] if t["size"] == 256] == [False] and "ok (probe)" in out.stdout
     # Where the memory goes, measured beside the analytic estimate (4 + 4 B a parameter and SGD's
     # momentum, 4 B), in finder.json, summary.json and the W&B summary.
     assert finder["params"] == summary["finder"]["params"] > 0 and finder["optimizer"] == "SGD"

@@ -135,3 +135,42 @@ def test_largest_divisor_at_most():
     assert largest_divisor_at_most(1000, 285) == 250
     assert largest_divisor_at_most(97, 50) == 1
     assert largest_divisor_at_most(64, 64) == 64
+
+
+def probing(probe_boundary: int, boundary: int, **oracle_args):
+    """A probe (one step) beside full trials against `oracle(boundary, **oracle_args)`: the same
+    peak, but it passes up to `probe_boundary` (a size can pass one step and fail the next), and
+    it is marked unverified."""
+    measure, probed, _ = oracle(boundary, **oracle_args)
+
+    def probe(size: int) -> Attempt:
+        full = measure(size)
+        return Attempt(size, size <= probe_boundary, full.peak_bytes, full.samples_per_s, verified=False)
+
+    return probe, probed
+
+
+def test_fit_probes_the_small_sizes_with_one_step_and_tries_the_edge_in_full():
+    attempt, tried, budget = oracle(3_000)
+    probe, probed = probing(3_000, 3_000)
+    searcher = Searcher(attempt, 12, 100_000, probe=probe)
+    found = searcher.fit(8, budget)
+    assert probed[:2] == [8, 32] and max(probed) < 3_000 / 4  # the small sizes, measured in one step
+    assert 0.98 * 3_000 <= found <= 3_000 and searcher.budget.attempts[found].verified
+    assert not set(probed) & set(tried)  # the edge: full trials only
+
+
+@pytest.mark.parametrize("mode", ["fit", "binsearch"])
+def test_a_search_never_returns_a_size_only_a_probe_passed(mode):
+    # Probes pass up to 10 % beyond what full trials pass, and max_size often stops the probes
+    # themselves: whatever the search, its answer passed a full trial, within max_trials runs.
+    rng = random.Random(1)
+    for _ in range(80):
+        boundary, max_size, max_trials = rng.randint(10, 20_000), rng.randint(10, 30_000), rng.randint(3, 14)
+        shape = {"per_sample": rng.uniform(1e3, 1e6), "noise_below": rng.choice([0, 100])}
+        attempt, tried, budget = oracle(boundary, **shape)
+        probe, probed = probing(int(boundary * 1.1), boundary, **shape)
+        searcher = Searcher(attempt, max_trials, max_size, probe=probe)
+        found = searcher.fit(8, budget) if mode == "fit" else searcher.binsearch(8)
+        assert len(tried) + len(probed) <= max_trials
+        assert found is None or (found in tried and found <= min(boundary, max_size)), (boundary, max_size, found)

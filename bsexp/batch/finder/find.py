@@ -73,13 +73,14 @@ def find_plan(cfg: DictConfig, world: World, splits: Splits, model: torch.nn.Mod
             budget = -world.all_reduce(torch.tensor([-float(prober.budget_bytes)], device=world.device), op="max").item()
             trials: dict[int, Trial] = {}
 
-            def attempt(size: int) -> Attempt:
-                trial = _agree(world, prober.attempt(size))
-                trials[size] = trial
-                log.info("finder: micro-batch %d %s", size, "fits" if trial.ok else f"does not fit ({trial.failed_in})")
+            def attempt(size: int, probe: bool = False) -> Attempt:
+                trial = _agree(world, prober.attempt(size, probe=probe))
+                trials[size] = trial  # a size probed, then tried in full: the full trial
+                log.info("finder: micro-batch %d %s%s", size, "fits" if trial.ok else f"does not fit ({trial.failed_in})",
+                         " (probe: one step)" if probe else "")
                 return trial.attempt()
 
-            searcher = Searcher(attempt, node.max_trials, int(max_size))
+            searcher = Searcher(attempt, node.max_trials, int(max_size), probe=lambda size: attempt(size, probe=True))
             best = {"power": lambda: searcher.power(node.init), "binsearch": lambda: searcher.binsearch(node.init),
                     "fit": lambda: searcher.fit(node.init, budget)}[str(node.mode)]()
             if best is None:
@@ -164,7 +165,7 @@ def _agree(world: World, trial: Trial) -> Trial:
     return Trial(trial.size, not failed, failed_in, peak, reserved, trial.alloc_retries, seconds, rate,
                  train_peak or None, trial.forward_s, trial.backward_s, trial.optimizer_s, None, None,
                  world.all_reduce(torch.tensor([trial.backward_peak_mb or 0.0], dtype=torch.float64,
-                                               device=world.device), op="max").item() or None)
+                                               device=world.device), op="max").item() or None, trial.probe)
     # (Each rank's address space is its own: the search, which must choose the same sizes on every
     # rank, then fits the agreed resident peaks.)
 

@@ -73,9 +73,10 @@ class ChildProber:
         assert kind == expected, kind
         return payload
 
-    def attempt(self, size: int, plain: bool = False) -> Trial:
-        """A trial at `size`; `plain`: with activation checkpointing off, to compare."""
-        self.conn.send(("plain" if plain else "trial", size))
+    def attempt(self, size: int, plain: bool = False, probe: bool = False) -> Trial:
+        """A trial at `size`; `plain`: with activation checkpointing off, to compare; `probe`:
+        one step (TrialRunner.run)."""
+        self.conn.send(("plain" if plain else "probe" if probe else "trial", size))
         try:
             trial = self._receive("trial")
         except ChildDied as died:  # killed outright: a failure at this size; start afresh
@@ -140,7 +141,7 @@ def _child_main(conn, cfg: DictConfig, data: TrialData, limit_bytes: int, parent
             kind, size = conn.recv()
             if kind == "stop":
                 break
-            conn.send(("trial", runner.run(size, plain=kind == "plain")))
+            conn.send(("trial", runner.run(size, plain=kind == "plain", probe=kind == "probe")))
     except Exception as exc:  # not an OOM: the parent re-raises it
         with contextlib.suppress(Exception):
             conn.send(("error", _picklable(exc)))
@@ -178,8 +179,8 @@ class InProcessProber:
         self.model_memory = self.runner.model_memory()
         self.device = device
 
-    def attempt(self, size: int, plain: bool = False) -> Trial:
-        return self.runner.run(size, plain)
+    def attempt(self, size: int, plain: bool = False, probe: bool = False) -> Trial:
+        return self.runner.run(size, plain, probe)
 
     def close(self) -> None:
         del self.runner

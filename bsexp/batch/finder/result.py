@@ -29,13 +29,14 @@ class Trial:
     mapped_peak_mb: float | None = None  # CPU: address space (what the cap limits) at backward_peak_mb, when known
     room_mb: float | None = None  # CPU: address space the cap left after the trial
     backward_peak_mb: float | None = None  # through forward and backward, before the optimizer step
+    probe: bool = False  # one training step, to measure the peak (fit's small sizes): a pass proves less
 
     def attempt(self) -> Attempt:
         """What the search sees: the training step's peak, and on CPU the address space (what the
         cap limits) at the peak where measured and the room the cap left."""
         mib = lambda v: None if v is None else v * memory.MIB  # noqa: E731
         return Attempt(self.size, self.ok, mib(self.growing_peak_mb), self.samples_per_s, mib(self.room_mb),
-                       mib(self.mapped_peak_mb))
+                       mib(self.mapped_peak_mb), verified=not self.probe)
 
     @property
     def growing_peak_mb(self) -> float | None:
@@ -86,7 +87,7 @@ class FinderResult:
                  f"  {'size':>6}  {'result':<10}  {'peak MB':>9}  {'reserved MB':>11}  {'retries':>7}  "
                  f"{'seconds':>7}  {'samples/s':>9}  fwd/bwd/opt s"]
         for t in sorted(self.trials, key=lambda t: t.size):
-            result = "ok" if t.ok else f"OOM ({t.failed_in})"
+            result = ("ok (probe)" if t.probe else "ok") if t.ok else f"OOM ({t.failed_in})"
             fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
             parts = "/".join(fmt(v, ".2f") for v in (t.forward_s, t.backward_s, t.optimizer_s))
             lines.append(f"  {t.size:>6}  {result:<10}  {fmt(t.peak_mb, '9,.1f')}  {fmt(t.reserved_mb, '11,.1f')}  "

@@ -19,6 +19,7 @@ class Attempt:
     samples_per_s: float | None = None
     room_bytes: float | None = None  # CPU: the address space the cap left after the trial
     mapped_bytes: float | None = None  # CPU: address space at the peak (what the cap limits), where known
+    verified: bool = True  # False: a probe's (one step, to measure the peak); a pass then proves less
 
 
 @dataclass
@@ -26,28 +27,49 @@ class Budget:
     """The trials a search may still run, and those it has run (by size)."""
 
     max_trials: int
-    attempts: dict[int, Attempt]
+    attempts: dict[int, Attempt]  # the latest at each size
+    runs: int = 0  # a size probed, then tried in full, counts twice
 
     @property
     def left(self) -> int:
-        return self.max_trials - len(self.attempts)
+        return self.max_trials - self.runs
 
 
 class Searcher:
-    def __init__(self, attempt: Callable[[int], Attempt], max_trials: int, max_size: int) -> None:
-        self._attempt, self.max_size = attempt, max_size
+    """`attempt(size)`: a full trial. `probe(size)`, where given: a cheaper one that measures the
+    peak as well but proves less where it passes (one training step instead of several); fit's
+    small probes use it, and a search never returns a size only a probe passed."""
+
+    def __init__(self, attempt: Callable[[int], Attempt], max_trials: int, max_size: int,
+                 probe: Callable[[int], Attempt] | None = None) -> None:
+        self._attempt, self._probe, self.max_size = attempt, probe or attempt, max_size
         self.budget = Budget(max_trials, {})
 
-    def attempt(self, size: int) -> Attempt:
-        """Try `size` once (a size tried before is not tried again)."""
+    def attempt(self, size: int, probe: bool = False) -> Attempt:
+        """Try `size` once (a size tried before is not tried again, unless only a probe passed
+        there and a full trial is asked for)."""
         size = min(size, self.max_size)
-        if size not in self.budget.attempts:
-            self.budget.attempts[size] = self._attempt(size)
+        seen = self.budget.attempts.get(size)
+        if seen is None or (not probe and seen.ok and not seen.verified):
+            self.budget.attempts[size] = (self._probe if probe else self._attempt)(size)
+            self.budget.runs += 1
         return self.budget.attempts[size]
 
-    def best(self) -> int | None:
-        passed = [a.size for a in self.budget.attempts.values() if a.ok]
+    def best(self, verified: bool = False) -> int | None:
+        """The largest size that passed (`verified`: a full trial)."""
+        passed = [a.size for a in self.budget.attempts.values() if a.ok and (a.verified or not verified)]
         return max(passed) if passed else None
+
+    def verified_best(self, tolerance: float = 0.0) -> int | None:
+        """The largest pass, tried in full where only a probe passed there (rare: the probes stay
+        below a quarter of the edge); where the full trial fails, the edge is settled again."""
+        while self.budget.left > 0:
+            best = self.best()
+            if best is None or self.budget.attempts[best].verified:
+                break
+            if not self.attempt(best).ok:
+                self.bisect(tolerance)
+        return self.best(verified=True)
 
     def smallest_failure(self) -> int | None:
         failed = [a.size for a in self.budget.attempts.values() if not a.ok]
@@ -87,11 +109,16 @@ class Searcher:
         each new pass, else steps from the side just tried in growing steps (1, 2, 4 ... x
         `tolerance`), never past the middle of the bracket. Trials near the edge are the slow
         ones: this spends two or three of them where bisecting up from the last probe spends
-        eight."""
-        small = self.attempt(init)
+        eight. The probes up to there run one step each (`probe`): they measure the peak, which
+        the first step shows."""
+        self._fit(init, budget_bytes, tolerance)
+        return self.verified_best(tolerance)
+
+    def _fit(self, init: int, budget_bytes: float, tolerance: float) -> None:
+        small = self.attempt(init, probe=True)
         if not small.ok or small.size >= self.max_size:
-            return self.best()
-        large = self.attempt(4 * init)
+            return
+        large = self.attempt(4 * init, probe=True)
         # At small sizes fixed costs (gradients, the optimizer's temporaries) hide the per-sample
         # cost: grow until the peak has grown by a quarter of the budget, so that the line is
         # fitted over a range that matters and extrapolated by less.
@@ -104,7 +131,7 @@ class Searcher:
             guess = _fit(self.budget.attempts.values(), budget_bytes)
             if guess is not None and 4 * large.size > guess / 4 and _straight(self.budget.attempts.values()):
                 break
-            large = self.attempt(4 * large.size)
+            large = self.attempt(4 * large.size, probe=True)
         # The line through the two largest sizes that fit: furthest from small-size fixed costs.
         predicted = _fit(self.budget.attempts.values(), budget_bytes)
         if not large.ok:  # the edge lies below the last probe: the line's guess, else the middle
@@ -112,7 +139,8 @@ class Searcher:
             size = predicted if predicted is not None and low < predicted < large.size else (low + large.size) // 2
         elif predicted is None or predicted <= large.size:
             self.power(2 * large.size)  # no usable fit: fall back to doubling
-            return self.bisect(tolerance)
+            self.bisect(tolerance)
+            return
         else:
             size = min(predicted, self.max_size)
         step = tolerance
@@ -136,7 +164,7 @@ class Searcher:
             else:
                 size = math.floor(high * (1 - step))
                 size, step = size if low is None else max(size, (low + high) // 2), 2 * step
-        return self.bisect(tolerance)
+        self.bisect(tolerance)
 
 
 def _fit(attempts, budget_bytes: float) -> int | None:

@@ -141,8 +141,10 @@ class TrialRunner:
         self.eval_s, self.eval_peak_mb = time.perf_counter() - started, (self._peak() - base) / memory.MIB
         memory.release(self.device)
 
-    def run(self, size: int, plain: bool = False) -> Trial:
-        """A trial at `size`; `plain`: with activation checkpointing off (to measure its cost)."""
+    def run(self, size: int, plain: bool = False, probe: bool = False) -> Trial:
+        """A trial at `size`; `plain`: with activation checkpointing off (to measure its cost);
+        `probe`: one training step, enough to measure the peak (the first step's is the one
+        fitted), not to show that later steps fit too."""
         if self.eval_fits is False:
             return Trial(size, False, self.eval_failed_in)
         if plain:
@@ -160,7 +162,7 @@ class TrialRunner:
         self._peaks.clear()
         ok = True
         try:
-            for _ in range(self.steps):
+            for _ in range(1 if probe else self.steps):
                 self._marks.clear()
                 t = time.perf_counter()
                 self._train_step(size)
@@ -207,7 +209,7 @@ class TrialRunner:
         forward_s, backward_s, optimizer_s = parts[-1] if parts else (None, None, None)
         backward_peak = self._peaks["resident"] - base if ok and "resident" in self._peaks else None
         return Trial(size, ok, None if ok else "train", mib(peak), reserved, retries, seconds, rate, mib(train_peak),
-                     forward_s, backward_s, optimizer_s, mapped_peak, room, mib(backward_peak))
+                     forward_s, backward_s, optimizer_s, mapped_peak, room, mib(backward_peak), probe)
 
     def _rewrap(self) -> None:
         """The same module and optimizer in a fresh DDP wrapper (its reducer reset)."""
