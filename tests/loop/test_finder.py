@@ -113,6 +113,28 @@ def test_init_that_does_not_fit_is_a_clear_error(make_cfg):
     assert "even 4096 samples do not fit" in str(info.value) and "precision=bf16" in str(info.value)
 
 
+def test_the_evaluation_pass_is_checked_after_the_search_only_where_no_trial_as_large_passed(make_cfg):
+    # Evaluation batches of 200 (the validation split): trials of 256 show that it fits (a forward
+    # without gradients holds less than a training step at the same size); trials up to 64 do not.
+    shown = find(make_cfg, "model.hidden=[64]", "batch.finder.max_size=256").memory
+    assert (shown["eval_size"], shown["eval_shown_by"], shown["eval_peak_mb"]) == (200, 256, None)
+    checked = find(make_cfg, "model.hidden=[64]", "batch.finder.max_size=64").memory
+    assert checked["eval_shown_by"] is None and checked["eval_peak_mb"] > 0
+
+
+def test_an_evaluation_batch_that_does_not_fit_is_a_clear_error_naming_it(make_cfg):
+    from bsexp import memory
+
+    # Training steps of up to 16 samples fit in 150 MB; evaluating 4000 at once (~250 MB) does not.
+    room_gb = (memory.rss() + 150 * memory.MIB) / GIB
+    with pytest.raises(ConfigError) as info:
+        find(make_cfg, "data.val_size=4000", "trainer.eval_batch_size=4000", "batch.finder.max_size=16",
+             limit_gb=room_gb)
+    assert info.value.key == "trainer.eval_batch_size" and info.value.value == 4000
+    assert "evaluation pass (4,000 samples a batch) does not fit" in str(info.value)
+    assert "training steps of 16 samples do" in str(info.value)
+
+
 def test_a_limit_below_what_the_process_holds_is_a_clear_error(make_cfg):
     with pytest.raises(ConfigError) as info:
         find(make_cfg, "batch.finder.memory_limit_gb=0.02")

@@ -90,6 +90,12 @@ def find_plan(cfg: DictConfig, world: World, splits: Splits, model: torch.nn.Mod
                                   f"({budget / memory.MIB:,.0f} MB above the model, data and optimizer state; out of "
                                   f"memory in {seen.failed_in}); try precision=bf16, a smaller model or "
                                   f"trainer.eval_batch_size, or batch=accumulation with a small batch.micro_size")
+            evaluation = prober.evaluation()  # checked now only where no trial as large passed
+            if world.all_reduce(torch.tensor([float(not evaluation["eval_fits"])], device=world.device), op="max").item():
+                raise ConfigError("trainer.eval_batch_size", cfg.trainer.eval_batch_size,
+                                  f"the evaluation pass ({evaluation['eval_size']:,} samples a batch) does not fit in "
+                                  f"{limit / memory.GIB:.2f} GB beside the model and its optimizer state, though "
+                                  f"training steps of {best:,} samples do; lower trainer.eval_batch_size")
             # The margin: headroom below the largest size that fit, for what trials cannot show
             # (fragmentation over a long run, a busier process).
             chosen = max(MIN_MICRO, math.floor(best * (1 - node.margin)))
@@ -112,7 +118,7 @@ def find_plan(cfg: DictConfig, world: World, splits: Splits, model: torch.nn.Mod
         result = _result(cfg, world, list(trials.values()), chosen, limit, budget / memory.MIB, keep_size, False,
                          (max_size, bound_by))
         result.seconds = time.perf_counter() - started
-        result.memory = memory_breakdown(prober.model_memory, result.trials)
+        result.memory = memory_breakdown({**prober.model_memory, **evaluation}, result.trials)
         result.startup = prober.startup
         if checkpointed:
             result.checkpointing = plain_comparison

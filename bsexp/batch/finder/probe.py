@@ -95,6 +95,11 @@ class ChildProber:
             trial.room_mb = None  # the room it left is not the fresh process's
         return trial
 
+    def evaluation(self) -> dict:
+        """Whether the evaluation pass fits (TrialRunner.evaluation), after the trials."""
+        self.conn.send(("eval", None))
+        return self._receive("eval")
+
     def close(self) -> None:
         with contextlib.suppress(OSError, BrokenPipeError):
             self.conn.send(("stop", None))
@@ -130,17 +135,19 @@ def _child_main(conn, cfg: DictConfig, data: TrialData, limit_bytes: int, parent
             raise ConfigError("batch.finder.memory_limit_gb", round(limit_bytes / memory.GIB, 3),
                               str(memory.CapBelowUse(parent_rss + runner.state_bytes, limit_bytes)))
         memory.cap_room(budget)
-        runner.check_eval()
         # Every trial collects garbage twice (an OOM's traceback holds tensors in a cycle): with
         # torch's own objects frozen out of the collector, a collection takes milliseconds, not
         # the ~0.1 s a pass over every module, function and tensor of torch costs.
         gc.freeze()
-        startup = {"model_s": model_s, "first_step_s": runner.first_step_s, "eval_s": runner.eval_s}
+        startup = {"model_s": model_s, "first_step_s": runner.first_step_s}
         conn.send(("ready", (budget, startup, runner.model_memory())))
         while True:
             kind, size = conn.recv()
             if kind == "stop":
                 break
+            if kind == "eval":
+                conn.send(("eval", runner.evaluation()))
+                continue
             conn.send(("trial", runner.run(size, plain=kind == "plain", probe=kind == "probe")))
     except Exception as exc:  # not an OOM: the parent re-raises it
         with contextlib.suppress(Exception):
@@ -174,13 +181,15 @@ class InProcessProber:
         self.runner = TrialRunner(cfg, TrialData.of(splits, cfg.trainer.eval_batch_size), device, copy.deepcopy(model),
                                   world.distributed, group)
         self.budget_bytes = limit_bytes - torch.cuda.memory_allocated(device)
-        self.runner.check_eval()
-        self.startup = {"first_step_s": self.runner.first_step_s, "eval_s": self.runner.eval_s}
+        self.startup = {"first_step_s": self.runner.first_step_s}
         self.model_memory = self.runner.model_memory()
         self.device = device
 
     def attempt(self, size: int, plain: bool = False, probe: bool = False) -> Trial:
         return self.runner.run(size, plain, probe)
+
+    def evaluation(self) -> dict:
+        return self.runner.evaluation()
 
     def close(self) -> None:
         del self.runner

@@ -94,6 +94,12 @@ class FinderResult:
                          f"{fmt(t.alloc_retries, '7d')}  {t.seconds:7.2f}  {fmt(t.samples_per_s, '9,.0f')}  {parts}")
         if self.memory:
             lines.append("  " + memory_line(self.memory))
+            m = self.memory
+            if m.get("eval_shown_by"):
+                lines.append(f"  evaluation ({m['eval_size']:,} samples a batch): no check needed, the trial at "
+                             f"{m['eval_shown_by']:,} passed and a forward without gradients holds less")
+            elif m.get("eval_peak_mb") is not None:
+                lines.append(f"  evaluation ({m['eval_size']:,} samples a batch): checked, peak {m['eval_peak_mb']:,.1f} MB")
         c = self.checkpointing
         if c.get("slowdown_per_sample"):
             lines.append(f"  activation checkpointing: {c['checkpointing_found']:,} fit with it, about "
@@ -132,7 +138,8 @@ def memory_breakdown(model: dict[str, Any], trials: list[Trial]) -> dict[str, An
     out = {"params": model["params"], "optimizer": model["optimizer"], "param_mb": param_mb,
            "analytic_bytes_per_param": None if slots is None else 4 * (2 + slots),
            "optimizer_state_mb": state_mb, "fixed_mb": None, "fixed_analytic_mb": analytic,
-           "fixed_vs_analytic": None, "per_sample_mb": None, "eval_peak_mb": model.get("eval_peak_mb")}
+           "fixed_vs_analytic": None, "per_sample_mb": None, "eval_peak_mb": model.get("eval_peak_mb"),
+           "eval_size": model.get("eval_size"), "eval_shown_by": model.get("eval_shown_by")}
     line = peak_line(trials)
     if line is not None:
         per_sample, at_zero = line

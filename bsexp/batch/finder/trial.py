@@ -67,9 +67,9 @@ class TrialRunner:
         self.augment = data.augment
         self.fill = data.fill.to(device) if isinstance(data.fill, torch.Tensor) else data.fill
         self.generator = torch.Generator(device=device).manual_seed(0)
-        self.eval_fits: bool | None = None  # check_eval
+        self.eval_fits: bool | None = None  # check_eval, or a trial at least as large (evaluation)
         self.eval_failed_in = "train"
-        self.eval_s = self.eval_peak_mb = None
+        self.eval_s = self.eval_peak_mb = self.eval_shown_by = None
         # CPU: what the cap limits, address space (the first step also pages in library code,
         # resident memory that costs no address space: ~20 MB for a conv net).
         before = memory.vm_size() if device.type == "cpu" else torch.cuda.memory_allocated(device)
@@ -103,7 +103,7 @@ class TrialRunner:
                  if isinstance(v, torch.Tensor) and v.numel() > 1]  # moments, not step counters
         return {"params": sum(p.numel() for p in params), "param_bytes": sum(p.numel() * p.element_size() for p in params),
                 "state_bytes": sum(v.numel() * v.element_size() for v in state), "first_step_bytes": self.state_bytes,
-                "optimizer": type(self.step.optimizer).__name__, "eval_peak_mb": self.eval_peak_mb,
+                "optimizer": type(self.step.optimizer).__name__,
                 "momentum": any(g.get("momentum", 0) for g in self.step.optimizer.param_groups)}
 
     def _batch(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -117,11 +117,20 @@ class TrialRunner:
         x, y = self._batch(size)
         train_step(self.step, x, y, size, make_plan(size))
 
+    def evaluation(self) -> dict:
+        """Whether the evaluation pass fits beside the model: shown by a training trial at least
+        as large that passed (a forward without gradients holds less than a training step's
+        forward and backward at the same size), else checked now (`check_eval`)."""
+        if self.eval_fits is None:
+            self.check_eval()
+        return {"eval_fits": self.eval_fits, "eval_size": self.eval_size, "eval_s": self.eval_s,
+                "eval_peak_mb": self.eval_peak_mb, "eval_shown_by": self.eval_shown_by}
+
     def check_eval(self) -> None:
-        """The evaluation pass at trainer.eval_batch_size, once, under the cap, before any trial.
-        Its memory does not depend on the training micro-batch (the step's activations are gone
-        by then, its gradients, made here by a step of 2 samples, are fixed in size), so trials
-        need not repeat it; an evaluation that does not fit fails every size."""
+        """The evaluation pass at trainer.eval_batch_size, once, under the cap. Its memory does
+        not depend on the training micro-batch (the step's activations are gone by then, its
+        gradients, made here by a step of 2 samples, are fixed in size), so trials need not
+        repeat it; an evaluation that does not fit fails every size."""
         base = self._memory(reset=True)
         started, net = time.perf_counter(), self.step.net
         try:
@@ -184,6 +193,8 @@ class TrialRunner:
             self.step.optimizer.zero_grad(set_to_none=True)
         seconds = time.perf_counter() - started
         peak = max(self._peak() - base, train_peak or 0)
+        if ok and size >= self.eval_size and self.eval_fits is None:
+            self.eval_fits, self.eval_shown_by = True, size
         timed = step_times[1:] or step_times
         rate = size / (sum(timed) / len(timed)) if ok and timed else None
         memory.release(device)
