@@ -14,7 +14,7 @@ Goals (issue 17): fit finds >= 0.92 of the truth (after the 5 % margin), has ver
 >= 0.97 of it and none above it, in at most a third of binsearch's seconds, with at most 5
 trials above a quarter of the truth; every found size trains.
 
-    python scripts/bench_finder.py                        # mlp, cnn, resnet18 x two caps each (~40 min on 2 cores)
+    python scripts/bench_finder.py                        # mlp, cnn, resnet18 x two caps each (~30 min on 2 cores)
     python scripts/bench_finder.py --cases cnn@1.5        # one model and cap
     python scripts/bench_finder.py --truth cnn@1.5=1284   # a truth measured before (the finder's code changed)
     python scripts/bench_finder.py --out rows.jsonl; python scripts/bench_finder.py --table rows.jsonl

@@ -162,7 +162,7 @@ def _agree(world: World, trial: Trial) -> Trial:
     values = torch.tensor([float(not trial.ok), trial.peak_mb or 0.0, trial.reserved_mb or 0.0,
                            -(trial.samples_per_s or 0.0), trial.seconds], dtype=torch.float64, device=world.device)
     failed, peak, reserved, neg_rate, seconds = world.all_reduce(values, op="max").tolist()
-    phases = ["", "train", "eval", "killed"]
+    phases = ["", "train", "killed"]
     code = world.all_reduce(torch.tensor([float(phases.index(trial.failed_in or ""))], device=world.device), op="max")
     rate = -neg_rate * world.size if not failed else None
     failed_in = (phases[int(code.item())] or None) if failed else None

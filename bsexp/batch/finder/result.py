@@ -16,7 +16,7 @@ from bsexp.batch.plan import BatchPlan
 class Trial:
     size: int
     ok: bool
-    failed_in: str | None = None  # "train" or "eval" (checked once, before the trials) when out of memory
+    failed_in: str | None = None  # "train" when out of memory ("killed": the probe process died)
     peak_mb: float | None = None  # above the baseline (model, data, optimizer state), train or eval
     reserved_mb: float | None = None  # CUDA: the allocator's reserve; CPU: address space mapped
     alloc_retries: int | None = None  # CUDA: allocations retried after freeing the cache

@@ -111,10 +111,10 @@ class Searcher:
         ones: this spends two or three of them where bisecting up from the last probe spends
         eight. The probes up to there run one step each (`probe`): they measure the peak, which
         the first step shows."""
-        self._fit(init, budget_bytes, tolerance)
+        self._settle_fit(init, budget_bytes, tolerance)
         return self.verified_best(tolerance)
 
-    def _fit(self, init: int, budget_bytes: float, tolerance: float) -> None:
+    def _settle_fit(self, init: int, budget_bytes: float, tolerance: float) -> None:
         small = self.attempt(init, probe=True)
         if not small.ok or small.size >= self.max_size:
             return

@@ -68,8 +68,7 @@ class TrialRunner:
         self.fill = data.fill.to(device) if isinstance(data.fill, torch.Tensor) else data.fill
         self.generator = torch.Generator(device=device).manual_seed(0)
         self.eval_fits: bool | None = None  # check_eval, or a trial at least as large (evaluation)
-        self.eval_failed_in = "train"
-        self.eval_s = self.eval_peak_mb = self.eval_shown_by = None
+        self.eval_peak_mb = self.eval_shown_by = None
         # CPU: what the cap limits, address space (the first step also pages in library code,
         # resident memory that costs no address space: ~20 MB for a conv net).
         before = memory.vm_size() if device.type == "cpu" else torch.cuda.memory_allocated(device)
@@ -123,19 +122,18 @@ class TrialRunner:
         forward and backward at the same size), else checked now (`check_eval`)."""
         if self.eval_fits is None:
             self.check_eval()
-        return {"eval_fits": self.eval_fits, "eval_size": self.eval_size, "eval_s": self.eval_s,
-                "eval_peak_mb": self.eval_peak_mb, "eval_shown_by": self.eval_shown_by}
+        return {"eval_fits": self.eval_fits, "eval_size": self.eval_size, "eval_peak_mb": self.eval_peak_mb,
+                "eval_shown_by": self.eval_shown_by}
 
     def check_eval(self) -> None:
         """The evaluation pass at trainer.eval_batch_size, once, under the cap. Its memory does
         not depend on the training micro-batch (the step's activations are gone by then, its
-        gradients, made here by a step of 2 samples, are fixed in size), so trials need not
-        repeat it; an evaluation that does not fit fails every size."""
+        gradients, made here by a step of 2 samples, are fixed in size): one check serves every
+        size, and one that fails ends the search (bsexp.batch.finder.find)."""
         base = self._memory(reset=True)
-        started, net = time.perf_counter(), self.step.net
+        net = self.step.net
         try:
             self._train_step(MIN_MICRO)
-            self.eval_failed_in = "eval"
             net.eval()
             with torch.no_grad(), self.step.autocast():
                 net(self._batch(self.eval_size)[0])
@@ -147,15 +145,13 @@ class TrialRunner:
         finally:
             net.train()
             self.step.optimizer.zero_grad(set_to_none=True)
-        self.eval_s, self.eval_peak_mb = time.perf_counter() - started, (self._peak() - base) / memory.MIB
+        self.eval_peak_mb = (self._peak() - base) / memory.MIB
         memory.release(self.device)
 
     def run(self, size: int, plain: bool = False, probe: bool = False) -> Trial:
         """A trial at `size`; `plain`: with activation checkpointing off (to measure its cost);
         `probe`: one training step, enough to measure the peak (the first step's is the one
         fitted), not to show that later steps fit too."""
-        if self.eval_fits is False:
-            return Trial(size, False, self.eval_failed_in)
         if plain:
             set_checkpointing(self.step.net, False)
             try:
