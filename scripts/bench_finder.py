@@ -117,6 +117,9 @@ def main() -> None:
                                             f"batch.finder.max_trials={args.max_trials}",
                                             f"batch.finder.memory_limit_gb={limit}",
                                             f"trainer.memory_limit_gb={limit}"], workdir, f"finder-{model}-{limit}-{mode}")
+                if not (run_dir / "finder.json").exists():  # the finder itself failed: say how, and go on
+                    print(f"{model} @ {limit} GB, {mode}: the finder's run failed (exit {code}):\n{err[-3000:]}", flush=True)
+                    continue
                 finder = json.loads((run_dir / "finder.json").read_text())
                 trials = finder["trials"]
                 row = {"model": model, "limit_gb": limit, "truth": truth, "mode": mode, "found": finder["micro_size"],
