@@ -211,7 +211,7 @@ def train(loop: Loop, state: TrainState) -> str:
         if not len(sizes):
             break
         skip = state.in_epoch if epoch == state.epoch else 0
-        bar = tqdm(total=len(sizes), initial=skip, desc=f"epoch {epoch + 1}/{loop.epochs}", unit="step", leave=False,
+        bar = EpochBar(total=len(sizes), initial=skip, desc=f"epoch {epoch + 1}/{loop.epochs}", unit="step", leave=False,
                    dynamic_ncols=True, disable=None if loop.show_progress and world.is_main else True)
         clock = _Clock(state)
         batches = loop.batches.steps(epoch, sizes, world.rank, world.size, loop.drop_last, skip=skip)
@@ -256,6 +256,15 @@ def train(loop: Loop, state: TrainState) -> str:
         clock.stop()
         bar.close()
     return "completed"
+
+
+class EpochBar(tqdm):
+    """tqdm without its monitor thread, which every bar would start even when disabled: a thread's
+    stack is 8 MB of address space, room a run under `trainer.memory_limit_gb` would lose to it
+    and the finder's trials would not see. The monitor only lowers `miniters` for bars that
+    print too rarely; an epoch's bar updates every step."""
+
+    monitor_interval = 0
 
 
 class _Clock:

@@ -67,3 +67,32 @@ def test_a_capped_process_cannot_outgrow_its_cap_through_another_threads_arena()
     done = subprocess.run([sys.executable, "-c", ARENA_SCRIPT], check=False, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["refused", "True"], done.stdout
+
+
+BAR_SCRIPT = """
+import sys, threading
+from hydra import compose, initialize_config_dir
+from bsexp.config.schema import register_configs
+from bsexp.loop import TrainState, build_loop, train
+
+register_configs()
+with initialize_config_dir(config_dir=sys.argv[1], version_base="1.3"):
+    cfg = compose("config", overrides=["logger=none", "trainer.progress=false", "data=digits", "model=mlp",
+                                       "epochs=1", "trainer.max_steps=3"])
+loop = build_loop(cfg)
+before = {thread.ident for thread in threading.enumerate()}
+print(train(loop, TrainState()), [t.name for t in threading.enumerate() if t.ident not in before])
+"""
+
+
+def test_training_starts_no_thread_for_its_progress_bar():
+    # tqdm starts a monitor thread with its first bar, even a disabled one: 8 MB of address space
+    # (its stack) that a run under trainer.memory_limit_gb loses and the finder's trials never see.
+    from pathlib import Path
+
+    import bsexp
+
+    conf = Path(bsexp.__file__).parent / "conf"
+    out = subprocess.run([sys.executable, "-c", BAR_SCRIPT, str(conf)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "completed []", out.stdout
