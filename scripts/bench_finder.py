@@ -1,14 +1,15 @@
 """The batch-size finder against the truth, under real CPU memory caps, over several models.
 
-Ground truth: the largest batch that survives two full training steps and the evaluation pass in a
-fresh process capped at the memory limit (`trainer.memory_limit_gb`, with
+Ground truth: the largest batch that survives three full training steps with an evaluation pass
+after each (steps 2 and 3 run beside what evaluation left, as every epoch after a run's first
+does) in a fresh process capped at the memory limit (`trainer.memory_limit_gb`, with
 `trainer.oom_recovery=false`, so that an out-of-memory error ends the process), found by
 doubling and then bisection to 0.5 % over fresh processes (each size its own process, so
-nothing carries over). Then each finder mode runs as users run it (`batch=finder`, then two
-training steps and evaluation under the same cap) and this prints, per model, cap and mode: the
-size found, found / truth, the largest size that passed a trial / truth, the trials (and those
-above a quarter of the truth), the seconds spent finding, and whether training at the found size
-then succeeded.
+nothing carries over). Then each finder mode runs as users run it (`batch=finder`, then the same
+steps and evaluations under the same cap) and this prints, per model, cap and mode: the size
+found, found / truth, the largest size that passed a trial / truth, the trials (and those above a
+quarter of the truth), the seconds spent finding, and whether training at the found size then
+succeeded.
 
 Goals (issue 17): fit finds >= 0.92 of the truth (after the 5 % margin), has verified a size
 >= 0.97 of it and none above it, in at most a third of binsearch's seconds, with at most 5
@@ -36,9 +37,11 @@ from pathlib import Path
 # Two full steps at every size: two epochs, the last short batch dropped (at 7,800 training
 # samples one epoch held a single full step above 3,900, and the second step of one epoch, short,
 # did not hold the optimizer state beside its activations as every later step of training does).
+# Evaluation after every step: steps 2 and 3 run beside the kernels oneDNN compiled for the
+# evaluation's shape, as every epoch after the first does.
 SETUP = ["data=synthetic", "data.shape=[3,32,32]", "data.num_samples=8000", "data.val_size=200",
          "optimizer=adamw", "logger=none", "trainer.progress=false", "epochs=2", "batch.drop_last=true",
-         "trainer.max_steps=2", "trainer.oom_recovery=false"]
+         "trainer.max_steps=3", "trainer.eval_every_steps=1", "trainer.oom_recovery=false"]
 # Small widths and caps, so that one model x cap takes a few minutes on 2 cores.
 MODELS = {"mlp": ["model=mlp", "model.hidden=[1024,1024,1024,1024]"], "cnn": ["model=cnn", "model.width=16"],
           "resnet18": ["model=resnet18"]}

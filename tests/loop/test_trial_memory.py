@@ -42,6 +42,36 @@ def test_a_ddp_trial_with_oom_recovery_holds_the_flat_gradient_buffer_training_a
     assert recovering - overlapped == pytest.approx(flat_mb, rel=0.25), (recovering, overlapped, flat_mb)
 
 
+CONV_NET = ["data=synthetic", "data.shape=[3,32,32]", "data.num_samples=600", "data.val_size=100", "model=cnn",
+            "model.width=16", "batch=finder", "optimizer=adamw", "trainer.eval_batch_size=100"]
+
+
+def test_trials_leave_room_for_the_kernels_trainings_onednn_cache_keeps(make_cfg, monkeypatch):
+    # The probe process runs with oneDNN's kernel cache off (every trial starts alike); training
+    # keeps the kernels of its shape and of the evaluation's (~15 and ~3 MB for this conv net).
+    # The finder measures them where the cache is as training has it, and trials get that much
+    # less room; a user who turned the cache off has nothing to leave room for.
+    def probed(capacity: str | None) -> tuple[float, float]:
+        if capacity is None:
+            monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+        else:
+            monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", capacity)
+        cfg = make_cfg(*CONV_NET)
+        prober = ChildProber(cfg, build_data(cfg), 4 * memory.GIB, distributed=False)
+        prober.close()
+        kept = prober.model_memory["kernel_cache_train_bytes"] + prober.model_memory["kernel_cache_eval_bytes"]
+        return kept / memory.MIB, prober.budget_bytes / memory.MIB
+
+    cached_mb, cached_budget = probed(None)
+    none_mb, uncached_budget = probed("0")
+    assert cached_mb > 5, cached_mb
+    assert none_mb < 1, none_mb
+    # The same parent, the same limit: the budgets differ by what the cache keeps (and the few
+    # MB the parent's resident memory moves between two starts).
+    assert uncached_budget - cached_budget == pytest.approx(cached_mb - none_mb, abs=4), \
+        (cached_budget, uncached_budget, cached_mb)
+
+
 ARENA_SCRIPT = """
 import sys, threading
 import torch

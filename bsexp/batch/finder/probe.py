@@ -24,6 +24,7 @@ from bsexp import memory
 from bsexp.batch.finder import server
 from bsexp.batch.finder.result import Trial
 from bsexp.batch.finder.trial import TrialData, TrialRunner
+from bsexp.batch.plan import MIN_MICRO
 from bsexp.build import build_model
 from bsexp.data import Splits
 from bsexp.distributed import World
@@ -32,6 +33,11 @@ from bsexp.runtime import cap_device_memory, seed_everything
 
 log = logging.getLogger(__name__)
 
+CACHE_CAPACITY = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"  # kernels oneDNN keeps (1,024 unless set; 0: none)
+# The first training step of the process that measures the kernel cache: the kernels a first
+# shape compiles take a little more room at larger sizes (the bench's conv net: 14.6 MB at 2
+# samples, 16.3 MB at 64 and 16.1 MB at 600), and their step stays cheap.
+KERNEL_SIZE = 64
 STRANDED = 0.05  # of the budget, still mapped after a failed trial: restart the probe process
 
 
@@ -48,30 +54,51 @@ class ChildProber:
         self.args = (cfg, data, limit_bytes, parent_rss, distributed, torch.get_num_threads())
         self.context = multiprocessing.get_context("forkserver")
         self.startup: dict[str, float] | None = None  # the first start's, by part
+        server.start()  # already running where bsexp.preflight or bsexp.loop saw a search coming
+        # Beside the first probe process, one with oneDNN's kernel cache as training has it,
+        # to measure what the cache will hold there (the probe's own cache is off).
+        self.kernels: dict | None = None
+        self._kernels_conn, child = self.context.Pipe()
+        self._kernels_process = self.context.Process(
+            target=_kernel_cache_main, daemon=True,
+            args=(child, cfg, data, distributed, torch.get_num_threads(), os.environ.get(CACHE_CAPACITY)))
+        self._kernels_process.start()
+        child.close()
         self._start()
 
     def _start(self) -> None:
         started = time.perf_counter()
-        server.start()  # already running where bsexp.preflight or bsexp.loop saw a search coming
+        server.start()
         self.conn, child = self.context.Pipe()
         self.process = self.context.Process(target=_child_main, args=(child, *self.args), daemon=True)
         self.process.start()
         child.close()
-        self.budget_bytes, startup, self.model_memory = self._receive("ready")
+        try:
+            startup, self.model_memory = self._receive("ready")
+            waited = time.perf_counter()
+            if self.kernels is None:  # measured beside this process's start
+                self.kernels = _received(self._kernels_conn, self._kernels_process, "kernels")
+                self._kernels_process.join(timeout=30)
+            waited = time.perf_counter() - waited
+            # Trials get the room training will have beside the kernels its cache keeps: its
+            # training shape's (what the first step left mapped there beyond what it left here:
+            # a trial's second step runs without them) and the evaluation's.
+            train_kernels = max(0, self.kernels["state_bytes"] - self.model_memory["first_step_bytes"])
+            self.conn.send(("cap", train_kernels + self.kernels["eval_bytes"]))
+            self.budget_bytes = self._receive("capped")
+        except BaseException:
+            self.close()
+            raise
+        self.model_memory = {**self.model_memory, "kernel_cache_train_bytes": train_kernels,
+                             "kernel_cache_eval_bytes": self.kernels["eval_bytes"]}
         # What the child did not time itself: forking from the server (or waiting for it to finish
-        # importing torch and bsexp) and building the optimizer.
+        # importing torch and bsexp) and building the optimizer; and the wait for the kernels.
         if self.startup is None:  # the first start is the one reported
-            self.startup = {"process_s": time.perf_counter() - started - sum(startup.values()), **startup}
+            self.startup = {"process_s": time.perf_counter() - started - sum(startup.values()) - waited,
+                            **startup, "kernel_cache_wait_s": waited}
 
     def _receive(self, expected: str):
-        try:
-            kind, payload = self.conn.recv()
-        except EOFError:
-            raise ChildDied(self.process) from None
-        if kind == "error":
-            raise payload
-        assert kind == expected, kind
-        return payload
+        return _received(self.conn, self.process, expected)
 
     def attempt(self, size: int, plain: bool = False, probe: bool = False) -> Trial:
         """A trial at `size`; `plain`: with activation checkpointing off, to compare; `probe`:
@@ -106,6 +133,20 @@ class ChildProber:
         self.process.join(timeout=30)
         if self.process.is_alive():
             self.process.kill()
+        if self._kernels_process.is_alive():  # closed before it reported (this start failed)
+            self._kernels_process.kill()
+
+
+def _received(conn, process, expected: str):
+    """The next message from a child process: its payload, its error raised, or ChildDied."""
+    try:
+        kind, payload = conn.recv()
+    except EOFError:
+        raise ChildDied(process) from None
+    if kind == "error":
+        raise payload
+    assert kind == expected, kind
+    return payload
 
 
 class ChildDied(RuntimeError):
@@ -117,30 +158,25 @@ class ChildDied(RuntimeError):
 def _child_main(conn, cfg: DictConfig, data: TrialData, limit_bytes: int, parent_rss: int, distributed: bool,
                 threads: int) -> None:
     try:
-        torch.set_num_threads(threads)
-        memory.return_freed_memory()
-        seed_everything(cfg.seed, cfg.trainer.deterministic)
-        group = None
-        if distributed:  # a world of one rank, so DDP and SyncBatchNorm are really there
-            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-            group = dist.group.WORLD
         started = time.perf_counter()
-        model = build_model(cfg, data)  # what it reads of the data: the input's shape and classes
-        model_s = time.perf_counter() - started
-        runner = TrialRunner(cfg, data, torch.device("cpu"), model, distributed, group)
+        runner = _runner(cfg, data, distributed, threads)
+        model_s = time.perf_counter() - started - runner.first_step_s
+        startup = {"model_s": model_s, "first_step_s": runner.first_step_s}
+        conn.send(("ready", (startup, runner.model_memory())))
+        _, kernel_bytes = conn.recv()  # ("cap", what training's kernel cache will hold)
         # Trials get the room the training process will have once it holds its optimizer state
-        # too: what the limit leaves beside the parent's memory, not beside this process's.
-        budget = limit_bytes - parent_rss - runner.state_bytes
+        # and cached kernels too: what the limit leaves beside the parent's memory, not beside
+        # this process's.
+        budget = limit_bytes - parent_rss - runner.state_bytes - kernel_bytes
         if budget <= 0:
             raise ConfigError("batch.finder.memory_limit_gb", round(limit_bytes / memory.GIB, 3),
-                              str(memory.CapBelowUse(parent_rss + runner.state_bytes, limit_bytes)))
+                              str(memory.CapBelowUse(parent_rss + runner.state_bytes + kernel_bytes, limit_bytes)))
         memory.cap_room(budget)
         # Every trial collects garbage twice (an OOM's traceback holds tensors in a cycle): with
         # torch's own objects frozen out of the collector, a collection takes milliseconds, not
         # the ~0.1 s a pass over every module, function and tensor of torch costs.
         gc.freeze()
-        startup = {"model_s": model_s, "first_step_s": runner.first_step_s}
-        conn.send(("ready", (budget, startup, runner.model_memory())))
+        conn.send(("capped", budget))
         while True:
             kind, size = conn.recv()
             if kind == "stop":
@@ -154,8 +190,47 @@ def _child_main(conn, cfg: DictConfig, data: TrialData, limit_bytes: int, parent
             conn.send(("error", _picklable(exc)))
     finally:
         conn.close()
-    # Leave without the interpreter's teardown of torch (~1 s that the parent would wait for):
-    # the child holds nothing to save, and its output streams are flushed first.
+    _leave()
+
+
+def _kernel_cache_main(conn, cfg: DictConfig, data: TrialData, distributed: bool, threads: int,
+                       capacity: str | None) -> None:
+    """What the first training step leaves mapped and what an evaluation forward adds
+    (TrialRunner.eval_kernel_bytes), with oneDNN's kernel cache as the training process has it:
+    on unless the user's environment set its capacity."""
+    try:
+        # oneDNN reads its capacity when it first runs, which is after this: the server, whose
+        # environment turns the cache off, never runs a torch operation.
+        if capacity is None:
+            os.environ.pop(CACHE_CAPACITY, None)
+        else:
+            os.environ[CACHE_CAPACITY] = capacity
+        runner = _runner(cfg, data, distributed, threads, first_size=KERNEL_SIZE)
+        conn.send(("kernels", {"state_bytes": runner.state_bytes, "eval_bytes": runner.eval_kernel_bytes()}))
+    except Exception as exc:
+        with contextlib.suppress(Exception):
+            conn.send(("error", _picklable(exc)))
+    finally:
+        conn.close()
+    _leave()
+
+
+def _runner(cfg: DictConfig, data: TrialData, distributed: bool, threads: int, first_size: int = MIN_MICRO) -> TrialRunner:
+    """The run's model and optimizer in a probe process, its first step taken."""
+    torch.set_num_threads(threads)
+    memory.return_freed_memory()
+    seed_everything(cfg.seed, cfg.trainer.deterministic)
+    group = None
+    if distributed:  # a world of one rank, so DDP and SyncBatchNorm are really there
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        group = dist.group.WORLD
+    model = build_model(cfg, data)  # what it reads of the data: the input's shape and classes
+    return TrialRunner(cfg, data, torch.device("cpu"), model, distributed, group, first_size)
+
+
+def _leave() -> None:
+    """Leave without the interpreter's teardown of torch (~1 s that the parent would wait for):
+    a probe process holds nothing to save, and its output streams are flushed first."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

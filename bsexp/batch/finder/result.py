@@ -139,7 +139,11 @@ def memory_breakdown(model: dict[str, Any], trials: list[Trial]) -> dict[str, An
            "analytic_bytes_per_param": None if slots is None else 4 * (2 + slots),
            "optimizer_state_mb": state_mb, "fixed_mb": None, "fixed_analytic_mb": analytic,
            "fixed_vs_analytic": None, "per_sample_mb": None, "eval_peak_mb": model.get("eval_peak_mb"),
-           "eval_size": model.get("eval_size"), "eval_shown_by": model.get("eval_shown_by")}
+           "eval_size": model.get("eval_size"), "eval_shown_by": model.get("eval_shown_by"),
+           # CPU: what oneDNN's kernel cache will keep in the training process, left out of the
+           # trials' room (bsexp.batch.finder.probe.ChildProber)
+           "kernel_cache_mb": None if "kernel_cache_train_bytes" not in model else
+           (model["kernel_cache_train_bytes"] + model["kernel_cache_eval_bytes"]) / mib}
     line = peak_line(trials)
     if line is not None:
         per_sample, at_zero = line
@@ -169,4 +173,6 @@ def memory_line(m: dict[str, Any]) -> str:
     ratio = "" if m["fixed_vs_analytic"] is None else f", measured/analytic {m['fixed_vs_analytic']:.2f}"
     return (f"memory: fixed {fmt(m['fixed_mb'], ',.1f')} MB measured (params, grads, optimizer state "
             f"{m['optimizer_state_mb']:,.1f} MB, step overhead) vs {analytic}{ratio}; "
-            f"per sample {fmt(m['per_sample_mb'], ',.3f')} MB (activations)")
+            f"per sample {fmt(m['per_sample_mb'], ',.3f')} MB (activations)"
+            + ("" if m.get("kernel_cache_mb") is None else
+               f"; oneDNN's kernel cache {m['kernel_cache_mb']:,.1f} MB, left out of the trials' room"))

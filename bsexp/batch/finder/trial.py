@@ -55,7 +55,7 @@ class TrialRunner:
     own (`process_group`, one rank) with the same modules and gradient reduction."""
 
     def __init__(self, cfg: DictConfig, data: TrialData, device: torch.device, model: torch.nn.Module,
-                 distributed: bool = False, process_group=None) -> None:
+                 distributed: bool = False, process_group=None, first_size: int = MIN_MICRO) -> None:
         self.cfg, self.device = cfg, device
         self.steps = cfg.batch.finder.steps_per_trial
         self.eval_size = data.eval_size
@@ -73,7 +73,7 @@ class TrialRunner:
         # resident memory that costs no address space: ~20 MB for a conv net).
         before = memory.vm_size() if device.type == "cpu" else torch.cuda.memory_allocated(device)
         started = time.perf_counter()
-        self._train_step(MIN_MICRO)  # creates the optimizer's state: part of every trial's baseline
+        self._train_step(first_size)  # creates the optimizer's state: part of every trial's baseline
         self.step.optimizer.zero_grad(set_to_none=True)
         self.first_step_s = time.perf_counter() - started
         after = memory.vm_size() if device.type == "cpu" else torch.cuda.memory_allocated(device)
@@ -131,22 +131,38 @@ class TrialRunner:
         gradients, made here by a step of 2 samples, are fixed in size): one check serves every
         size, and one that fails ends the search (bsexp.batch.finder.find)."""
         base = self._memory(reset=True)
-        net = self.step.net
         try:
             self._train_step(MIN_MICRO)
-            net.eval()
-            with torch.no_grad(), self.step.autocast():
-                net(self._batch(self.eval_size)[0])
+            self._eval_forward()
             self.eval_fits = True
         except Exception as exc:
             if not memory.is_oom(exc):
                 raise
             self.eval_fits = False
         finally:
-            net.train()
             self.step.optimizer.zero_grad(set_to_none=True)
         self.eval_peak_mb = (self._peak() - base) / memory.MIB
         memory.release(self.device)
+
+    def eval_kernel_bytes(self) -> int:
+        """Bytes of address space an evaluation forward at the evaluation batch's size leaves
+        mapped: in a process with oneDNN's kernel cache on (as training has it), the kernels it
+        compiled for that shape (3 MB at 200 samples for the bench's conv net, 6 MB for
+        ResNet-18; a few samples' forward leaves none)."""
+        memory.release(self.device)
+        before = memory.vm_size()
+        self._eval_forward()
+        memory.release(self.device)
+        return max(0, memory.vm_size() - before)
+
+    def _eval_forward(self) -> None:
+        net = self.step.net
+        try:
+            net.eval()
+            with torch.no_grad(), self.step.autocast():
+                net(self._batch(self.eval_size)[0])
+        finally:
+            net.train()
 
     def run(self, size: int, plain: bool = False, probe: bool = False) -> Trial:
         """A trial at `size`; `plain`: with activation checkpointing off (to measure its cost);
