@@ -174,3 +174,18 @@ def test_a_search_never_returns_a_size_only_a_probe_passed(mode):
         found = searcher.fit(8, budget) if mode == "fit" else searcher.binsearch(8)
         assert len(tried) + len(probed) <= max_trials
         assert found is None or (found in tried and found <= min(boundary, max_size)), (boundary, max_size, found)
+
+
+def test_the_memory_breakdown_fits_its_line_through_sizes_far_apart():
+    # A settled search's two largest passes lie a percent apart: a few MB of noise in their
+    # peaks would make the slope anything. The breakdown's line runs from the largest pass to
+    # the largest at most half of it.
+    from bsexp.batch.finder.result import Trial, peak_line
+
+    def trial(size: int, noise_mb: float = 0.0, probe: bool = False) -> Trial:
+        return Trial(size, True, backward_peak_mb=3.0 + 0.5 * size + noise_mb, probe=probe)
+
+    trials = [trial(8, probe=True), trial(32, probe=True), trial(128, probe=True), trial(512, probe=True),
+              trial(1256, noise_mb=4.0), trial(1260, noise_mb=-3.0), Trial(1270, False)]
+    per_sample, at_zero = peak_line(trials)
+    assert per_sample == pytest.approx(0.5, rel=0.02) and at_zero == pytest.approx(3.0, abs=3.0)

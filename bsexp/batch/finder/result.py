@@ -158,10 +158,18 @@ def memory_breakdown(model: dict[str, Any], trials: list[Trial]) -> dict[str, An
 
 def peak_line(trials: list[Trial]) -> tuple[float, float] | None:
     """MB per sample and MB at no samples of the training step's peak through forward and
-    backward, on the line through the two largest sizes that passed (search.peak_line); None
-    with fewer than two."""
-    line = search.peak_line([t.attempt() for t in trials])
-    return None if line is None else (line[0] / memory.MIB, line[1] / memory.MIB)
+    backward, on the line through the largest size that passed and the largest at most half of
+    it (else the next largest): sizes far apart, so that a few MB of noise in a peak move the
+    slope little (the two largest passes of a settled search lie a percent apart: the conv net's
+    at 1,256 and 1,260 samples gave -0.26 MB a sample); None with fewer than two passes."""
+    points = sorted((a for a in (t.attempt() for t in trials) if a.ok and a.peak_bytes is not None),
+                    key=lambda a: a.size)
+    if len(points) < 2:
+        return None
+    top = points[-1]
+    low = next((a for a in reversed(points) if a.size <= top.size / 2), points[-2])
+    per_sample, at_zero = search.peak_line([low, top])
+    return per_sample / memory.MIB, at_zero / memory.MIB
 
 
 def memory_line(m: dict[str, Any]) -> str:
