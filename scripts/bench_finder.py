@@ -121,7 +121,10 @@ def main() -> None:
                                             f"batch.finder.memory_limit_gb={limit}",
                                             f"trainer.memory_limit_gb={limit}"], workdir, f"finder-{model}-{limit}-{mode}")
                 if not (run_dir / "finder.json").exists():  # the finder itself failed: say how, and go on
-                    print(f"{model} @ {limit} GB, {mode}: the finder's run failed (exit {code}):\n{err[-3000:]}", flush=True)
+                    log = run_dir / "train.log"
+                    trials = [line for line in log.read_text().splitlines() if "finder" in line] if log.exists() else []
+                    print(f"{model} @ {limit} GB, {mode}: the finder's run failed (exit {code}):\n{err[-3000:]}\n"
+                          + "\n".join(trials[-40:]), flush=True)
                     continue
                 finder = json.loads((run_dir / "finder.json").read_text())
                 trials = finder["trials"]

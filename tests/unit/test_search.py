@@ -189,3 +189,51 @@ def test_the_memory_breakdown_fits_its_line_through_sizes_far_apart():
               trial(1256, noise_mb=4.0), trial(1260, noise_mb=-3.0), Trial(1270, False)]
     per_sample, at_zero = peak_line(trials)
     assert per_sample == pytest.approx(0.5, rel=0.02) and at_zero == pytest.approx(3.0, abs=3.0)
+
+
+def bent_oracle(points: list[tuple[int, float]], tail: float, room: float):
+    """Peak (MB) interpolated through measured (size, peak) points, with slope `tail` beyond
+    the last; full trials and one-step probes alike; returns attempt, probe, tried, edge."""
+    import numpy as np
+
+    xs, ys = zip(*points)
+
+    def peak(x: int) -> float:
+        return float(np.interp(x, xs, ys)) if x <= xs[-1] else ys[-1] + tail * (x - xs[-1])
+
+    edge = max(x for x in range(1, 50_000) if peak(x) <= room)
+    tried = []
+
+    def run(size: int, probe: bool) -> Attempt:
+        tried.append(size)
+        ok = peak(size) <= room
+        return Attempt(size, ok, peak(size) * 2**20 if ok else None, None, room * 2**20, verified=not probe)
+
+    return (lambda n: run(n, False)), (lambda n: run(n, True)), tried, edge
+
+
+# The bench's MLP (four hidden layers of 1,024, AdamW, 1.1 GB): its probes' peaks through forward
+# and backward, and the slope near its edge. Fixed costs hide the per-sample cost up to a few
+# hundred samples, so the chord through the probes at 512 and 2,048 is too shallow.
+MLP_PEAKS = [(8, 26.3), (32, 25.5), (128, 30.1), (512, 38.3), (2048, 103.9), (2991, 151.7)]
+
+
+@pytest.mark.parametrize("room", [120.0, 153.5, 200.0, 255.8])
+def test_fit_aims_short_of_the_line_where_the_probes_slope_still_rises(room):
+    attempt, probe, tried, edge = bent_oracle(MLP_PEAKS, 0.0507, room)
+    found = Searcher(attempt, 25, 7_800, probe=probe).fit(8, room * 2**20)
+    assert 0.97 * edge <= found <= edge
+    # At most five trials above a quarter of the edge (issue 17), the last probe's among them;
+    # aiming at the chord's edge took 6-8, four of them failing above it.
+    assert len([size for size in tried if size > edge / 4]) <= 5, tried
+
+
+def test_fit_stops_settling_three_trials_after_the_first_pass_near_the_edge():
+    # Straight probes, but the per-sample cost grows by 30 % beyond them: the line's edge lies
+    # 20 % too far, and settling to 1 % from the first pass would take trial after trial.
+    points = [(8, 10.8), (32, 13.2), (128, 22.8), (512, 61.2)]
+    attempt, probe, tried, edge = bent_oracle(points, 0.13, 200.0)
+    found = Searcher(attempt, 25, 7_800, probe=probe).fit(8, 200 * 2**20)
+    assert 0.95 * edge <= found <= edge, (found, edge, tried)
+    first_pass = next(i for i, size in enumerate(tried) if size > 512 and size <= edge)
+    assert len(tried) - 1 - first_pass <= 3, tried

@@ -11,6 +11,14 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 
+STRAIGHT = 0.1  # probes lie on one line: the per-sample cost between the last two within 10 % of that before
+SHORT = 0.8  # of the line's way past the last probe, where the probes' slope still rises
+# Trials near the edge after the first full pass there, after which fit stops settling: the line
+# through that pass is right to about a percent, and each further trial gains less than one
+# (issue 17: at most five trials above a quarter of the edge, the last probe's among them).
+AFTER_EDGE_PASS = 3
+
+
 @dataclass(frozen=True)
 class Attempt:
     size: int
@@ -86,10 +94,10 @@ class Searcher:
             size = min(2 * size, self.max_size)
         return self.best()
 
-    def bisect(self, tolerance: float = 0.0) -> int | None:
+    def bisect(self, tolerance: float = 0.0, until_runs: int | None = None) -> int | None:
         """Between the largest pass and the smallest failure, until they are adjacent (or within
-        `tolerance` of each other, as a fraction)."""
-        while self.budget.left > 0:
+        `tolerance` of each other, as a fraction), or `until_runs` trials have run in all."""
+        while self.budget.left > 0 and (until_runs is None or self.budget.runs < until_runs):
             low, high = self.best(), self.smallest_failure()
             if low is None or high is None or high - low <= max(1, math.ceil(low * tolerance)):
                 break
@@ -107,10 +115,12 @@ class Searcher:
         `tolerance`: the
         line is usually right to a percent, so the search follows the line re-fitted through
         each new pass, else steps from the side just tried in growing steps (1, 2, 4 ... x
-        `tolerance`), never past the middle of the bracket. Trials near the edge are the slow
-        ones: this spends two or three of them where bisecting up from the last probe spends
-        eight. The probes up to there run one step each (`probe`): they measure the peak, which
-        the first step shows."""
+        `tolerance`), never past the middle of the bracket, and stops three trials after the
+        first full pass near the edge. Where the probes' slope still rises, the first try aims
+        short of the line's edge (SHORT). Trials near the edge are the slow ones: this spends
+        two to four of them where bisecting up from the last probe spends eight. The probes up
+        to there run one step each (`probe`): they measure the peak, which the first step
+        shows."""
         self._settle_fit(init, budget_bytes, tolerance)
         return self.verified_best(tolerance)
 
@@ -142,10 +152,22 @@ class Searcher:
             self.bisect(tolerance)
             return
         else:
+            rising = _rising(self.budget.attempts.values())
+            if rising is not None and rising > 1 + STRAIGHT:
+                # The probes' slope still rises (fixed costs hid the per-sample cost at the
+                # smaller ones): the chord through the last two is too shallow and its edge too
+                # far. Aim short of it, where a pass steadies the line (an MLP's probes at 512
+                # and 2,048 put the edge 6 % beyond the 3,030 that fit).
+                predicted = large.size + int(SHORT * (predicted - large.size))
             size = min(predicted, self.max_size)
         step = tolerance
+        first_pass = None  # the trials run when the first full trial near the edge passed
         while self.budget.left > 0 and size not in self.budget.attempts:
+            if first_pass is not None and self.budget.runs - first_pass >= AFTER_EDGE_PASS:
+                return  # close enough: each further trial near the edge gains less than a percent
             passed = self.attempt(size).ok
+            if passed and first_pass is None:
+                first_pass = self.budget.runs
             low, high = self.best(), self.smallest_failure()
             if low is not None and high is not None and high - low <= max(1, math.ceil(low * tolerance)):
                 break  # settled
@@ -156,7 +178,8 @@ class Searcher:
             # never beyond the middle of the bracket.
             guess = _fit(self.budget.attempts.values(), budget_bytes)
             top = self.max_size + 1 if high is None else high
-            if guess is not None and low is not None and low < guess < top and guess not in self.budget.attempts:
+            if (guess is not None and low is not None and low < guess < top and guess not in self.budget.attempts
+                    and (passed or guess <= math.floor(high * (1 - step)))):  # a failure's guess moves a step
                 size, step = guess, tolerance
             elif passed:
                 size = min(math.ceil(low * (1 + step)), self.max_size if high is None else (low + high) // 2)
@@ -164,7 +187,7 @@ class Searcher:
             else:
                 size = math.floor(high * (1 - step))
                 size, step = size if low is None else max(size, (low + high) // 2), 2 * step
-        self.bisect(tolerance)
+        self.bisect(tolerance, until_runs=None if first_pass is None else first_pass + AFTER_EDGE_PASS)
 
 
 def _fit(attempts, budget_bytes: float) -> int | None:
@@ -180,7 +203,7 @@ def _fit(attempts, budget_bytes: float) -> int | None:
     return predict_size(fitted[0], fitted[1], rooms[-1] if rooms else budget_bytes)
 
 
-def _straight(attempts, tolerance: float = 0.1) -> bool:
+def _straight(attempts, tolerance: float = STRAIGHT) -> bool:
     """Whether the last three passes with a measured peak lie on one line: the per-sample cost
     between the last two within `tolerance` of that between the two before."""
     points = _largest_measured(attempts, 3)
@@ -188,6 +211,16 @@ def _straight(attempts, tolerance: float = 0.1) -> bool:
         return False
     before, last = _per_sample(points[0], points[1]), _per_sample(points[1], points[2])
     return before > 0 and last > 0 and abs(last - before) <= tolerance * last
+
+
+def _rising(attempts) -> float | None:
+    """The per-sample cost between the last two passes with a measured peak over that between
+    the two before; None with fewer than three or a cost that is not positive."""
+    points = _largest_measured(attempts, 3)
+    if len(points) < 3:
+        return None
+    before, last = _per_sample(points[0], points[1]), _per_sample(points[1], points[2])
+    return last / before if before > 0 and last > 0 else None
 
 
 def peak_line(attempts) -> tuple[float, float] | None:
