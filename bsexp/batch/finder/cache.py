@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -12,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from bsexp import memory
 from bsexp.batch.finder.result import FinderResult
+from bsexp.batch.finder.server import CACHE_CAPACITY
 from bsexp.data import Splits
 from bsexp.distributed import World
 from bsexp.io import write_json
@@ -31,6 +33,9 @@ def cache_key(cfg: DictConfig, world: World, splits: Splits, keep_size: int | No
         "limit": cfg.batch.finder.memory_limit_gb or f"auto:{memory.total_memory()}",
         "device": torch.cuda.get_device_name(world.device) if world.device.type == "cuda" else "cpu",
         "eval_batch_size": cfg.trainer.eval_batch_size, "sync_batchnorm": cfg.distributed.sync_batchnorm,
+        # What training's oneDNN kernel cache will keep, left out of the trials' room since
+        # version 2 (answers stored before left no room for it).
+        "kernel_cache": os.environ.get(CACHE_CAPACITY), "version": 2,
     }
     parts["finder"].pop("cache", None)
     parts["finder"].pop("cache_dir", None)

@@ -22,6 +22,7 @@ from omegaconf import DictConfig
 
 from bsexp import memory
 from bsexp.batch.finder import server
+from bsexp.batch.finder.server import CACHE_CAPACITY
 from bsexp.batch.finder.result import Trial
 from bsexp.batch.finder.trial import TrialData, TrialRunner
 from bsexp.batch.plan import MIN_MICRO
@@ -33,7 +34,6 @@ from bsexp.runtime import cap_device_memory, seed_everything
 
 log = logging.getLogger(__name__)
 
-CACHE_CAPACITY = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"  # kernels oneDNN keeps (1,024 unless set; 0: none)
 # The first training step of the process that measures the kernel cache: the kernels a first
 # shape compiles take a little more room at larger sizes (the bench's conv net: 14.6 MB at 2
 # samples, 16.3 MB at 64 and 16.1 MB at 600), and their step stays cheap.
@@ -61,7 +61,8 @@ class ChildProber:
         self._kernels_conn, child = self.context.Pipe()
         self._kernels_process = self.context.Process(
             target=_kernel_cache_main, daemon=True,
-            args=(child, cfg, data, distributed, torch.get_num_threads(), os.environ.get(CACHE_CAPACITY)))
+            args=(child, cfg, data, distributed, torch.get_num_threads(), os.environ.get(CACHE_CAPACITY),
+                  limit_bytes - parent_rss))
         self._kernels_process.start()
         child.close()
         self._start()
@@ -77,13 +78,20 @@ class ChildProber:
             startup, self.model_memory = self._receive("ready")
             waited = time.perf_counter()
             if self.kernels is None:  # measured beside this process's start
-                self.kernels = _received(self._kernels_conn, self._kernels_process, "kernels")
+                try:
+                    self.kernels = _received(self._kernels_conn, self._kernels_process, "kernels")
+                except ChildDied:  # out of memory before it could say so (a limit with no room)
+                    self.kernels = {"state_bytes": None, "eval_bytes": 0}
                 self._kernels_process.join(timeout=30)
+                self._kernels_conn.close()
+                if self.kernels["state_bytes"] is None:
+                    log.warning("finder: the step that measures oneDNN's kernel cache did not fit under the "
+                                "limit; the trials' room leaves nothing for the kernels training will keep")
             waited = time.perf_counter() - waited
             # Trials get the room training will have beside the kernels its cache keeps: its
             # training shape's (what the first step left mapped there beyond what it left here:
             # a trial's second step runs without them) and the evaluation's.
-            train_kernels = max(0, self.kernels["state_bytes"] - self.model_memory["first_step_bytes"])
+            train_kernels = max(0, (self.kernels["state_bytes"] or 0) - self.model_memory["first_step_bytes"])
             self.conn.send(("cap", train_kernels + self.kernels["eval_bytes"]))
             self.budget_bytes = self._receive("capped")
         except BaseException:
@@ -135,6 +143,8 @@ class ChildProber:
             self.process.kill()
         if self._kernels_process.is_alive():  # closed before it reported (this start failed)
             self._kernels_process.kill()
+            self._kernels_process.join(timeout=5)
+            self._kernels_conn.close()
 
 
 def _received(conn, process, expected: str):
@@ -163,7 +173,9 @@ def _child_main(conn, cfg: DictConfig, data: TrialData, limit_bytes: int, parent
         model_s = time.perf_counter() - started - runner.first_step_s
         startup = {"model_s": model_s, "first_step_s": runner.first_step_s}
         conn.send(("ready", (startup, runner.model_memory())))
-        _, kernel_bytes = conn.recv()  # ("cap", what training's kernel cache will hold)
+        kind, kernel_bytes = conn.recv()  # ("cap", what training's kernel cache will hold)
+        if kind != "cap":  # stopped before the trials (the kernel measurement failed)
+            _leave()
         # Trials get the room the training process will have once it holds its optimizer state
         # and cached kernels too: what the limit leaves beside the parent's memory, not beside
         # this process's.
@@ -194,10 +206,12 @@ def _child_main(conn, cfg: DictConfig, data: TrialData, limit_bytes: int, parent
 
 
 def _kernel_cache_main(conn, cfg: DictConfig, data: TrialData, distributed: bool, threads: int,
-                       capacity: str | None) -> None:
+                       capacity: str | None, room_bytes: int) -> None:
     """What the first training step leaves mapped and what an evaluation forward adds
     (TrialRunner.eval_kernel_bytes), with oneDNN's kernel cache as the training process has it:
-    on unless the user's environment set its capacity."""
+    on unless the user's environment set its capacity. Capped like the probe process (the room
+    the limit leaves beside the training process): a step or evaluation that does not fit
+    reports None (the eval check after the search then names the evaluation batch)."""
     try:
         # oneDNN reads its capacity when it first runs, which is after this: the server, whose
         # environment turns the cache off, never runs a torch operation.
@@ -205,8 +219,19 @@ def _kernel_cache_main(conn, cfg: DictConfig, data: TrialData, distributed: bool
             os.environ.pop(CACHE_CAPACITY, None)
         else:
             os.environ[CACHE_CAPACITY] = capacity
-        runner = _runner(cfg, data, distributed, threads, first_size=KERNEL_SIZE)
-        conn.send(("kernels", {"state_bytes": runner.state_bytes, "eval_bytes": runner.eval_kernel_bytes()}))
+        kernels = {"state_bytes": None, "eval_bytes": 0}
+        if room_bytes <= 0:  # the probe process reports the limit below what training holds
+            conn.send(("kernels", kernels))
+            _leave()
+        memory.cap_room(room_bytes)  # never more than training will have: the host stays safe
+        try:
+            runner = _runner(cfg, data, distributed, threads, first_size=KERNEL_SIZE)
+            kernels["state_bytes"] = runner.state_bytes
+            kernels["eval_bytes"] = runner.eval_kernel_bytes()
+        except Exception as exc:
+            if not memory.is_oom(exc):
+                raise
+        conn.send(("kernels", kernels))
     except Exception as exc:
         with contextlib.suppress(Exception):
             conn.send(("error", _picklable(exc)))

@@ -18,6 +18,8 @@ import signal
 # multiprocessing runs again in every child as `__mp_main__` (Hydra's imports, ~0.25 s).
 PRELOAD = ["bsexp.batch.finder.probe", "torch._dynamo", "bsexp.train"]
 
+CACHE_CAPACITY = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"  # kernels oneDNN keeps (1,024 unless set; 0: none)
+
 _started_here = False
 
 
@@ -35,7 +37,7 @@ def start() -> None:
     # (probe._kernel_cache_main), and left out of the trials' room. The server's environment is
     # its children's. The probe processes are capped, so they allocate from one arena (see
     # bsexp.memory.one_arena).
-    with _environ(ONEDNN_PRIMITIVE_CACHE_CAPACITY="0", MALLOC_ARENA_MAX="1"):
+    with _environ(**{CACHE_CAPACITY: "0"}, MALLOC_ARENA_MAX="1"):
         multiprocessing.forkserver.ensure_running()
 
 
