@@ -205,12 +205,10 @@ def _fit(attempts, budget_bytes: float) -> int | None:
 
 def _straight(attempts, tolerance: float = STRAIGHT) -> bool:
     """Whether the last three passes with a measured peak lie on one line: the per-sample cost
-    between the last two within `tolerance` of that between the two before."""
-    points = _largest_measured(attempts, 3)
-    if len(points) < 3:
-        return False
-    before, last = _per_sample(points[0], points[1]), _per_sample(points[1], points[2])
-    return before > 0 and last > 0 and abs(last - before) <= tolerance * last
+    between the last two within `tolerance` of that between the two before (|last - before| <=
+    tolerance x last)."""
+    rising = _rising(attempts)
+    return rising is not None and abs(1 - 1 / rising) <= tolerance
 
 
 def _rising(attempts) -> float | None:
