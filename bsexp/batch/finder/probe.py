@@ -22,8 +22,8 @@ from omegaconf import DictConfig
 
 from bsexp import memory
 from bsexp.batch.finder import server
-from bsexp.batch.finder.server import CACHE_CAPACITY
 from bsexp.batch.finder.result import Trial
+from bsexp.batch.finder.server import CACHE_CAPACITY
 from bsexp.batch.finder.trial import TrialData, TrialRunner
 from bsexp.batch.plan import MIN_MICRO
 from bsexp.build import build_model
@@ -60,8 +60,8 @@ class ChildProber:
         self.kernels: dict | None = None
         self._kernels_conn, child = self.context.Pipe()
         self._kernels_process = self.context.Process(
-            target=_kernel_cache_main, daemon=True,
-            args=(child, cfg, data, distributed, torch.get_num_threads(), os.environ.get(CACHE_CAPACITY),
+            target=_serve, daemon=True,
+            args=(child, _kernel_cache, cfg, data, distributed, torch.get_num_threads(), os.environ.get(CACHE_CAPACITY),
                   limit_bytes - parent_rss))
         self._kernels_process.start()
         child.close()
@@ -71,7 +71,7 @@ class ChildProber:
         started = time.perf_counter()
         server.start()
         self.conn, child = self.context.Pipe()
-        self.process = self.context.Process(target=_child_main, args=(child, *self.args), daemon=True)
+        self.process = self.context.Process(target=_serve, args=(child, _trials, *self.args), daemon=True)
         self.process.start()
         child.close()
         try:
@@ -165,79 +165,83 @@ class ChildDied(RuntimeError):
         super().__init__(f"exit code {process.exitcode}")
 
 
-def _child_main(conn, cfg: DictConfig, data: TrialData, limit_bytes: int, parent_rss: int, distributed: bool,
-                threads: int) -> None:
+def _serve(conn, work, *args) -> None:
+    """A probe process: `work(conn, *args)`, an error from it (not an OOM, which the trials catch)
+    sent to the parent, which re-raises it; then leave without the interpreter's teardown of torch
+    (~1 s that the parent would wait for): a probe process holds nothing to save, and its output
+    streams are flushed first."""
     try:
-        started = time.perf_counter()
-        runner = _runner(cfg, data, distributed, threads)
-        model_s = time.perf_counter() - started - runner.first_step_s
-        startup = {"model_s": model_s, "first_step_s": runner.first_step_s}
-        conn.send(("ready", (startup, runner.model_memory())))
-        kind, kernel_bytes = conn.recv()  # ("cap", what training's kernel cache will hold)
-        if kind != "cap":  # stopped before the trials (the kernel measurement failed)
-            _leave()
-        # Trials get the room the training process will have once it holds its optimizer state
-        # and cached kernels too: what the limit leaves beside the parent's memory, not beside
-        # this process's.
-        budget = limit_bytes - parent_rss - runner.state_bytes - kernel_bytes
-        if budget <= 0:
-            raise ConfigError("batch.finder.memory_limit_gb", round(limit_bytes / memory.GIB, 3),
-                              str(memory.CapBelowUse(parent_rss + runner.state_bytes + kernel_bytes, limit_bytes)))
-        memory.cap_room(budget)
-        # Every trial collects garbage twice (an OOM's traceback holds tensors in a cycle): with
-        # torch's own objects frozen out of the collector, a collection takes milliseconds, not
-        # the ~0.1 s a pass over every module, function and tensor of torch costs.
-        gc.freeze()
-        conn.send(("capped", budget))
-        while True:
-            kind, size = conn.recv()
-            if kind == "stop":
-                break
-            if kind == "eval":
-                conn.send(("eval", runner.evaluation()))
-                continue
-            conn.send(("trial", runner.run(size, plain=kind == "plain", probe=kind == "probe")))
-    except Exception as exc:  # not an OOM: the parent re-raises it
-        with contextlib.suppress(Exception):
-            conn.send(("error", _picklable(exc)))
-    finally:
-        conn.close()
-    _leave()
-
-
-def _kernel_cache_main(conn, cfg: DictConfig, data: TrialData, distributed: bool, threads: int,
-                       capacity: str | None, room_bytes: int) -> None:
-    """What the first training step leaves mapped and what an evaluation forward adds
-    (TrialRunner.eval_kernel_bytes), with oneDNN's kernel cache as the training process has it:
-    on unless the user's environment set its capacity. Capped like the probe process (the room
-    the limit leaves beside the training process): a step or evaluation that does not fit
-    reports None (the eval check after the search then names the evaluation batch)."""
-    try:
-        # oneDNN reads its capacity when it first runs, which is after this: the server, whose
-        # environment turns the cache off, never runs a torch operation.
-        if capacity is None:
-            os.environ.pop(CACHE_CAPACITY, None)
-        else:
-            os.environ[CACHE_CAPACITY] = capacity
-        kernels = {"state_bytes": None, "eval_bytes": 0}
-        if room_bytes <= 0:  # the probe process reports the limit below what training holds
-            conn.send(("kernels", kernels))
-            _leave()
-        memory.cap_room(room_bytes)  # never more than training will have: the host stays safe
-        try:
-            runner = _runner(cfg, data, distributed, threads, first_size=KERNEL_SIZE)
-            kernels["state_bytes"] = runner.state_bytes
-            kernels["eval_bytes"] = runner.eval_kernel_bytes()
-        except Exception as exc:
-            if not memory.is_oom(exc):
-                raise
-        conn.send(("kernels", kernels))
+        work(conn, *args)
     except Exception as exc:
         with contextlib.suppress(Exception):
             conn.send(("error", _picklable(exc)))
     finally:
         conn.close()
-    _leave()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _trials(conn, cfg: DictConfig, data: TrialData, limit_bytes: int, parent_rss: int, distributed: bool,
+            threads: int) -> None:
+    """The probe process: the run's model and first step, then trials as the parent asks."""
+    started = time.perf_counter()
+    runner = _runner(cfg, data, distributed, threads)
+    model_s = time.perf_counter() - started - runner.first_step_s
+    startup = {"model_s": model_s, "first_step_s": runner.first_step_s}
+    conn.send(("ready", (startup, runner.model_memory())))
+    kind, kernel_bytes = conn.recv()  # ("cap", what training's kernel cache will hold)
+    if kind != "cap":  # stopped before the trials (the kernel measurement failed)
+        return
+    # Trials get the room the training process will have once it holds its optimizer state
+    # and cached kernels too: what the limit leaves beside the parent's memory, not beside
+    # this process's.
+    budget = limit_bytes - parent_rss - runner.state_bytes - kernel_bytes
+    if budget <= 0:
+        raise ConfigError("batch.finder.memory_limit_gb", round(limit_bytes / memory.GIB, 3),
+                          str(memory.CapBelowUse(parent_rss + runner.state_bytes + kernel_bytes, limit_bytes)))
+    memory.cap_room(budget)
+    # Every trial collects garbage twice (an OOM's traceback holds tensors in a cycle): with
+    # torch's own objects frozen out of the collector, a collection takes milliseconds, not
+    # the ~0.1 s a pass over every module, function and tensor of torch costs.
+    gc.freeze()
+    conn.send(("capped", budget))
+    while True:
+        kind, size = conn.recv()
+        if kind == "stop":
+            break
+        if kind == "eval":
+            conn.send(("eval", runner.evaluation()))
+            continue
+        conn.send(("trial", runner.run(size, plain=kind == "plain", probe=kind == "probe")))
+
+
+def _kernel_cache(conn, cfg: DictConfig, data: TrialData, distributed: bool, threads: int,
+                  capacity: str | None, room_bytes: int) -> None:
+    """What the first training step leaves mapped and what an evaluation forward adds
+    (TrialRunner.eval_kernel_bytes), with oneDNN's kernel cache as the training process has it:
+    on unless the user's environment set its capacity. Capped like the probe process (the room
+    the limit leaves beside the training process): a step or evaluation that does not fit
+    reports None (the eval check after the search then names the evaluation batch)."""
+    # oneDNN reads its capacity when it first runs, which is after this: the server, whose
+    # environment turns the cache off, never runs a torch operation.
+    if capacity is None:
+        os.environ.pop(CACHE_CAPACITY, None)
+    else:
+        os.environ[CACHE_CAPACITY] = capacity
+    kernels = {"state_bytes": None, "eval_bytes": 0}
+    if room_bytes <= 0:  # the probe process reports the limit below what training holds
+        conn.send(("kernels", kernels))
+        return
+    memory.cap_room(room_bytes)  # never more than training will have: the host stays safe
+    try:
+        runner = _runner(cfg, data, distributed, threads, first_size=KERNEL_SIZE)
+        kernels["state_bytes"] = runner.state_bytes
+        kernels["eval_bytes"] = runner.eval_kernel_bytes()
+    except Exception as exc:
+        if not memory.is_oom(exc):
+            raise
+    conn.send(("kernels", kernels))
 
 
 def _runner(cfg: DictConfig, data: TrialData, distributed: bool, threads: int, first_size: int = MIN_MICRO) -> TrialRunner:
@@ -251,14 +255,6 @@ def _runner(cfg: DictConfig, data: TrialData, distributed: bool, threads: int, f
         group = dist.group.WORLD
     model = build_model(cfg, data)  # what it reads of the data: the input's shape and classes
     return TrialRunner(cfg, data, torch.device("cpu"), model, distributed, group, first_size)
-
-
-def _leave() -> None:
-    """Leave without the interpreter's teardown of torch (~1 s that the parent would wait for):
-    a probe process holds nothing to save, and its output streams are flushed first."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 def _picklable(exc: Exception) -> Exception:

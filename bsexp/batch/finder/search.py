@@ -10,7 +10,6 @@ import math
 from dataclasses import dataclass, replace
 from typing import Callable
 
-
 STRAIGHT = 0.1  # probes lie on one line: the per-sample cost between the last two within 10 % of that before
 SHORT = 0.8  # of the line's way past the last probe, where the probes' slope still rises
 # Trials near the edge after the first full pass there, after which fit stops settling: the line

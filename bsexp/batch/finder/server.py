@@ -34,7 +34,7 @@ def start() -> None:
     # net): a probe process tries many shapes, training one or two, so each trial would leave the
     # next less room than training has. Without that cache every trial starts alike; what
     # training's cache will hold is measured once, in a process that turns it back on
-    # (probe._kernel_cache_main), and left out of the trials' room. The server's environment is
+    # (probe._kernel_cache), and left out of the trials' room. The server's environment is
     # its children's. The probe processes are capped, so they allocate from one arena (see
     # bsexp.memory.one_arena).
     with _environ(**{CACHE_CAPACITY: "0"}, MALLOC_ARENA_MAX="1"):
