@@ -237,3 +237,20 @@ def test_fit_stops_settling_three_trials_after_the_first_pass_near_the_edge():
     assert 0.95 * edge <= found <= edge, (found, edge, tried)
     first_pass = next(i for i, size in enumerate(tried) if size > 512 and size <= edge)
     assert len(tried) - 1 - first_pass <= 3, tried
+
+
+# The bench's ResNet-18 at 2.4 GB: its probes' mapped peaks (MB) and the room the cap left.
+RESNET_PEAKS = [(8, 74.4), (32, 177.9), (128, 602.9)]
+
+
+@pytest.mark.parametrize(("tail", "edge_trials"), [(4.53, 1), (4.427, 2), (4.30, 2)])
+def test_fit_aims_just_below_the_line_and_settles_on_a_pass_that_leaves_no_room_for_a_step_more(tail, edge_trials):
+    # Beyond the probes the per-sample cost is 2 % above the line's (the bench: 306 predicted,
+    # 302 fit, 306 failed), on it, or 3 % below. A first try just below the line's edge passes;
+    # where the line through that pass leaves no room for 1 % more, the edge is settled without
+    # a failure (before: a failure at the line's edge, then a second trial near it).
+    attempt, probe, tried, edge = bent_oracle(RESNET_PEAKS, tail, 1393.2)
+    found = Searcher(attempt, 25, 7_800, probe=probe).fit(8, 1393.2 * 2**20)
+    assert 0.98 * edge <= found <= edge, (found, edge, tried)
+    beyond_probes = [size for size in tried if size > 128]
+    assert all(size <= edge for size in beyond_probes) and len(beyond_probes) == edge_trials, (edge, tried)

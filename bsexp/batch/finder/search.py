@@ -12,6 +12,11 @@ from typing import Callable
 
 STRAIGHT = 0.1  # probes lie on one line: the per-sample cost between the last two within 10 % of that before
 SHORT = 0.8  # of the line's way past the last probe, where the probes' slope still rises
+# Below the line's edge, where fit tries first when the cap's room is measured (CPU): the line
+# through the probes misses the edge by a percent or so either way (the bench's ResNet-18: 306
+# predicted, 302 fit), and a first try that passes near the edge settles it at once where the
+# line through it leaves no room for a size a step larger; one that fails costs a second trial.
+AIM = 0.015
 # Trials near the edge after the first full pass there, after which fit stops settling: the line
 # through that pass is right to about a percent, and each further trial gains less than one
 # (issue 17: at most five trials above a quarter of the edge, the last probe's among them).
@@ -158,7 +163,9 @@ class Searcher:
                 # far. Aim short of it, where a pass steadies the line (an MLP's probes at 512
                 # and 2,048 put the edge 6 % beyond the 3,030 that fit).
                 predicted = large.size + int(SHORT * (predicted - large.size))
-            size = min(predicted, self.max_size)
+            elif large.room_bytes is not None:  # where a pass there can settle the edge (below)
+                predicted = math.floor(predicted * (1 - AIM))
+            size = min(max(predicted, large.size + 1), self.max_size)
         step = tolerance
         first_pass = None  # the trials run when the first full trial near the edge passed
         while self.budget.left > 0 and size not in self.budget.attempts:
@@ -176,6 +183,12 @@ class Searcher:
             # largest pass (and below the smallest failure); else step from the side just tried,
             # never beyond the middle of the bracket.
             guess = _fit(self.budget.attempts.values(), budget_bytes)
+            if (passed and size == low and guess is not None and guess < math.ceil(low * (1 + tolerance))
+                    and self.budget.attempts[size].room_bytes is not None):
+                # The line through this pass leaves no room for a size a step larger, under the
+                # room the cap measurably leaves (CPU): settled. Where the room is the budget's
+                # estimate (CUDA), a step up shows it.
+                return
             top = self.max_size + 1 if high is None else high
             if (guess is not None and low is not None and low < guess < top and guess not in self.budget.attempts
                     and (passed or guess <= math.floor(high * (1 - step)))):  # a failure's guess moves a step
