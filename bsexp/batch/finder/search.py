@@ -115,12 +115,13 @@ class Searcher:
     def fit(self, init: int, budget_bytes: float, tolerance: float = 0.01) -> int | None:
         """Probe sizes from `init` up (x4) until memory clearly grows, fit its peak (through
         forward and backward) as fixed + per-sample x size, try the largest size the fit allows
-        under `budget_bytes` (or the room the latest trial left), then settle the edge there to
-        `tolerance`: the
+        under `budget_bytes` (or the room the latest trial left; where that room is measured,
+        AIM below it), then settle the edge there to `tolerance`: the
         line is usually right to a percent, so the search follows the line re-fitted through
         each new pass, else steps from the side just tried in growing steps (1, 2, 4 ... x
         `tolerance`), never past the middle of the bracket, and stops three trials after the
-        first full pass near the edge. Where the probes' slope still rises, the first try aims
+        first full pass near the edge, or at a pass whose line leaves no measured room for a size
+        `tolerance` larger. Where the probes' slope still rises, the first try aims
         short of the line's edge (SHORT). Trials near the edge are the slow ones: this spends
         two to four of them where bisecting up from the last probe spends eight. The probes up
         to there run one step each (`probe`): they measure the peak, which the first step
