@@ -25,7 +25,6 @@ from bsexp.batch.finder import server
 from bsexp.batch.finder.result import Trial
 from bsexp.batch.finder.server import CACHE_CAPACITY
 from bsexp.batch.finder.trial import TrialData, TrialRunner
-from bsexp.batch.plan import MIN_MICRO
 from bsexp.build import build_model
 from bsexp.data import Splits
 from bsexp.distributed import World
@@ -55,8 +54,12 @@ class ChildProber:
         self.context = multiprocessing.get_context("forkserver")
         self.startup: dict[str, float] | None = None  # the first start's, by part
         server.start()  # already running where bsexp.preflight or bsexp.loop saw a search coming
-        # Beside the first probe process, one with oneDNN's kernel cache as training has it,
-        # to measure what the cache will hold there (the probe's own cache is off).
+        # Before the first probe process's first step, one with oneDNN's kernel cache as
+        # training has it, to measure what the cache will hold there (the probe's own cache is
+        # off). Not beside it: two processes each running torch on every core slow each other
+        # down more than running one after the other costs (ResNet-18 on 2 cores: the probe's
+        # first step of 2 samples took 0.9 s beside the kernels' step of 64, which took 3.1 s;
+        # alone, 0.3 s and 1.3 s).
         self.kernels: dict | None = None
         self._kernels_conn, child = self.context.Pipe()
         self._kernels_process = self.context.Process(
@@ -75,9 +78,7 @@ class ChildProber:
         self.process.start()
         child.close()
         try:
-            startup, self.model_memory = self._receive("ready")
-            waited = time.perf_counter()
-            if self.kernels is None:  # measured beside this process's start
+            if self.kernels is None:  # measured while this process starts and builds the model
                 try:
                     self.kernels = _received(self._kernels_conn, self._kernels_process, "kernels")
                 except ChildDied:  # out of memory before it could say so (a limit with no room)
@@ -87,7 +88,9 @@ class ChildProber:
                 if self.kernels["state_bytes"] is None:
                     log.warning("finder: the step that measures oneDNN's kernel cache did not fit under the "
                                 "limit; the trials' room leaves nothing for the kernels training will keep")
-            waited = time.perf_counter() - waited
+            with contextlib.suppress(BrokenPipeError, OSError):  # died building the model: said next
+                self.conn.send(("go", None))
+            startup, self.model_memory = self._receive("ready")
             # Trials get the room training will have beside the kernels its cache keeps: its
             # training shape's (what the first step left mapped there beyond what it left here:
             # a trial's second step runs without them) and the evaluation's.
@@ -100,10 +103,9 @@ class ChildProber:
         self.model_memory = {**self.model_memory, "kernel_cache_train_bytes": train_kernels,
                              "kernel_cache_eval_bytes": self.kernels["eval_bytes"]}
         # What the child did not time itself: forking from the server (or waiting for it to finish
-        # importing torch and bsexp) and building the optimizer; and the wait for the kernels.
+        # importing torch and bsexp) and building the optimizer.
         if self.startup is None:  # the first start is the one reported
-            self.startup = {"process_s": time.perf_counter() - started - sum(startup.values()) - waited,
-                            **startup, "kernel_cache_wait_s": waited}
+            self.startup = {"process_s": time.perf_counter() - started - sum(startup.values()), **startup}
 
     def _receive(self, expected: str):
         return _received(self.conn, self.process, expected)
@@ -186,9 +188,13 @@ def _trials(conn, cfg: DictConfig, data: TrialData, limit_bytes: int, parent_rss
             threads: int) -> None:
     """The probe process: the run's model and first step, then trials as the parent asks."""
     started = time.perf_counter()
-    runner = _runner(cfg, data, distributed, threads)
-    model_s = time.perf_counter() - started - runner.first_step_s
-    startup = {"model_s": model_s, "first_step_s": runner.first_step_s}
+    model, group = _model(cfg, data, distributed, threads)
+    built = time.perf_counter()
+    if conn.recv()[0] != "go":  # the kernel measurement first (ChildProber); stopped before it ended
+        return
+    waited = time.perf_counter() - built
+    runner = TrialRunner(cfg, data, torch.device("cpu"), model, distributed, group)
+    startup = {"model_s": built - started, "kernel_cache_wait_s": waited, "first_step_s": runner.first_step_s}
     conn.send(("ready", (startup, runner.model_memory())))
     kind, kernel_bytes = conn.recv()  # ("cap", what training's kernel cache will hold)
     if kind != "cap":  # stopped before the trials (the kernel measurement failed)
@@ -235,7 +241,8 @@ def _kernel_cache(conn, cfg: DictConfig, data: TrialData, distributed: bool, thr
         return
     memory.cap_room(room_bytes)  # never more than training will have: the host stays safe
     try:
-        runner = _runner(cfg, data, distributed, threads, first_size=KERNEL_SIZE)
+        model, group = _model(cfg, data, distributed, threads)
+        runner = TrialRunner(cfg, data, torch.device("cpu"), model, distributed, group, first_size=KERNEL_SIZE)
         kernels["state_bytes"] = runner.state_bytes
         kernels["eval_bytes"] = runner.eval_kernel_bytes()
     except Exception as exc:
@@ -244,8 +251,9 @@ def _kernel_cache(conn, cfg: DictConfig, data: TrialData, distributed: bool, thr
     conn.send(("kernels", kernels))
 
 
-def _runner(cfg: DictConfig, data: TrialData, distributed: bool, threads: int, first_size: int = MIN_MICRO) -> TrialRunner:
-    """The run's model and optimizer in a probe process, its first step taken."""
+def _model(cfg: DictConfig, data: TrialData, distributed: bool, threads: int) -> tuple[torch.nn.Module, object]:
+    """The run's model in a probe process, and the process group of one rank that stands for a
+    distributed run's world (None otherwise)."""
     torch.set_num_threads(threads)
     memory.return_freed_memory()
     seed_everything(cfg.seed, cfg.trainer.deterministic)
@@ -253,8 +261,7 @@ def _runner(cfg: DictConfig, data: TrialData, distributed: bool, threads: int, f
     if distributed:  # a world of one rank, so DDP and SyncBatchNorm are really there
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         group = dist.group.WORLD
-    model = build_model(cfg, data)  # what it reads of the data: the input's shape and classes
-    return TrialRunner(cfg, data, torch.device("cpu"), model, distributed, group, first_size)
+    return build_model(cfg, data), group  # what it reads of the data: the input's shape and classes
 
 
 def _picklable(exc: Exception) -> Exception:
