@@ -254,3 +254,20 @@ def test_fit_aims_just_below_the_line_and_settles_on_a_pass_that_leaves_no_room_
     assert 0.98 * edge <= found <= edge, (found, edge, tried)
     beyond_probes = [size for size in tried if size > 128]
     assert all(size <= edge for size in beyond_probes) and len(beyond_probes) == edge_trials, (edge, tried)
+
+
+# The bench's ResNet-18 at 2.0 GB: mapped peaks (MB) of binsearch's trials, and the room.
+RESNET_2GB_PEAKS = [(8, 74.7), (16, 107.7), (32, 178.0), (64, 318.4), (128, 602.8)]
+
+
+@pytest.mark.parametrize("room", [977.7, 1393.2])
+def test_fit_probes_no_larger_than_the_slope_says_the_peak_needs_to_grow_by_a_quarter(room):
+    # After 8 and 32 the peak has grown by a tenth of the room; x4 (128) would grow it by half,
+    # at the cost of a step 0.6 of the edge's. The slope so far says where it grows by 0.3 of the
+    # room (76 at 2.0 GB, 105 at 2.4 GB), and the line from there still finds the edge.
+    attempt, probe, tried, edge = bent_oracle(RESNET_2GB_PEAKS, 4.44, room)
+    found = Searcher(attempt, 25, 7_800, probe=probe).fit(8, room * 2**20)
+    assert 0.98 * edge <= found <= edge, (found, edge, tried)
+    third = tried[2]
+    assert 64 <= third < 128 and 178.0 + 4.4 * (third - 32) - 74.7 >= 0.25 * room, tried
+    assert len([size for size in tried if size > third]) <= 2, tried
