@@ -23,8 +23,8 @@ AIM = 0.015
 AFTER_EDGE_PASS = 3
 # fit probes until the peak has grown by this much of the budget: the line is then fitted over a
 # range that matters. Each probe is 4x the last, or less where the slope so far says that the
-# peak reaches PROBE_AIM of the budget sooner (ResNet-18 at 2 GB: 76 instead of 128, a step of
-# 1.5 s instead of 3.5 s; the line through 32 and 64 put its edge within 1 % of 32 and 128's).
+# peak reaches PROBE_AIM of the budget sooner (ResNet-18 at 2 GB: 77 instead of 128, a step of
+# 1.4-2.7 s instead of 3.2-3.5 s; the line through 32 and 64 put its edge within 1 % of 32 and 128's).
 GROWN = 0.25
 PROBE_AIM = 0.3
 
