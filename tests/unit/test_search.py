@@ -222,11 +222,16 @@ MLP_PEAKS = [(8, 26.3), (32, 25.5), (128, 30.1), (512, 38.3), (2048, 103.9), (29
 @pytest.mark.parametrize("room", [120.0, 153.5, 200.0, 255.8])
 def test_fit_aims_short_of_the_line_where_the_probes_slope_still_rises(room):
     attempt, probe, tried, edge = bent_oracle(MLP_PEAKS, 0.0507, room)
-    found = Searcher(attempt, 25, 7_800, probe=probe).fit(8, room * 2**20)
+    searcher = Searcher(attempt, 25, 7_800, probe=probe)
+    found = searcher.fit(8, room * 2**20)
     assert 0.97 * edge <= found <= edge
     # At most five trials above a quarter of the edge (issue 17), the last probe's among them;
     # aiming at the chord's edge took 6-8, four of them failing above it.
     assert len([size for size in tried if size > edge / 4]) <= 5, tried
+    # Short of the chord's edge a probe (one step) first, then one full trial (two steps) on the
+    # line through it; before, two full trials.
+    full = [size for size, a in searcher.budget.attempts.items() if a.verified and size > edge / 4]
+    assert full == [found], tried
 
 
 def test_fit_stops_settling_three_trials_after_the_first_pass_near_the_edge():

@@ -130,8 +130,9 @@ class Searcher:
         each new pass, else steps from the side just tried in growing steps (1, 2, 4 ... x
         `tolerance`), never past the middle of the bracket, and stops three trials after the
         first full pass near the edge, or at a pass whose line leaves no measured room for a size
-        `tolerance` larger (AIM more, where it aimed below the line). Where the probes' slope still rises, the first try aims
-        short of the line's edge (SHORT). Trials near the edge are the slow ones: this spends
+        `tolerance` larger (AIM more, where it aimed below the line). Where the probes' slope
+        still rises, one more probe goes short of the line's edge (SHORT), and the first full
+        try short of the line through it. Trials near the edge are the slow ones: this spends
         two to four of them where bisecting up from the last probe spends eight. The probes up
         to there run one step each (`probe`): they measure the peak, which the first step
         shows."""
@@ -158,22 +159,29 @@ class Searcher:
             large = self.attempt(_next_probe(small, large, budget_bytes), probe=True)
         # The line through the two largest sizes that fit: furthest from small-size fixed costs.
         predicted = _fit(self.budget.attempts.values(), budget_bytes)
+        shorted = False
+        if _still_rising(self.budget.attempts.values(), large, predicted) and self.budget.left > 2:
+            # The probes' slope still rises (fixed costs hid the per-sample cost at the smaller
+            # ones): the chord through the last two is too shallow and its edge too far. One more
+            # probe short of it (one step, half a full trial's), and the line through it.
+            large = self.attempt(_short_of(large, predicted, self.max_size), probe=True)
+            predicted, shorted = _fit(self.budget.attempts.values(), budget_bytes), True
         settle = tolerance  # how far short of its line's edge a pass may settle
         if not large.ok:  # the edge lies below the last probe: the line's guess, else the middle
             low = self.best()
             size = predicted if predicted is not None and low < predicted < large.size else (low + large.size) // 2
+        elif shorted and (predicted is None or predicted <= large.size):
+            return  # no room past the probe short of the edge: it is tried in full (verified_best)
         elif predicted is None or predicted <= large.size:
             self.power(2 * large.size)  # no usable fit: fall back to doubling
             self.bisect(tolerance)
             return
         else:
-            rising = _rising(self.budget.attempts.values())
-            if rising is not None and rising > 1 + STRAIGHT:
-                # The probes' slope still rises (fixed costs hid the per-sample cost at the
-                # smaller ones): the chord through the last two is too shallow and its edge too
-                # far. Aim short of it, where a pass steadies the line (an MLP's probes at 512
-                # and 2,048 put the edge 6 % beyond the 3,030 that fit).
-                predicted = large.size + int(SHORT * (predicted - large.size))
+            if _still_rising(self.budget.attempts.values(), large, predicted):
+                # Aim short of the line, where a pass steadies it (an MLP's probes at 512 and 2,048
+                # put the edge 6 % beyond the 3,030 that fit; with the probe at 3,005 between, the
+                # line through 2,048 and it 1 % beyond).
+                predicted = _short_of(large, predicted, self.max_size)
             elif large.room_bytes is not None:  # where a pass there can settle the edge (below)
                 predicted = math.floor(predicted * (1 - AIM))
                 settle += AIM
@@ -213,6 +221,18 @@ class Searcher:
                 size = _step_below(high, step)
                 size, step = size if low is None else max(size, (low + high) // 2), 2 * step
         self.bisect(tolerance, until_runs=None if first_pass is None else first_pass + AFTER_EDGE_PASS)
+
+
+def _still_rising(attempts, large: Attempt, predicted: int | None) -> bool:
+    """Whether the line's edge lies past the last probe `large` and the probes' slope still
+    rises there (the last per-sample cost more than STRAIGHT above the one before)."""
+    rising = _rising(attempts)
+    return large.ok and predicted is not None and predicted > large.size and rising is not None and rising > 1 + STRAIGHT
+
+
+def _short_of(large: Attempt, predicted: int, max_size: int) -> int:
+    """SHORT of the way from `large` to the line's edge `predicted` (at least a size past it)."""
+    return min(max(large.size + int(SHORT * (predicted - large.size)), large.size + 1), max_size)
 
 
 def _step_below(failed: int, step: float) -> int:
