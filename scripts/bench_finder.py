@@ -165,19 +165,24 @@ def print_table(rows: list[dict]) -> None:
         print(f"| {row['model']} | {row['limit_gb']:g} | {row['truth']:,} | {row['mode']} | {row['found']:,} | "
               f"{row['found'] / row['truth']:.3f} | {row['verified'] / row['truth']:.3f} | {row['trials']} "
               f"({row['large_trials']}) | {row['seconds']:.1f} | {vs} | {'yes' if row['trains'] else 'NO'} |")
-    cases = list(dict.fromkeys(case(r) for r in rows))
-    print("\nMedian seconds (each run's in brackets) and fit's against binsearch's:")
+    # Per case and mode over the repeats (the README's table): the ranges of the sizes, the
+    # median seconds with each run's, and that median against binsearch's.
+    print("\n| model | cap GB | truth | mode | found/truth | verified/truth | trials (> truth/4) "
+          "| seconds: median (runs) | vs binsearch | trains at found |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     ratios = []
-    for of in cases:
-        parts = []
+    for of in dict.fromkeys(case(r) for r in rows):
+        bis = median_seconds("binsearch", of)
         for mode in dict.fromkeys(r["mode"] for r in rows if case(r) == of):
-            runs = ", ".join(f"{r['seconds']:.1f}" for r in rows if r["mode"] == mode and case(r) == of)
-            parts.append(f"{mode} {median_seconds(mode, of):.1f} ({runs})")
-        fit, bis = median_seconds("fit", of), median_seconds("binsearch", of)
-        if fit is not None and bis:
-            ratios.append(fit / bis)
-            parts.append(f"fit / binsearch {fit / bis:.2f}")
-        print(f"- {of[0]} @ {of[1]:g} GB: " + "; ".join(parts))
+            runs = [r for r in rows if r["mode"] == mode and case(r) == of]
+            trials = ", ".join(sorted({f"{r['trials']} ({r['large_trials']})" for r in runs}))
+            seconds, each = median_seconds(mode, of), ", ".join(f"{r['seconds']:.1f}" for r in runs)
+            if mode == "fit" and bis:
+                ratios.append(seconds / bis)
+            vs = f"{seconds / bis:.2f}" if bis else "-"
+            print(f"| {of[0]} | {of[1]:g} | {runs[0]['truth']:,} | {mode} | {_span(r['found'] / r['truth'] for r in runs)} "
+                  f"| {_span(r['verified'] / r['truth'] for r in runs)} | {trials} | {seconds:.1f} ({each}) | {vs} "
+                  f"| {'yes' if all(r['trains'] for r in runs) else 'NO'} |")
     fit = [r for r in rows if r["mode"] == "fit"]
     if fit:
         def met(ok: bool) -> str:
@@ -188,6 +193,12 @@ def print_table(rows: list[dict]) -> None:
               f"every found size trains: {met(all(r['trains'] for r in rows))}")
         if ratios:
             print(f"fit / binsearch median seconds: at most {max(ratios):.2f} (goal <= 0.33): {met(max(ratios) <= 1 / 3)}")
+
+
+def _span(values) -> str:
+    """The range of fractions, to three places (one value where they agree)."""
+    low, high = f"{min(values := list(values)):.3f}", f"{max(values):.3f}"
+    return low if low == high else f"{low}–{high}"
 
 
 if __name__ == "__main__":
