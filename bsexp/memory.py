@@ -67,6 +67,12 @@ def rss() -> int:
     return _status("VmRSS")
 
 
+def held() -> int:
+    """Bytes the process holds itself: anonymous and shared-memory pages resident, not the
+    file-backed pages of its libraries (page cache, whose residency differs between processes)."""
+    return _status("RssAnon") + _status("RssShmem")
+
+
 def reset_peak_rss() -> None:
     """Restart the peak resident-set counter (VmHWM), so a trial's own peak can be read."""
     with open("/proc/self/clear_refs", "w") as refs:
@@ -94,12 +100,15 @@ def available_memory() -> int:
 
 def cap_memory(limit_bytes: int) -> int:
     """Cap this process at about `limit_bytes` of memory in all: the address space may grow by
-    what is not yet resident (limit - RSS) beyond what is mapped now. Returns the bytes left.
+    what the process does not hold yet (limit - `held()`) beyond what is mapped now. Returns the
+    bytes left. The file-backed pages of torch's libraries (~300 MB) are not counted: they are
+    page cache the kernel can drop, and how many are resident differs from process to process
+    (300-311 MB in five runs of one command), which moved every cap and every finder answer.
 
     Lowers only the soft limit, so it can be lifted again with `lift_memory_cap`."""
-    room = limit_bytes - rss()
+    room = limit_bytes - held()
     if room <= 0:
-        raise CapBelowUse(rss(), limit_bytes)
+        raise CapBelowUse(held(), limit_bytes)
     return cap_room(room)
 
 

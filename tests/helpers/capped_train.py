@@ -33,7 +33,7 @@ def main(out: str, room_mb: str, *overrides: str) -> None:
     loop = build_loop(cfg)
     if float(room_mb):
         memory.return_freed_memory()
-        memory.cap_memory(memory.rss() + int(float(room_mb) * memory.MIB))
+        memory.cap_memory(memory.held() + int(float(room_mb) * memory.MIB))
     progress = TrainState()
     status = train(loop, progress)
     torch.save({"status": status, "params": loop.step.model.state_dict(), "plan": loop.policy.current,

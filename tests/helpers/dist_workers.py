@@ -112,7 +112,7 @@ def train_with_room(cfg, rooms_mb):
         loop = build_loop(cfg, world)
         if rooms_mb[world.rank]:
             memory.return_freed_memory()
-            memory.cap_memory(memory.rss() + rooms_mb[world.rank] * memory.MIB)
+            memory.cap_memory(memory.held() + rooms_mb[world.rank] * memory.MIB)
         status = train(loop, TrainState())
         return {"rank": world.rank, "status": status, "plan": loop.policy.current,
                 "oom_recoveries": loop.policy.oom_recoveries, "params": {k: v.detach().clone() for k, v in loop.step.net.state_dict().items()}}

@@ -36,7 +36,7 @@ def test_a_real_cpu_oom_is_recognised_and_other_errors_are_not():
 import torch
 from bsexp import memory
 memory.return_freed_memory()
-memory.cap_memory(memory.rss() + 200 * memory.MIB)
+memory.cap_memory(memory.held() + 200 * memory.MIB)
 try:
     torch.empty(2**30, dtype=torch.uint8).fill_(1)
 except Exception as exc:
@@ -106,7 +106,7 @@ def test_a_global_batch_is_kept_by_choosing_micro_batch_and_accumulation(make_cf
 def test_init_that_does_not_fit_is_a_clear_error(make_cfg):
     from bsexp import memory
 
-    room_gb = (memory.rss() + 150 * memory.MIB) / GIB  # 4096 samples need about 500 MB
+    room_gb = (memory.held() + 150 * memory.MIB) / GIB  # 4096 samples need about 500 MB
     with pytest.raises(ConfigError) as info:
         find(make_cfg, "batch.finder.init=4096", "batch.finder.data_fraction=null", limit_gb=room_gb)
     assert info.value.key == "batch.finder.init"
@@ -126,7 +126,7 @@ def test_an_evaluation_batch_that_does_not_fit_is_a_clear_error_naming_it(make_c
     from bsexp import memory
 
     # Training steps of up to 16 samples fit in 150 MB; evaluating 4000 at once (~250 MB) does not.
-    room_gb = (memory.rss() + 150 * memory.MIB) / GIB
+    room_gb = (memory.held() + 150 * memory.MIB) / GIB
     with pytest.raises(ConfigError) as info:
         find(make_cfg, "data.val_size=4000", "trainer.eval_batch_size=4000", "batch.finder.max_size=16",
              limit_gb=room_gb)

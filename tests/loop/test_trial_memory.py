@@ -81,7 +81,7 @@ def test_a_kernel_measurement_that_does_not_fit_leaves_the_search_running(make_c
                    "model=cnn", "model.width=64", "batch=finder", "optimizer=adamw", "trainer.eval_batch_size=4")
     splits = build_data(cfg)
     with caplog.at_level("WARNING"):
-        prober = ChildProber(cfg, splits, memory.rss() + 80 * memory.MIB, distributed=False)
+        prober = ChildProber(cfg, splits, memory.held() + 80 * memory.MIB, distributed=False)
     try:
         assert prober.kernels["state_bytes"] is None and prober.model_memory["kernel_cache_train_bytes"] == 0
         assert "did not fit under the limit" in caplog.text
@@ -101,7 +101,7 @@ memory.one_arena()  # as bsexp.run does where a run is capped, before any other 
 worker = threading.Thread(target=lambda: [bytearray(1000) for _ in range(1000)] and torch.ones(1000).sum())
 worker.start(); worker.join()
 memory.return_freed_memory()
-memory.cap_memory(memory.rss() + 16 * memory.MIB)
+memory.cap_memory(memory.held() + 16 * memory.MIB)
 try:
     print("allocated", torch.ones(12 * memory.MIB).numel())  # 48 MiB
 except RuntimeError as exc:
@@ -115,6 +115,45 @@ def test_a_capped_process_cannot_outgrow_its_cap_through_another_threads_arena()
     done = subprocess.run([sys.executable, "-c", ARENA_SCRIPT], check=False, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["refused", "True"], done.stdout
+
+
+LIBRARY_PAGES_SCRIPT = """
+import mmap, os
+import torch
+from bsexp import memory
+
+memory.return_freed_memory()
+limit = memory.held() + 64 * memory.MIB
+before = memory.cap_memory(limit)
+memory.lift_memory_cap()
+# torch's own library, read: its pages become resident, file-backed, as a library's pages do
+# (how many of them are resident differs from one process to the next).
+with open(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"), "rb") as lib:
+    pages = mmap.mmap(lib.fileno(), 0, prot=mmap.PROT_READ)
+resident = memory.rss()
+sum(pages[i] for i in range(0, len(pages), mmap.PAGESIZE))
+grown = memory.rss() - resident
+after = memory.cap_memory(limit)
+fits = torch.ones(8 * memory.MIB).numel()  # 32 MiB
+try:
+    torch.ones(32 * memory.MIB).sum()  # 128 MiB
+    refused = False
+except RuntimeError as exc:
+    refused = memory.is_oom(exc)
+print(grown // memory.MIB, before // memory.MIB, after // memory.MIB, fits, refused)
+"""
+
+
+def test_a_cap_counts_what_the_process_holds_not_its_librarys_resident_pages():
+    # Before, the cap took the room from the resident set, library pages included: 300-311 MB of
+    # torch's pages in five runs of one command, which moved every cap and every finder answer.
+    done = subprocess.run([sys.executable, "-c", LIBRARY_PAGES_SCRIPT], check=False, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    grown_mb, before_mb, after_mb, fits, refused = done.stdout.split()
+    assert int(grown_mb) > 200  # the library's pages became resident
+    assert abs(int(after_mb) - int(before_mb)) <= 2  # and the cap's room did not move
+    assert fits == str(8 * memory.MIB) and refused == "True"  # the room is still a real cap
 
 
 BAR_SCRIPT = """

@@ -32,7 +32,7 @@ def memory_limit(cfg: DictConfig, device: torch.device) -> int:
         return int(cfg.batch.finder.memory_limit_gb * memory.GIB)
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).total_memory
-    return memory.rss() + memory.available_memory()
+    return memory.held() + memory.available_memory()
 
 
 def find_plan(cfg: DictConfig, world: World, splits: Splits, model: torch.nn.Module,

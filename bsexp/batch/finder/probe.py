@@ -50,9 +50,9 @@ class ChildProber:
         # The room the training process itself will have: the limit less what it holds now
         # (not counting memory freed while the data and model were built).
         memory.trim_freed_memory()
-        parent_rss = memory.rss()
+        parent_held = memory.held()
         data = TrialData.of(splits, cfg.trainer.eval_batch_size)  # not the whole dataset again
-        self.args = (cfg, data, limit_bytes, parent_rss, distributed, torch.get_num_threads())
+        self.args = (cfg, data, limit_bytes, parent_held, distributed, torch.get_num_threads())
         self.context = multiprocessing.get_context("forkserver")
         self.startup: dict[str, float] | None = None  # the first start's, by part
         server.start()  # already running where bsexp.preflight or bsexp.loop saw a search coming
@@ -67,7 +67,7 @@ class ChildProber:
         self._kernels_process = self.context.Process(
             target=_serve, daemon=True,
             args=(child, _kernel_cache, cfg, data, distributed, torch.get_num_threads(), os.environ.get(CACHE_CAPACITY),
-                  limit_bytes - parent_rss))
+                  limit_bytes - parent_held))
         self._kernels_process.start()
         child.close()
         self._start()
@@ -186,7 +186,7 @@ def _serve(conn, work, *args) -> None:
     os._exit(0)
 
 
-def _trials(conn, cfg: DictConfig, data: TrialData, limit_bytes: int, parent_rss: int, distributed: bool,
+def _trials(conn, cfg: DictConfig, data: TrialData, limit_bytes: int, parent_held: int, distributed: bool,
             threads: int) -> None:
     """The probe process: the run's model and first step, then trials as the parent asks."""
     started = time.perf_counter()
@@ -204,10 +204,10 @@ def _trials(conn, cfg: DictConfig, data: TrialData, limit_bytes: int, parent_rss
     # Trials get the room the training process will have once it holds its optimizer state
     # and cached kernels too: what the limit leaves beside the parent's memory, not beside
     # this process's.
-    budget = limit_bytes - parent_rss - runner.state_bytes - kernel_bytes
+    budget = limit_bytes - parent_held - runner.state_bytes - kernel_bytes
     if budget <= 0:
         raise ConfigError("batch.finder.memory_limit_gb", round(limit_bytes / memory.GIB, 3),
-                          str(memory.CapBelowUse(parent_rss + runner.state_bytes + kernel_bytes, limit_bytes)))
+                          str(memory.CapBelowUse(parent_held + runner.state_bytes + kernel_bytes, limit_bytes)))
     memory.cap_room(budget)
     # Every trial collects garbage twice (an OOM's traceback holds tensors in a cycle): with
     # torch's own objects frozen out of the collector, a collection takes milliseconds, not
