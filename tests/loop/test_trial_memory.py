@@ -1,5 +1,6 @@
 """The finder's trial runs the trainer's own training step, so it holds what training holds."""
 
+import resource
 import subprocess
 import sys
 
@@ -86,6 +87,36 @@ def test_a_kernel_measurement_that_does_not_fit_leaves_the_search_running(make_c
         assert prober.kernels["state_bytes"] is None and prober.model_memory["kernel_cache_train_bytes"] == 0
         assert "did not fit under the limit" in caplog.text
         assert prober.attempt(4).ok
+    finally:
+        prober.close()
+
+
+def _vm_size(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
+
+
+def test_a_probe_process_that_fails_far_sooner_at_a_smaller_size_is_replaced_and_the_size_tried_again(make_cfg,
+                                                                                                        caplog):
+    # A bench search of ResNet-18 once saw every trial below a failure fail in 2 ms. Here the
+    # probe process loses its room for real: its address-space cap is lowered from outside
+    # (prlimit) to what it has mapped, so its next trial fails at the first allocation.
+    cfg = make_cfg("data=synthetic", "data.shape=[3,32,32]", "data.num_samples=600", "data.val_size=100",
+                   "model=cnn", "model.width=64", "batch=finder", "optimizer=adamw", "trainer.eval_batch_size=8")
+    prober = ChildProber(cfg, build_data(cfg), memory.held() + 400 * memory.MIB, distributed=False)
+    try:
+        assert prober.attempt(64).ok
+        larger, smaller = prober.attempt(384), prober.attempt(256)  # ~1.4 MB a sample: neither fits
+        assert not larger.ok and not smaller.ok and "can't allocate memory" in smaller.error
+        # A smaller size failing later in its step, as memory grows through it, is no contradiction.
+        assert smaller.seconds > larger.seconds > 0.1
+        first = prober.process.pid
+        assert "sooner" not in caplog.text
+        resource.prlimit(first, resource.RLIMIT_AS, (_vm_size(first) + memory.MIB, resource.RLIM_INFINITY))
+        with caplog.at_level("WARNING"):
+            trial = prober.attempt(32)
+        assert trial.ok and prober.process.pid != first
+        assert "micro-batch 32 failed after" in caplog.text and "far sooner than 384" in caplog.text
     finally:
         prober.close()
 

@@ -171,7 +171,8 @@ def _agree(world: World, trial: Trial) -> Trial:
     return Trial(trial.size, not failed, failed_in, peak, reserved, trial.alloc_retries, seconds, rate,
                  train_peak or None, trial.forward_s, trial.backward_s, trial.optimizer_s, None, None,
                  world.all_reduce(torch.tensor([trial.backward_peak_mb or 0.0], dtype=torch.float64,
-                                               device=world.device), op="max").item() or None, trial.probe)
+                                               device=world.device), op="max").item() or None, trial.probe,
+                 trial.error)
     # (Each rank's address space is its own: the search, which must choose the same sizes on every
     # rank, then fits the agreed resident peaks.)
 

@@ -30,6 +30,7 @@ class Trial:
     room_mb: float | None = None  # CPU: address space the cap left after the trial
     backward_peak_mb: float | None = None  # through forward and backward, before the optimizer step
     probe: bool = False  # one training step, to measure the peak (fit's small sizes): a pass proves less
+    error: str | None = None  # where it failed: the out-of-memory error's first line
 
     def attempt(self) -> Attempt:
         """What the search sees: the training step's peak, and on CPU the address space (what the

@@ -181,7 +181,7 @@ class TrialRunner:
         started = time.perf_counter()
         step_times, train_peak, parts = [], None, []
         self._peaks.clear()
-        ok = True
+        ok, error = True, None
         try:
             for _ in range(1 if probe else self.steps):
                 self._marks.clear()
@@ -197,7 +197,7 @@ class TrialRunner:
         except Exception as exc:
             if not memory.is_oom(exc):
                 raise
-            ok = False
+            ok, error = False, str(exc).strip().splitlines()[0][:200]
             if self.distributed:  # DDP's reducer expects the step it never saw end: wrap afresh
                 self._rewrap()
         finally:
@@ -232,7 +232,7 @@ class TrialRunner:
         forward_s, backward_s, optimizer_s = parts[-1] if parts else (None, None, None)
         backward_peak = self._peaks["resident"] - base if ok and "resident" in self._peaks else None
         return Trial(size, ok, None if ok else "train", mib(peak), reserved, retries, seconds, rate, mib(train_peak),
-                     forward_s, backward_s, optimizer_s, mapped_peak, room, mib(backward_peak), probe)
+                     forward_s, backward_s, optimizer_s, mapped_peak, room, mib(backward_peak), probe, error)
 
     def _rewrap(self) -> None:
         """The same module and optimizer in a fresh DDP wrapper (its reducer reset)."""
