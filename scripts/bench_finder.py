@@ -20,7 +20,7 @@ are each mode's median, every run's sizes are checked.
 
     python scripts/bench_finder.py                        # mlp, cnn, resnet18 x two caps each (~50 min on 2 cores)
     python scripts/bench_finder.py --cases cnn@1.2        # one model and cap
-    python scripts/bench_finder.py --truth cnn@1.2=1264   # a truth measured before (the finder's code changed)
+    python scripts/bench_finder.py --truth cnn@1.2=1272   # a truth measured before (the finder's code changed)
     python scripts/bench_finder.py --out rows.jsonl; python scripts/bench_finder.py --table rows.jsonl
 """
 
