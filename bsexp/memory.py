@@ -37,6 +37,13 @@ def is_oom(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and any(m in str(exc) for m in OOM_MESSAGES)
 
 
+def error_line(exc: BaseException) -> str:
+    """An out-of-memory error in one line (its first, at most 200 characters; its type where it
+    has no message, as Python's own MemoryError)."""
+    lines = str(exc).strip().splitlines()
+    return lines[0][:200] if lines else type(exc).__name__
+
+
 def _status(field: str) -> int:
     """A /proc/self/status field in bytes (Linux)."""
     with open("/proc/self/status") as status:

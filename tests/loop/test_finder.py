@@ -40,14 +40,19 @@ memory.cap_memory(memory.held() + 200 * memory.MIB)
 try:
     torch.empty(2**30, dtype=torch.uint8).fill_(1)
 except Exception as exc:
-    print("oom" if memory.is_oom(exc) else "other", type(exc).__name__, "|", str(exc).splitlines()[0][:160])
+    print("oom" if memory.is_oom(exc) else "other", type(exc).__name__, "|", memory.error_line(exc))
+try:
+    bytearray(2**30)  # Python's own allocator: a MemoryError without a message
+except Exception as exc:
+    print("oom" if memory.is_oom(exc) else "other", type(exc).__name__, "|", memory.error_line(exc))
 small = torch.empty(10 * memory.MIB, dtype=torch.uint8).fill_(1)  # the process goes on
 print("alive", memory.is_oom(RuntimeError("shape mismatch")), memory.is_oom(torch.OutOfMemoryError("x")))
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    first, second = out.stdout.strip().splitlines()
+    first, python, second = out.stdout.strip().splitlines()
     assert first.startswith("oom RuntimeError") and "can't allocate memory" in first
+    assert python == "oom MemoryError | MemoryError"
     assert second == "alive False True"
 
 

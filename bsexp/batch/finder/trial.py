@@ -197,7 +197,7 @@ class TrialRunner:
         except Exception as exc:
             if not memory.is_oom(exc):
                 raise
-            ok, error = False, str(exc).strip().splitlines()[0][:200]
+            ok, error = False, memory.error_line(exc)
             if self.distributed:  # DDP's reducer expects the step it never saw end: wrap afresh
                 self._rewrap()
         finally:
