@@ -100,7 +100,7 @@ def test_a_probe_process_that_fails_far_sooner_at_a_smaller_size_is_replaced_and
                                                                                                         caplog):
     # A bench search of ResNet-18 once saw every trial below a failure fail in 2 ms. Here the
     # probe process loses its room for real: its address-space cap is lowered from outside
-    # (prlimit) to what it has mapped, so its next trial fails at the first allocation.
+    # (prlimit) to a little above what it has mapped, so its next trial fails at once.
     cfg = make_cfg("data=synthetic", "data.shape=[3,32,32]", "data.num_samples=600", "data.val_size=100",
                    "model=cnn", "model.width=64", "batch=finder", "optimizer=adamw", "trainer.eval_batch_size=8")
     prober = ChildProber(cfg, build_data(cfg), memory.held() + 400 * memory.MIB, distributed=False)

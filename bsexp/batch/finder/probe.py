@@ -121,9 +121,10 @@ class ChildProber:
             trial = self._receive("trial")
         except ChildDied as died:  # killed outright: a failure at this size; start afresh
             log.warning("finder: the probe process died at micro-batch %d (%s); restarting it", size, died)
-            self.close()
-            self._start()
+            self._restart()
             return Trial(size, False, "killed", error=f"the probe process died ({died})")
+        if trial.ok:
+            return trial
         sooner = _failed_sooner(trial, self.failures)
         if sooner is not None:
             # A step's memory grows as it runs, and a smaller batch needs less at every point of
@@ -133,21 +134,22 @@ class ChildProber:
             log.warning("finder: micro-batch %d failed after %.3f s, far sooner than %d did in the same probe "
                         "process (%.2f s): trying it again in a fresh one (%s)", size, trial.seconds, sooner.size,
                         sooner.seconds, trial.error)
-            self.close()
-            self._start()
+            self._restart()
             return self.attempt(size, plain, probe)  # a fresh process has no failures to be sooner than
-        if not trial.ok:
-            self.failures.append(trial)
-        if not trial.ok and (trial.reserved_mb or 0) * memory.MIB > STRANDED * self.budget_bytes:
+        self.failures.append(trial)
+        if (trial.reserved_mb or 0) * memory.MIB > STRANDED * self.budget_bytes:
             # When the cap refuses a large mapping, glibc falls back to its heap, which a small
             # block left on top can keep from shrinking: memory stranded that no later trial would
             # have. A fresh probe process starts clean.
             log.info("finder: %.0f MB stranded after the failure at %d; restarting the probe process",
                      trial.reserved_mb, size)
-            self.close()
-            self._start()
+            self._restart()
             trial.room_mb = None  # the room it left is not the fresh process's
         return trial
+
+    def _restart(self) -> None:
+        self.close()
+        self._start()
 
     def evaluation(self) -> dict:
         """Whether the evaluation pass fits (TrialRunner.evaluation), after the trials."""
@@ -166,12 +168,10 @@ class ChildProber:
             self._kernels_conn.close()
 
 
-def _failed_sooner(trial: Trial, failures: list[Trial]) -> Trial | None:
+def _failed_sooner(failed: Trial, failures: list[Trial]) -> Trial | None:
     """An earlier failure, at a larger size, that took more than twice as long to fail as this
-    trial did (and 0.1 s more): a contradiction, where the same process ran both."""
-    if trial.ok:
-        return None
-    return next((f for f in failures if f.size > trial.size and f.seconds > 2 * trial.seconds + 0.1), None)
+    one did (and 0.1 s more): a contradiction, where the same process ran both."""
+    return next((f for f in failures if f.size > failed.size and f.seconds > 2 * failed.seconds + 0.1), None)
 
 
 def _received(conn, process, expected: str):
