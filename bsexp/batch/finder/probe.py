@@ -196,7 +196,13 @@ def _serve(conn, work, *args) -> None:
     """A probe process: `work(conn, *args)`, an error from it (not an OOM, which the trials catch)
     sent to the parent, which re-raises it; then leave without the interpreter's teardown of torch
     (~1 s that the parent would wait for): a probe process holds nothing to save, and its output
-    streams are flushed first."""
+    streams are flushed first.
+
+    Every collection of garbage here (a trial collects twice: an OOM's traceback holds tensors in
+    a cycle) would pass over every module, function and tensor of torch, ~0.1-0.2 s each: what
+    the server imported is frozen out of the collector first, so a collection takes milliseconds
+    (the kernel measurement's two, for the bench's MLP: 0.35 s, then 0.03 s)."""
+    gc.freeze()
     try:
         work(conn, *args)
     except Exception as exc:
@@ -232,10 +238,7 @@ def _trials(conn, cfg: DictConfig, data: TrialData, limit_bytes: int, parent_hel
         raise ConfigError("batch.finder.memory_limit_gb", round(limit_bytes / memory.GIB, 3),
                           str(memory.CapBelowUse(parent_held + runner.state_bytes + kernel_bytes, limit_bytes)))
     memory.cap_room(budget)
-    # Every trial collects garbage twice (an OOM's traceback holds tensors in a cycle): with
-    # torch's own objects frozen out of the collector, a collection takes milliseconds, not
-    # the ~0.1 s a pass over every module, function and tensor of torch costs.
-    gc.freeze()
+    gc.freeze()  # the model and optimizer too (_serve froze what was imported)
     conn.send(("capped", budget))
     while True:
         kind, size = conn.recv()
