@@ -18,7 +18,7 @@ trials above a quarter of the truth; every found size trains. Each mode runs `--
 search took 30-50 % longer from one run to the next) falls on each alike; the seconds compared
 are each mode's median, every run's sizes are checked.
 
-    python scripts/bench_finder.py                        # mlp, cnn, resnet18 x two caps each (~40 min on 2 cores)
+    python scripts/bench_finder.py                        # mlp, cnn, resnet18 x two caps each (~1 hour on 2 cores)
     python scripts/bench_finder.py --cases cnn@1.2        # one model and cap
     python scripts/bench_finder.py --truth cnn@1.2=1272   # a truth measured before (the finder's code changed)
     python scripts/bench_finder.py --out rows.jsonl; python scripts/bench_finder.py --table rows.jsonl
