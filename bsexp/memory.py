@@ -44,18 +44,18 @@ def error_line(exc: BaseException) -> str:
     return lines[0][:200] if lines else type(exc).__name__
 
 
-def _status(field: str) -> int:
-    """A /proc/self/status field in bytes (Linux)."""
-    with open("/proc/self/status") as status:
+def _status(field: str, pid: int | str = "self") -> int:
+    """A /proc/<pid>/status field in bytes (Linux); this process's by default."""
+    with open(f"/proc/{pid}/status") as status:
         for line in status:
             if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     raise KeyError(field)
 
 
-def vm_size() -> int:
-    """Bytes of address space the process has mapped now (what RLIMIT_AS limits)."""
-    return _status("VmSize")
+def vm_size(pid: int | str = "self") -> int:
+    """Bytes of address space the process (this one by default) has mapped now (what RLIMIT_AS limits)."""
+    return _status("VmSize", pid)
 
 
 def vm_peak() -> int:

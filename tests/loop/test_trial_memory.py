@@ -91,11 +91,6 @@ def test_a_kernel_measurement_that_does_not_fit_leaves_the_search_running(make_c
         prober.close()
 
 
-def _vm_size(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
-
-
 def test_a_probe_process_that_fails_far_sooner_at_a_smaller_size_is_replaced_and_the_size_tried_again(make_cfg,
                                                                                                         caplog):
     # A bench search of ResNet-18 once saw every trial below a failure fail in 2 ms. Here the
@@ -113,7 +108,7 @@ def test_a_probe_process_that_fails_far_sooner_at_a_smaller_size_is_replaced_and
         # memory grows through the step, is no contradiction: the same process goes on.
         assert prober.process.pid == first and "sooner" not in caplog.text, (larger, smaller, caplog.text)
         # Room for small allocations (a few MiB), none for a batch of 32's activations (8 MiB a layer).
-        resource.prlimit(first, resource.RLIMIT_AS, (_vm_size(first) + 4 * memory.MIB, resource.RLIM_INFINITY))
+        resource.prlimit(first, resource.RLIMIT_AS, (memory.vm_size(first) + 4 * memory.MIB, resource.RLIM_INFINITY))
         with caplog.at_level("WARNING"):
             trial = prober.attempt(32)
         assert trial.ok and prober.process.pid != first, (trial, caplog.text)

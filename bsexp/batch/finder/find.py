@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from dataclasses import replace
 
 import torch
 from omegaconf import DictConfig
@@ -168,11 +169,11 @@ def _agree(world: World, trial: Trial) -> Trial:
     failed_in = (phases[int(code.item())] or None) if failed else None
     train_peak = world.all_reduce(torch.tensor([trial.train_peak_mb or 0.0], dtype=torch.float64,
                                                device=world.device), op="max").item()
-    return Trial(trial.size, not failed, failed_in, peak, reserved, trial.alloc_retries, seconds, rate,
-                 train_peak or None, trial.forward_s, trial.backward_s, trial.optimizer_s, None, None,
-                 world.all_reduce(torch.tensor([trial.backward_peak_mb or 0.0], dtype=torch.float64,
-                                               device=world.device), op="max").item() or None, trial.probe,
-                 trial.error)
+    backward_peak = world.all_reduce(torch.tensor([trial.backward_peak_mb or 0.0], dtype=torch.float64,
+                                                  device=world.device), op="max").item()
+    return replace(trial, ok=not failed, failed_in=failed_in, peak_mb=peak, reserved_mb=reserved, seconds=seconds,
+                   samples_per_s=rate, train_peak_mb=train_peak or None, mapped_peak_mb=None, room_mb=None,
+                   backward_peak_mb=backward_peak or None)
     # (Each rank's address space is its own: the search, which must choose the same sizes on every
     # rank, then fits the agreed resident peaks.)
 
