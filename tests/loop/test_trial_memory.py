@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from bsexp import memory
 from bsexp.batch.finder.probe import ChildProber
@@ -72,6 +73,32 @@ def test_trials_leave_room_for_the_kernels_trainings_onednn_cache_keeps(make_cfg
     assert uncached_budget - cached_budget == pytest.approx(cached_mb - none_mb, abs=6), \
         (cached_budget, uncached_budget, cached_mb)
 
+
+
+MATRIX_PRODUCTS = ["data=synthetic", "data.shape=[3,32,32]", "data.num_samples=600", "data.val_size=100",
+                   "model=mlp", "model.hidden=[1024,1024]", "batch=finder", "optimizer=adamw",
+                   "trainer.eval_batch_size=100"]
+
+
+@pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="torch was built without MKL")
+def test_a_trial_leaves_the_room_of_its_own_size_not_mkls_buffers_from_the_sizes_before(make_cfg):
+    # MKL keeps the buffers of its matrix products for the next ones, sized by the products so
+    # far: a training process holds those of its own batch size, and the probe process, which
+    # tries other sizes first, held theirs too (the bench's MLP: ~5 MB, ~100 samples of its edge).
+    cfg = make_cfg(*MATRIX_PRODUCTS)
+    prober = ChildProber(cfg, build_data(cfg), 4 * memory.GIB, distributed=False)
+    try:
+        first = prober.attempt(8, probe=True)
+        prober.attempt(512, probe=True)  # MKL's buffers for products of 512 rows: ~5.7 MB
+        again = prober.attempt(8, probe=True)
+    finally:
+        prober.close()
+    # What the first step (of 2 samples) adds to every trial's baseline is the optimizer's state,
+    # not also the buffers of its own products (4.7 MB).
+    measured, state = prober.model_memory["first_step_bytes"], prober.model_memory["state_bytes"]
+    assert abs(measured - state) < 1.5 * memory.MIB, (measured / memory.MIB, state / memory.MIB)
+    # A trial at 8 leaves the same room after one at 512 as before it.
+    assert again.room_mb == pytest.approx(first.room_mb, abs=0.5), (first.room_mb, again.room_mb)
 
 
 def test_a_kernel_measurement_that_does_not_fit_leaves_the_search_running(make_cfg, caplog):

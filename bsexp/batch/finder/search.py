@@ -131,11 +131,11 @@ class Searcher:
         `tolerance`), never past the middle of the bracket, and stops three trials after the
         first full pass near the edge, or at a pass whose line leaves no measured room for a size
         `tolerance` larger (AIM more, where it aimed below the line). Where the probes' slope
-        still rises, one more probe goes short of the line's edge (SHORT), and the first full
-        try short of the line through it. Trials near the edge are the slow ones: this spends
-        two to four of them where bisecting up from the last probe spends eight. The probes up
-        to there run one step each (`probe`): they measure the peak, which the first step
-        shows."""
+        still rises, one more probe goes where the slope rising on as it rose puts the edge
+        (never past SHORT of the line's edge), and the first full try to the edge of the line
+        through it. Trials near the edge are the slow ones: this spends two to four of them
+        where bisecting up from the last probe spends eight. The probes up to there run one
+        step each (`probe`): they measure the peak, which the first step shows."""
         self._settle_fit(init, budget_bytes, tolerance)
         return self.verified_best(tolerance)
 
@@ -163,10 +163,12 @@ class Searcher:
         if _still_rising(self.budget.attempts.values(), large, predicted) and self.budget.left > 2:
             # The probes' slope still rises (fixed costs hid the per-sample cost at the smaller
             # ones): the chord through the last two is too shallow and its edge too far. One more
-            # probe short of it, and the line through it. (One step: at a new size most of a full
-            # trial's cost, the first step mapping the new memory; the bench's MLP at 1.1 GB,
-            # 3,050 probed in 0.9 s, then 3,080 in full in 1.1 s, against two full trials.)
-            large = self.attempt(_short_of(large, predicted, self.max_size), probe=True)
+            # probe where the slope rising on puts the edge, and the line through it. (One step:
+            # at a new size most of a full trial's cost, the first step mapping the new memory;
+            # the bench's MLP at 1.1 GB, 3,050 probed in 0.9 s, then 3,080 in full in 1.1 s,
+            # against two full trials.)
+            large = self.attempt(_rising_edge(self.budget.attempts.values(), large, predicted, budget_bytes,
+                                              self.max_size), probe=True)
             predicted, shorted = _fit(self.budget.attempts.values(), budget_bytes), True
         settle = tolerance  # how far short of its line's edge a pass may settle
         if not large.ok:  # the edge lies below the last probe: the line's guess, else the middle
@@ -179,7 +181,12 @@ class Searcher:
             self.bisect(tolerance)
             return
         else:
-            if _still_rising(self.budget.attempts.values(), large, predicted):
+            if shorted:
+                # A few percent to go from that probe: the edge of the line through it, no lower
+                # (the room a trial leaves counts all that its step keeps, more than the next
+                # step's peak holds; the bench's MLP: 8.3 MB kept, 5.7 MB held).
+                pass
+            elif _still_rising(self.budget.attempts.values(), large, predicted):
                 # Aim short of the line, where a pass steadies it (an MLP's probes at 512 and 2,048
                 # put the edge 6 % beyond the 3,030 that fit).
                 predicted = _short_of(large, predicted, self.max_size)
@@ -231,6 +238,15 @@ def _still_rising(attempts, large: Attempt, predicted: int | None) -> bool:
     return large.ok and predicted is not None and predicted > large.size and rising is not None and rising > 1 + STRAIGHT
 
 
+def _rising_edge(attempts, large: Attempt, predicted: int, budget_bytes: float, max_size: int) -> int:
+    """Where the edge lies if the per-sample cost past the last probe `large` rises again as it
+    rose between the last two chords (the MLP's: 0.024, then 0.038, then ~0.05 MB a sample to
+    its edge), and never past SHORT of the chord's edge `predicted`; at least a size past `large`."""
+    edge = _fit(attempts, budget_bytes, steeper=_rising(attempts) or 1.0)
+    short = _short_of(large, predicted, max_size)
+    return short if edge is None else min(max(min(edge, short), large.size + 1), max_size)
+
+
 def _short_of(large: Attempt, predicted: int, max_size: int) -> int:
     """SHORT of the way from `large` to the line's edge `predicted` (at least a size past it)."""
     return min(max(large.size + int(SHORT * (predicted - large.size)), large.size + 1), max_size)
@@ -254,9 +270,10 @@ def _next_probe(small: Attempt, large: Attempt, budget_bytes: float) -> int:
     return max(size, 2 * large.size)
 
 
-def _fit(attempts, budget_bytes: float) -> int | None:
-    """The size predicted by the line through the two largest passes whose peak was measured,
-    under the room the latest trial had (where measured) or `budget_bytes`."""
+def _fit(attempts, budget_bytes: float, steeper: float = 1.0) -> int | None:
+    """The size predicted by the line through the two largest passes whose peak was measured
+    (its slope times `steeper`, through the larger), under the room the latest trial had (where
+    measured) or `budget_bytes`."""
     fitted = _largest_measured(attempts, 2)
     if len(fitted) < 2:
         return None
@@ -264,7 +281,7 @@ def _fit(attempts, budget_bytes: float) -> int | None:
         fitted = [replace(a, peak_bytes=a.mapped_bytes) for a in fitted]
     # The room the latest trial left: what the next one will have.
     rooms = [a.room_bytes for a in attempts if a.room_bytes is not None]
-    return predict_size(fitted[0], fitted[1], rooms[-1] if rooms else budget_bytes)
+    return predict_size(fitted[0], fitted[1], rooms[-1] if rooms else budget_bytes, steeper)
 
 
 def _straight(attempts, tolerance: float = STRAIGHT) -> bool:
@@ -306,15 +323,16 @@ def _per_sample(a: Attempt, b: Attempt) -> float:
     return (b.peak_bytes - a.peak_bytes) / (b.size - a.size)
 
 
-def predict_size(a: Attempt, b: Attempt, budget_bytes: float) -> int | None:
-    """The largest size whose peak, on the line through two measured (size, peak) points,
-    stays within `budget_bytes`; None when the points give no positive per-sample cost."""
+def predict_size(a: Attempt, b: Attempt, budget_bytes: float, steeper: float = 1.0) -> int | None:
+    """The largest size whose peak, on the line through two measured (size, peak) points (its
+    slope times `steeper`, through `b`), stays within `budget_bytes`; None when the points give
+    no positive per-sample cost."""
     if a.peak_bytes is None or b.peak_bytes is None or b.size == a.size:
         return None
-    per_sample = _per_sample(a, b)
+    per_sample = _per_sample(a, b) * steeper
     if per_sample <= 0:
         return None
-    fixed = a.peak_bytes - per_sample * a.size
+    fixed = b.peak_bytes - per_sample * b.size
     return max(1, int((budget_bytes - fixed) / per_sample))
 
 

@@ -75,6 +75,8 @@ class TrialRunner:
         started = time.perf_counter()
         self._train_step(first_size)  # creates the optimizer's state: part of every trial's baseline
         self.step.optimizer.zero_grad(set_to_none=True)
+        if device.type == "cpu":
+            memory.free_blas_buffers()  # not this size's: each trial makes its own (run)
         self.first_step_s = time.perf_counter() - started
         after = memory.vm_size() if device.type == "cpu" else torch.cuda.memory_allocated(device)
         self.state_bytes = max(0, after - before)  # what the run will add before its first step
@@ -176,6 +178,11 @@ class TrialRunner:
                 set_checkpointing(self.step.net, True)
         device = self.device
         memory.release(device)
+        if device.type == "cpu":
+            # Not MKL's buffers from the sizes tried before: a step makes those of its size after
+            # its peak and keeps them for the next (whose peak holds them), so the room a trial
+            # leaves is the room a training step of its size has beside its own.
+            memory.free_blas_buffers()
         base, mapped = self._memory(reset=True), (memory.vm_size() if device.type == "cpu" else 0)
         vm_high = memory.vm_peak() if device.type == "cpu" else 0
         started = time.perf_counter()
