@@ -11,6 +11,7 @@ import ctypes
 import ctypes.util
 import functools
 import gc
+import os
 import resource
 from pathlib import Path
 
@@ -183,26 +184,30 @@ def release(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def free_blas_buffers() -> None:
+def free_blas_buffers() -> bool:
     """Free the buffers MKL keeps from its matrix products for the next ones (its "fast memory
     manager": a few MB, sized by the products run so far, kept until freed). A process that
     trains at one batch size holds those of that size; one that has run other sizes first holds
     theirs as well unless they are freed (the bench's MLP at 0.8 GB: 4.7 MB from a step of 2
     samples and 5.7 MB more from one of 512, where a process that trained at 3,081 alone held
-    6.4 MB: ~100 samples of the finder's edge). Nothing where torch has no MKL."""
+    6.4 MB: ~100 samples of the finder's edge). False where there is no MKL to ask (torch built
+    without it, or with a library that does not export the call)."""
     free = _mkl_free_buffers()
-    if free is not None:
-        free()
+    if free is None:
+        return False
+    free()
+    return True
 
 
 @functools.cache
 def _mkl_free_buffers():
     # MKL is linked into libtorch_cpu, which exports its service functions (not the public
-    # mkl_free_buffers); loading the library again returns the copy torch loaded.
+    # mkl_free_buffers). RTLD_NOLOAD: the copy torch loaded, never a second one (hundreds of MB
+    # of address space, in a process under a cap).
     library = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
     if not torch.backends.mkl.is_available() or not library.exists():
         return None
     try:
-        return ctypes.CDLL(str(library)).mkl_serv_free_buffers
+        return ctypes.CDLL(str(library), mode=os.RTLD_NOLOAD | os.RTLD_LAZY).mkl_serv_free_buffers
     except (OSError, AttributeError):
         return None

@@ -314,3 +314,17 @@ def test_a_pass_a_step_below_a_failure_settles_the_edge():
     found = Searcher(attempt, 12, 100_000).fit(8, budget * 1.004)
     failure = next(size for size in tried if size > 5_000)
     assert tried[tried.index(failure) + 1:] == [found] and 0.99 * 5_000 <= found <= 5_000, tried
+
+
+def test_fits_probe_past_a_rising_slope_goes_at_least_half_the_chords_way():
+    # Noisy small probes can give any rise (here 7.5x): taken at most twice as steep, the probe
+    # lands at least half the chord's way past the last one, never just past it, where the next
+    # line would run through noise; and never past 80 % of the way (SHORT).
+    from bsexp.batch.finder.search import _fit, _rising_edge
+
+    mb = 2**20
+    attempts = [Attempt(128, True, 30.0 * mb), Attempt(512, True, 31.0 * mb), Attempt(2048, True, 61.0 * mb)]
+    predicted = _fit(attempts, 200 * mb)
+    probe = _rising_edge(attempts, attempts[-1], predicted, 200 * mb, 50_000)
+    way = (probe - 2048) / (predicted - 2048)
+    assert 0.49 <= way <= 0.8, (probe, predicted, way)

@@ -11,7 +11,8 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 STRAIGHT = 0.1  # probes lie on one line: the per-sample cost between the last two within 10 % of that before
-SHORT = 0.8  # of the line's way past the last probe, where the probes' slope still rises
+SHORT = 0.8  # of the line's way past the last probe: the furthest fit probes where the probes' slope still rises
+MAX_RISE = 2.0  # fit's probe past a rising slope takes it at most twice as steep: at least half the chord's way
 # Below the line's edge, where fit tries first when the cap's room is measured (CPU): the line
 # through the probes misses the edge by a percent or so either way (the bench's ResNet-18: 306
 # predicted, 302 fit), and a first try that passes near the edge settles it at once where the
@@ -165,7 +166,7 @@ class Searcher:
             # ones): the chord through the last two is too shallow and its edge too far. One more
             # probe where the slope rising on puts the edge, and the line through it. (One step:
             # at a new size most of a full trial's cost, the first step mapping the new memory;
-            # the bench's MLP at 1.1 GB, 3,050 probed in 0.9 s, then 3,080 in full in 1.1 s,
+            # the bench's MLP at 0.8 GB, 2,860 probed in 0.7 s, then 3,106 in full in 1.4 s,
             # against two full trials.)
             large = self.attempt(_rising_edge(self.budget.attempts.values(), large, predicted, budget_bytes,
                                               self.max_size), probe=True)
@@ -175,7 +176,7 @@ class Searcher:
             low = self.best()
             size = predicted if predicted is not None and low < predicted < large.size else (low + large.size) // 2
         elif shorted and (predicted is None or predicted <= large.size):
-            return  # no room past the probe short of the edge: it is tried in full (verified_best)
+            return  # no room past the probe toward the edge: it is tried in full (verified_best)
         elif predicted is None or predicted <= large.size:
             self.power(2 * large.size)  # no usable fit: fall back to doubling
             self.bisect(tolerance)
@@ -241,8 +242,10 @@ def _still_rising(attempts, large: Attempt, predicted: int | None) -> bool:
 def _rising_edge(attempts, large: Attempt, predicted: int, budget_bytes: float, max_size: int) -> int:
     """Where the edge lies if the per-sample cost past the last probe `large` rises again as it
     rose between the last two chords (the MLP's: 0.024, then 0.038, then ~0.05 MB a sample to
-    its edge), and never past SHORT of the chord's edge `predicted`; at least a size past `large`."""
-    edge = _fit(attempts, budget_bytes, steeper=_rising(attempts) or 1.0)
+    its edge; a rise of 1.3-1.6), at most MAX_RISE times as steep (noisy small probes can give any
+    rise: a probe just past `large` would put the next line through noise), and never past SHORT
+    of the chord's edge `predicted`; at least a size past `large`."""
+    edge = _fit(attempts, budget_bytes, steeper=min(_rising(attempts) or 1.0, MAX_RISE))
     short = _short_of(large, predicted, max_size)
     return short if edge is None else min(max(min(edge, short), large.size + 1), max_size)
 
