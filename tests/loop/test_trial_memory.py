@@ -146,6 +146,7 @@ def test_a_probe_process_that_fails_far_sooner_at_a_smaller_size_is_replaced_and
 
 ARENA_SCRIPT = """
 import sys, threading
+import torch
 from bsexp import memory
 
 memory.one_arena()  # as bsexp.run does where a run is capped, before any other thread allocates
@@ -172,6 +173,7 @@ def test_a_capped_process_cannot_outgrow_its_cap_through_another_threads_arena()
 
 LIBRARY_PAGES_SCRIPT = """
 import mmap, os
+import torch
 from bsexp import memory
 
 memory.return_freed_memory()
