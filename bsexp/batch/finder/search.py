@@ -247,7 +247,7 @@ def _rising_edge(attempts, large: Attempt, predicted: int, budget_bytes: float, 
     of the chord's edge `predicted`; at least a size past `large`."""
     edge = _fit(attempts, budget_bytes, steeper=min(_rising(attempts) or 1.0, MAX_RISE))
     short = _short_of(large, predicted, max_size)
-    return short if edge is None else min(max(min(edge, short), large.size + 1), max_size)
+    return short if edge is None else min(max(edge, large.size + 1), short)
 
 
 def _short_of(large: Attempt, predicted: int, max_size: int) -> int:
