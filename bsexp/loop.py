@@ -121,7 +121,6 @@ class Loop:
     splits: Splits
     batches: Any  # TensorBatches or LoaderBatches
     hp: ScaledHparams
-    epochs: int
     drop_last: bool
     evaluator: Evaluator
     watch: Watch
@@ -174,7 +173,7 @@ def build_loop(cfg: DictConfig, world: World | None = None, run_dir: Path | None
     node = cfg.checkpoint
     return Loop(
         step=step, policy=policy, splits=splits, batches=train_batches(splits, cfg.seed, world.device), hp=hp,
-        epochs=cfg.epochs, drop_last=cfg.batch.drop_last,
+        drop_last=cfg.batch.drop_last,
         evaluator=Evaluator(cfg.trainer.eval_every_steps, cfg.trainer.eval_batch_size, sinks, policy.eval_steps()),
         watch=Watch(every=1 if world.device.type == "cpu" else 16), sinks=sinks,
         sync_batchnorm=sync_batchnorm(cfg, world.distributed),
@@ -206,13 +205,15 @@ def train(loop: Loop, state: TrainState) -> str:
     loop.step.model.train()
     if loop.checkpointer is not None:
         loop.checkpointer.start(loop, state)
-    for epoch in range(state.epoch, loop.epochs):
+    epoch = state.epoch
+    while epoch < len(policy.run_steps.epoch_starts):  # as laid out now: AdaScale's run grows or shrinks
         sizes = policy.epoch_sizes(epoch)  # read step by step: a closed-loop policy changes the steps ahead
         if not len(sizes):
             break
         skip = state.in_epoch if epoch == state.epoch else 0
-        bar = EpochBar(total=len(sizes), initial=skip, desc=f"epoch {epoch + 1}/{loop.epochs}", unit="step", leave=False,
-                   dynamic_ncols=True, disable=None if loop.show_progress and world.is_main else True)
+        bar = EpochBar(total=len(sizes), initial=skip, desc=f"epoch {epoch + 1}/{len(policy.run_steps.epoch_starts)}",
+                       unit="step", leave=False, dynamic_ncols=True,
+                       disable=None if loop.show_progress and world.is_main else True)
         clock = _Clock(state)
         batches = loop.batches.steps(epoch, sizes, world.rank, world.size, loop.drop_last, skip=skip)
         for in_epoch, (x, y, samples) in enumerate(batches, start=skip + 1):
@@ -255,6 +256,7 @@ def train(loop: Loop, state: TrainState) -> str:
                 return "preempted"
         clock.stop()
         bar.close()
+        epoch += 1
     return "completed"
 
 

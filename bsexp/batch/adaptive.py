@@ -48,10 +48,13 @@ def efficiency(b_noise: float, b0: int, b: int) -> float:
     return (b_noise + b0) / (b_noise + b)
 
 
-def adascale_gain(b_noise: float | None, b0: int, b: int) -> float:
-    """AdaScale's gain ratio r for batch b = S x b0 (1 while the noise scale is unknown)."""
+def adascale_gain(b_noise: float | None, b0: int, b: int, kept: float = 1.0) -> float:
+    """AdaScale's gain ratio r for batch b = S x b0; while the noise scale is unknown, `kept`, the
+    gain in force (1 before the first measurement). An estimate of |G|² that a loss spike drove
+    below zero leaves B_simple unknown for many steps: falling back to 1 there would cut the LR
+    r-fold, to b0's, and slow the schedule as much."""
     if b_noise is None or not math.isfinite(b_noise) or b_noise <= 0:
-        return 1.0
+        return kept
     scale = b / b0
     return scale * (b_noise + b0) / (b_noise + scale * b0)
 

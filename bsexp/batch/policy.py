@@ -15,7 +15,9 @@ Torch-free at import: the finder is imported only by the policies that search.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import logging
+import math
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
@@ -185,12 +187,16 @@ class BatchPolicy:
             final_factor=node.final_factor)
         factors = self.lr_factors(lr_schedule)
         peak = lr * max((factors(step) for step in range(run.total)), default=1.0)
-        warmup_steps = sum(1 for position in run.before if position < warmup)
+        warmup_steps = sum(1 for position in self.lr_positions() if position < warmup)
         return scaling.ScaledHparams(k, lr, peak, wd, warmup_steps, run.total), factors
 
     def lr_factors(self, lr_schedule: scaling.LRSchedule):
         """The LR multiplier of every step (a callable of the step, as torch's LambdaLR takes)."""
-        return scaling.LRFactors(lr_schedule, self.lr_coupling(), self.run_steps.before)
+        return scaling.LRFactors(lr_schedule, self.lr_coupling(), self.lr_positions())
+
+    def lr_positions(self) -> tuple[float, ...]:
+        """Where the LR schedule stands before each step, in the samples `lr_layout` counts."""
+        return self.run_steps.before
 
     def first_batch(self) -> int:
         """The global batch the LR and weight decay are scaled for (the first step's), and the
@@ -464,24 +470,35 @@ class SteppedPolicy(BatchPolicy):
         """Whether the LR follows `gains` (AdaScale) rather than the batch through the rule."""
         return False
 
+    def _gain(self, step: int) -> float:
+        """The LR gain in force at `step` (AdaScale's r; 1 where the LR follows the rule)."""
+        return self.gains[max(0, bisect.bisect_right([g[0] for g in self.gains], step) - 1)][1]
+
+    def _progress(self, run: RunSteps) -> list[float]:
+        """Where the LR schedule stands before each step of `run` and after its last: samples, or
+        with gains (AdaScale) scale-invariant samples, r b0-steps of progress a step of S x b0
+        (taken x r / S samples of b0)."""
+        b0, by_gain = self.points[0][1], self._by_gain()
+        out, seen = [0.0], 0.0
+        for step, (size, taken) in enumerate(zip(run.sizes, run.taken or run.sizes)):
+            seen += taken * self._gain(step) * b0 / size if by_gain else taken
+            out.append(seen)
+        return out
+
     def _follow(self) -> None:
-        """The LR's position (samples; with gains: scale-invariant samples) and coupling to the
-        batch before every step, from the run as laid out now."""
+        """The LR's position and coupling to the batch before every step, from the run as laid
+        out now."""
         run, b0 = self.run_steps, self.points[0][1]
         ref, rule = self.cfg.scaling.ref_batch, str(self.cfg.scaling.lr_rule)
-        by_gain = self._by_gain()
-        positions, coupling, seen = [], [], 0.0
-        gain_steps = [g[0] for g in self.gains]
-        for step, (size, taken) in enumerate(zip(run.sizes, run.taken or run.sizes)):
-            positions.append(seen)
-            if by_gain:  # r b0-steps of progress a step: taken x r / S samples of b0
-                gain = self.gains[max(0, bisect.bisect_right(gain_steps, step) - 1)][1]
-                coupling.append(gain)
-                seen += taken * gain * b0 / size
-            else:
-                coupling.append(scaling.rule_multiplier(rule, size / ref) / scaling.rule_multiplier(rule, b0 / ref))
-                seen += taken
-        self._positions, self._coupling = tuple(positions), tuple(coupling)
+        if self._by_gain():
+            coupling = [self._gain(step) for step in range(run.total)]
+        else:
+            coupling = [scaling.rule_multiplier(rule, size / ref) / scaling.rule_multiplier(rule, b0 / ref)
+                        for size in run.sizes]
+        self._positions, self._coupling = tuple(self._progress(run)[:-1]), tuple(coupling)
+
+    def lr_positions(self) -> tuple[float, ...]:
+        return self._positions
 
     def lr_factors(self, lr_schedule: scaling.LRSchedule):
         # A function, not an object: torch's LambdaLR saves (and on loading, overwrites) the
@@ -564,6 +581,35 @@ class AdaptivePolicy(SteppedPolicy):
     def _by_gain(self) -> bool:
         return str(self.cfg.batch.adaptive.lr) == "adascale"
 
+    def schedule(self, start: int) -> BatchSchedule:
+        return dataclasses.replace(super().schedule(start), balance_tail=True)
+
+    def lr_layout(self) -> RunSteps:
+        """With AdaScale, the run of `epochs` at the first batch: its schedule is counted in that
+        batch's (scale-invariant) samples. Otherwise this run."""
+        if not self._by_gain():
+            return self.run_steps
+        cfg = self.cfg
+        return BatchSchedule(start=self.points[0][1], world_size=self.world).run_steps(
+            cfg.epochs, self.n_train, cfg.batch.drop_last, cfg.trainer.max_steps)
+
+    def _run_steps(self, start: int, n_train: int) -> RunSteps:
+        """With AdaScale, AdaScale's length (Johnson et al. 2020, Algorithm 1: train while the
+        scale-invariant iterations τ, advanced r a step, are below the budget T): the steps until
+        the schedule's position reaches the end of `lr_layout`, the steps ahead at the gain in
+        force. A gain below the scale S takes more samples than `epochs` (up to S times as many)."""
+        if not self._by_gain():
+            return super()._run_steps(start, n_train)
+        cfg = self.cfg
+        budget, epochs = self.lr_layout().total_samples, cfg.epochs
+        while True:
+            run = self.schedule(start).run_steps(epochs, n_train, cfg.batch.drop_last, cfg.trainer.max_steps)
+            progress = self._progress(run)
+            if progress[-1] >= budget or not run.total or run.total == cfg.trainer.max_steps:
+                return run.first(bisect.bisect_left(progress, budget, hi=run.total))
+            per_epoch = progress[-1] - progress[run.epoch_starts[-1]]  # the last epoch's, at the gain ahead
+            epochs += max(1, math.ceil((budget - progress[-1]) / per_epoch)) if per_epoch > 0 else epochs
+
     def adapt(self, step: int, parts) -> None:
         node = self.cfg.batch.adaptive
         if step % node.interval or step >= self.run_steps.total:
@@ -574,7 +620,7 @@ class AdaptivePolicy(SteppedPolicy):
         decision = self.controller().next_size(current, b_simple, self._throughput(), step)
         size, gain = decision.size, 1.0
         if str(node.lr) == "adascale":
-            gain = adascale_gain(b_simple, self.points[0][1], size)
+            gain = adascale_gain(decision.b_simple, self.points[0][1], size, kept=self.gains[-1][1])
         if parts.world.distributed:  # one decision for every rank: rank 0's
             size, gain = parts.world.broadcast_object((size, gain))
         self.decisions.append({"step": step, "b_simple": decision.b_simple, "target": decision.target,
@@ -782,7 +828,8 @@ class EpochSizes:
         self.policy, self.epoch = policy, epoch
 
     def __len__(self) -> int:
-        return len(self.policy.run_steps.epoch(self.epoch))
+        run = self.policy.run_steps
+        return len(run.epoch(self.epoch)) if self.epoch < len(run.epoch_starts) else 0
 
     def __iter__(self):
         index = 0

@@ -78,20 +78,28 @@ def test_measuring_the_noise_scale_at_one_micro_batch_leaves_training_unchanged(
 
 def test_adascale_scales_the_lr_by_its_gain_and_advances_the_schedule_by_it(make_cfg):
     loop = build_loop(make_cfg(*ADAPTIVE, "batch.adaptive.lr=adascale"))
-    seen = observed(loop)
-    assert train(loop, TrainState()) == "completed"
+    seen, state = observed(loop), TrainState()
+    assert train(loop, state) == "completed"
     policy, run = loop.policy, loop.policy.run_steps
     gains = dict(policy.gains)
     assert any(1.0 < g for g in gains.values())
     position, gain = 0.0, 1.0
     schedule = scaling.LRSchedule(total=4 * run.n, warmup=2 * run.n, warmup_shape="linear", start_factor=1.0,
                                   main="cosine")
+    budget = 4 * run.n  # 4 epochs of batch 32's steps: AdaScale's T, in samples of batch 32
     for step, ((lr, _), size, taken) in enumerate(zip(seen, run.sizes, run.taken)):
         gain = gains.get(step, gain)
         assert 1.0 <= gain <= size / 32 + 1e-12
         assert lr == pytest.approx(loop.hp.lr * gain * schedule(position), rel=1e-9), step
+        assert position < budget, step  # a step is taken only while the progress is short of T
         position += taken * gain * 32 / size  # r steps of batch 32 a step
-    assert position < 4 * run.n  # progress in scale-invariant samples: less than the samples seen
+    # AdaScale's length (Johnson et al. 2020, Algorithm 1: train while tau < T): the run ends once
+    # its progress reaches T, so the schedule runs to its end (the cosine near zero), which takes
+    # more samples than the 4 epochs, as the gain is below the scale.
+    assert position >= budget
+    assert schedule(position - run.taken[-1] * gain * 32 / run.sizes[-1]) < 0.01
+    assert state.step == run.total == len(seen) and state.samples_seen == sum(run.taken) > budget
+    assert state.epoch > 4  # epochs past the config's 4: the loop trained them all
 
 
 def test_seesaw_multiplies_the_batch_by_alpha_and_the_lr_by_one_over_root_alpha_at_each_decay(make_cfg):

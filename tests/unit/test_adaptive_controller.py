@@ -77,3 +77,14 @@ def test_efficiency_and_the_adascale_gain_agree_with_their_definitions():
         assert 1.0 <= r <= scale
         assert efficiency(b_noise, b0, b) == pytest.approx(r / scale)
     assert adascale_gain(None, b0, 4 * b0) == 1.0
+
+
+def test_the_adascale_gain_stays_while_the_noise_scale_is_unknown():
+    # A loss spike can drive the |G|^2 average below zero for hundreds of steps (seed 2 of
+    # experiment=adaptive_vs_fixed at step 340, batch 390 = 12 x 32, gain 6.6): B_simple is
+    # unknown, and falling back to 1 would cut the LR to batch 32's and slow the schedule 12-fold.
+    b0, b = 32, 390
+    for unknown in (None, -120.0, float("nan"), float("inf")):
+        assert adascale_gain(unknown, b0, b, kept=6.6) == 6.6
+    assert adascale_gain(None, b0, b) == 1.0  # before the first measurement
+    assert adascale_gain(300.0, b0, b, kept=6.6) == pytest.approx(b / b0 * (300 + b0) / (300 + b))

@@ -31,6 +31,26 @@ def test_step_milestones_in_steps_and_the_last_step_of_an_epoch():
     assert schedule.sizes(2) == [32, 64, 128]
 
 
+def test_a_batch_the_run_chose_never_ends_an_epoch_with_a_step_of_a_few_samples():
+    # MNIST-1D's 3,500 samples at the adaptive batch 437 = 8 x 437 + 4: a step of 4 samples at an
+    # LR set for 437 undid training (validation accuracy 99.6 -> 94.4 %). With balance_tail (the
+    # adaptive batch's layout) the last two steps share the rest; a user's fixed batch keeps
+    # PyTorch's short last batch.
+    changes = ((0, 32), (5, 437))
+    plain = BatchSchedule(32, kind="by_step", step_points=changes).run_steps(3, 3500, drop_last=False)
+    balanced = BatchSchedule(32, kind="by_step", step_points=changes, balance_tail=True)
+    run = balanced.run_steps(3, 3500, drop_last=False)
+    assert min(plain.taken) == 4  # the rest of every epoch at 437 after the first
+    assert run.total_samples == plain.total_samples == 3 * 3500 and run.sizes == plain.sizes
+    for epoch in range(3):
+        taken, sizes = run.epoch_taken(epoch), run.epoch(epoch)
+        assert sum(taken) == 3500 and all(t > s / 2 for t, s in zip(taken, sizes))
+    assert run.epoch_taken(1)[-2:] == (221, 220)  # 441 left after 7 x 437: shared, not 437 + 4
+    dropped = [BatchSchedule(32, kind="by_step", step_points=changes, balance_tail=balance).run_steps(
+        3, 3500, drop_last=True) for balance in (True, False)]
+    assert dropped[0] == dropped[1]  # with drop_last the short step is dropped: nothing to share
+
+
 def test_linear_and_exponential_schedules_round_to_what_the_ranks_allow():
     linear = BatchSchedule(32, world_size=2, kind="linear", end=104, epochs=4, round_to=4)
     assert [linear.size_at(e, 0) for e in range(4)] == [32, 56, 80, 104]
