@@ -44,7 +44,7 @@ CASES = {
 
 def epoch_seconds(loop, epoch: int) -> float:
     seconds = 0.0
-    sizes = loop.policy.run_steps.epoch(epoch % loop.epochs)
+    sizes = loop.policy.run_steps.epoch(epoch % len(loop.policy.run_steps.epoch_starts))
     for index, (x, y, samples) in enumerate(loop.batches.steps(epoch, sizes, 0, 1, loop.drop_last)):
         started = time.perf_counter()
         train_step(loop.step, x, y, samples, loop.policy.plan(index))
