@@ -470,18 +470,21 @@ class SteppedPolicy(BatchPolicy):
         """Whether the LR follows `gains` (AdaScale) rather than the batch through the rule."""
         return False
 
-    def _gain(self, step: int) -> float:
-        """The LR gain in force at `step` (AdaScale's r; 1 where the LR follows the rule)."""
-        return self.gains[max(0, bisect.bisect_right([g[0] for g in self.gains], step) - 1)][1]
+    def _step_gains(self, steps: int) -> list[float]:
+        """The LR gain in force at each of the first `steps` steps (AdaScale's r; 1 where the LR
+        follows the rule)."""
+        starts = [g[0] for g in self.gains]
+        return [self.gains[max(0, bisect.bisect_right(starts, step) - 1)][1] for step in range(steps)]
 
     def _progress(self, run: RunSteps) -> list[float]:
         """Where the LR schedule stands before each step of `run` and after its last: samples, or
         with gains (AdaScale) scale-invariant samples, r b0-steps of progress a step of S x b0
         (taken x r / S samples of b0)."""
         b0, by_gain = self.points[0][1], self._by_gain()
+        gains = self._step_gains(run.total) if by_gain else ()
         out, seen = [0.0], 0.0
         for step, (size, taken) in enumerate(zip(run.sizes, run.taken or run.sizes)):
-            seen += taken * self._gain(step) * b0 / size if by_gain else taken
+            seen += taken * gains[step] * b0 / size if by_gain else taken
             out.append(seen)
         return out
 
@@ -491,7 +494,7 @@ class SteppedPolicy(BatchPolicy):
         run, b0 = self.run_steps, self.points[0][1]
         ref, rule = self.cfg.scaling.ref_batch, str(self.cfg.scaling.lr_rule)
         if self._by_gain():
-            coupling = [self._gain(step) for step in range(run.total)]
+            coupling = self._step_gains(run.total)
         else:
             coupling = [scaling.rule_multiplier(rule, size / ref) / scaling.rule_multiplier(rule, b0 / ref)
                         for size in run.sizes]
