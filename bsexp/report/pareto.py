@@ -5,7 +5,8 @@ the final accuracy (the Pareto front), with samples and training time to the tar
 
 Each sweep point is an arm (its `experiment/<name>=<arm>` override) and a seed. Points of the arm
 `fixed` are one row per batch, at the LR (over the points' `optimizer.lr`) with the best mean final
-validation accuracy: a tuned baseline (Shallue et al. 2019). The target is the best tuned fixed
+validation accuracy: a tuned baseline (Shallue et al. 2019); another arm run at several LRs is
+tuned the same way. The target is the best tuned fixed
 batch's final validation accuracy less its standard deviation over seeds (the bottom of its
 one-std band); an arm's steps, samples and seconds to it are the first evaluation at or above it,
 averaged over the seeds that reach it. The goal line compares each other arm with the fixed batch
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +36,7 @@ GOAL_STEPS = 0.7  # an arm's steps to the target at most this fraction of the fa
 class Arm:
     name: str
     points: list[Point] = field(default_factory=list)
-    lr: float | None = None  # fixed batches: the tuned LR
+    lr: float | None = None  # the tuned LR (of the points' optimizer.lr; none where they set none)
 
     def finals(self) -> list[float]:
         return [p.summary["val_acc"] for p in self.points if p.done and p.summary.get("val_acc") is not None]
@@ -67,25 +69,35 @@ def _value(overrides, key: str) -> str | None:
     return found[-1] if found else None
 
 
+def _tuned(groups: dict[tuple[Any, float], Arm]) -> list[Arm]:
+    """Of each arm's LRs, the one with the best mean final accuracy (of equals, the lowest LR); in the
+    order of the arms."""
+    best: dict[Any, Arm] = {}
+    for (key, _), arm in sorted(groups.items()):
+        if key not in best or (arm.mean_std()[0] or 0) > (best[key].mean_std()[0] or 0):
+            best[key] = arm
+    return [best[k] for k in sorted(best)]
+
+
 def arms(points: list[Point]) -> tuple[list[Arm], list[Arm]]:
-    """(tuned fixed batches, other arms), from the points of one or more sweeps."""
+    """(tuned fixed batches, other arms), from the points of one or more sweeps. An arm run at several
+    `optimizer.lr` is tuned as the fixed batches are: its row is the LR with the best final accuracy."""
     fixed: dict[tuple[int, float], Arm] = {}
-    others: dict[str, Arm] = {}
+    others: dict[tuple[str, float], Arm] = {}
     for point in points:
         if not point.done:
             continue
         arm = next((o.split("=", 1)[1] for o in point.overrides if o.split("=", 1)[0].startswith("experiment/")),
                    "fixed")
+        lr = _value(point.overrides, "optimizer.lr")
+        lr = float(lr) if lr is not None else None
+        order = lr if lr is not None else -math.inf  # no LR set: the arm's default, before any set
         if arm == "fixed":
-            batch, lr = int(point.summary["batch_size"]), float(_value(point.overrides, "optimizer.lr") or "nan")
-            fixed.setdefault((batch, lr), Arm(f"fixed {batch}", lr=lr)).points.append(point)
+            batch = int(point.summary["batch_size"])
+            fixed.setdefault((batch, order), Arm(f"fixed {batch}", lr=lr)).points.append(point)
         else:
-            others.setdefault(arm, Arm(arm)).points.append(point)
-    tuned: dict[int, Arm] = {}
-    for (batch, _), arm in sorted(fixed.items()):
-        if batch not in tuned or (arm.mean_std()[0] or 0) > (tuned[batch].mean_std()[0] or 0):
-            tuned[batch] = arm
-    return [tuned[b] for b in sorted(tuned)], [others[a] for a in sorted(others)]
+            others.setdefault((arm, order), Arm(arm, lr=lr)).points.append(point)
+    return _tuned(fixed), _tuned(others)
 
 
 def analyse(points: list[Point]) -> dict[str, Any]:

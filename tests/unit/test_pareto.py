@@ -66,3 +66,21 @@ def test_a_fixed_batch_that_reaches_the_target_on_one_seed_only_is_not_the_basel
     md = (tmp_path / "out" / "pareto.md").read_text()
     assert "reach the target on every seed: fixed 64 (100 steps" in md
     assert "- adaptive_noise: 0.60 x its steps" in md
+
+
+def test_an_arm_run_at_several_lrs_is_one_row_at_its_best_lr(tmp_path):
+    fixed, others = tmp_path / "fixed", tmp_path / "arms"
+    for seed in (0, 1):  # batch 64 reaches 0.95 at step 100 on every seed
+        job(fixed, seed, ["experiment/adaptive_vs_fixed=fixed", "batch.size=64", "optimizer.lr=0.1", f"seed={seed}"],
+            64, [0.5] * 9 + [0.96] * 3)
+    n = 0
+    for lr, curve in (("0.05", [0.5] * 5 + [0.97] * 3), ("0.2", [0.5, 0.96, 0.94])):  # 0.05 ends best
+        for seed in (0, 1):
+            job(others, n, ["experiment/adaptive_vs_fixed=adaptive_noise", f"optimizer.lr={lr}", f"seed={seed}"], 32,
+                curve)
+            n += 1
+    assert main([str(others), str(fixed), "--out", str(tmp_path / "out")]) == 0
+    rows = list(__import__("csv").DictReader((tmp_path / "out" / "pareto.csv").open()))
+    noise = [r for r in rows if r["arm"] == "adaptive_noise"]
+    assert len(noise) == 1 and noise[0]["lr"] == "0.05" and noise[0]["seeds"] == "2"
+    assert float(noise[0]["to_target_steps"]) == 60
