@@ -74,10 +74,15 @@ class Controller:
     objective: str = "noise"
 
     def bounds(self, current: int) -> tuple[int, int]:
-        """The sizes one decision may reach from `current`."""
-        low = max(self.min_size, math.ceil(current / self.max_growth)) if self.shrink else current
-        high = min(self.max_size, math.floor(current * self.max_growth))
-        return self._down(max(low, self.min_size)), max(self._down(high), self._down(max(low, self.min_size)))
+        """The sizes one decision may reach from `current`, in multiples of the ranks: the upper
+        rounded down, the lower up, so neither the growth cap nor min_size is overstepped. Where
+        the cap allows less than one multiple of growth (8 ranks at batch 8, x1.5), the least the
+        ranks allow, one multiple, stands in for it: else the batch could never grow."""
+        high = self._down(min(self.max_size, current * self.max_growth))
+        if high <= current and current + self.quantum <= self.max_size:
+            high = current + self.quantum
+        low = min(self._up(max(self.min_size, current / self.max_growth)), current) if self.shrink else current
+        return low, max(high, current)
 
     def next_size(self, current: int, b_simple: float | None,
                   throughput: Callable[[int], float] | None = None, step: int = 0) -> Decision:
@@ -100,6 +105,9 @@ class Controller:
 
     def _down(self, size: float) -> int:
         return max(self.quantum, int(size // self.quantum) * self.quantum)
+
+    def _up(self, size: float) -> int:
+        return max(self.quantum, math.ceil(size / self.quantum) * self.quantum)
 
     def _nearest(self, size: float) -> int:
         return max(self.quantum, int(round(size / self.quantum)) * self.quantum)

@@ -88,3 +88,23 @@ def test_the_adascale_gain_stays_while_the_noise_scale_is_unknown():
         assert adascale_gain(unknown, b0, b, kept=6.6) == 6.6
     assert adascale_gain(None, b0, b) == 1.0  # before the first measurement
     assert adascale_gain(300.0, b0, b, kept=6.6) == pytest.approx(b / b0 * (300 + b0) / (300 + b))
+
+
+def test_shrinking_over_ranks_stays_within_min_size_and_the_growth_cap():
+    # 8 ranks, min_size 10, at most /2 a decision: from 24 the least is 16 (not 8, below min_size
+    # and a third of 24); 16 ranks, min 20: from 48, 32.
+    assert Controller(start=24, min_size=10, max_size=1024, quantum=8, shrink=True).next_size(24, 1.0).size == 16
+    assert Controller(start=48, min_size=20, max_size=1024, quantum=16, shrink=True).next_size(48, 1.0).size == 32
+    for quantum, start, min_size in ((8, 24, 10), (16, 48, 20), (3, 99, 7), (1, 50, 1)):
+        controller = Controller(start=start, min_size=min_size, max_size=4096, quantum=quantum, shrink=True)
+        previous = start
+        for size in run(controller, [1.0] * 6):
+            assert size % quantum == 0 and size >= min_size and size >= previous / 2
+            previous = size
+
+
+def test_a_growth_cap_under_one_multiple_of_the_ranks_still_lets_the_batch_grow():
+    # 8 ranks at batch 8 with x1.5 a decision: 12 does not divide over the ranks; 16, one multiple
+    # more, is the least growth there is (it held at 8 for good, whatever B_simple said).
+    controller = Controller(start=8, min_size=8, max_size=64, quantum=8, max_growth=1.5)
+    assert run(controller, [1000] * 8) == [16, 24, 32, 48, 64, 64, 64, 64]
