@@ -615,8 +615,31 @@ class AdaptivePolicy(SteppedPolicy):
 
     def adapt(self, step: int, parts) -> None:
         node = self.cfg.batch.adaptive
-        if step % node.interval or step >= self.run_steps.total:
-            return
+        if not step % node.interval and step < self.run_steps.total:
+            self._decide(step, parts)
+        self._follow_weight_decay(step, parts)
+
+    def _follow_weight_decay(self, step: int, parts) -> None:
+        """The weight decay follows the batch by its rule, from the step the batch changes."""
+        sizes = self.run_steps.sizes
+        if 0 < step < len(sizes) and sizes[step] != sizes[step - 1]:
+            ratio = scaling.rule_multiplier(str(self.cfg.scaling.wd_rule), sizes[step] / sizes[step - 1])
+            for group in parts.optimizer.param_groups:
+                group["weight_decay"] *= ratio
+
+    def _from_step(self, step: int, size: int) -> int | None:
+        """The step a batch decided at `step` starts at: this one; or, where at `size` this step
+        would end its epoch on less than half a batch (a rest the step before, already taken,
+        cannot share), the next epoch's first (None: no epoch follows, the batch stays)."""
+        run = self.run_steps
+        epoch = bisect.bisect_right(run.epoch_starts, step) - 1
+        left = run.n - sum(run.taken[run.epoch_starts[epoch]:step])
+        if size <= 2 * left or self.cfg.batch.drop_last:
+            return step
+        return run.epoch_starts[epoch + 1] if epoch + 1 < len(run.epoch_starts) else None
+
+    def _decide(self, step: int, parts) -> None:
+        node = self.cfg.batch.adaptive
         current = self.run_steps.sizes[step]
         averaged = parts.noise.scale.averaged() if parts.noise is not None else None
         b_simple = averaged[1] / averaged[0] if averaged is not None and averaged[0] > 0 else None
@@ -626,25 +649,25 @@ class AdaptivePolicy(SteppedPolicy):
             gain = adascale_gain(decision.b_simple, self.points[0][1], size, kept=self.gains[-1][1])
         if parts.world.distributed:  # one decision for every rank: rank 0's
             size, gain = parts.world.broadcast_object((size, gain))
+        at = self._from_step(step, size)
+        if at is None:  # the last epoch's last step: the batch stays to the end
+            size, gain, at = current, self.gains[-1][1], step
         self.decisions.append({"step": step, "b_simple": decision.b_simple, "target": decision.target,
-                               "size": size, "previous": current, "gain": gain,
+                               "size": size, "previous": current, "gain": gain, "from_step": at,
                                "efficiency": None if b_simple is None else efficiency(b_simple, self.points[0][1], size)})
         if size == current and gain == self.gains[-1][1]:
             return
+        # A later decision replaces one still waiting for its epoch (the steps stay in order).
         if size != current:
-            self.points.append((step, size))
-            wd_rule = str(self.cfg.scaling.wd_rule)
-            ratio = scaling.rule_multiplier(wd_rule, size / current)
-            for group in parts.optimizer.param_groups:  # weight decay follows the batch by its rule
-                group["weight_decay"] *= ratio
+            self.points = [p for p in self.points if p[0] < at] + [(at, size)]
         if gain != self.gains[-1][1]:
-            self.gains.append((step, gain))
+            self.gains = [g for g in self.gains if g[0] < at] + [(at, gain)]
         self._relay_out()
-        self._plan = plan_for(size, self.world, self.micro_cap)
         self._set_lr(parts, step)  # the scheduler set this step's LR from the layout before the change
-        log.info("adaptive batch at step %d: B_simple %s -> global batch %d (was %d)%s", step,
+        log.info("adaptive batch at step %d: B_simple %s -> global batch %d (was %d)%s%s", step,
                  "unknown" if b_simple is None else f"{b_simple:.0f}", size, current,
-                 f", AdaScale gain {gain:.3g}" if str(node.lr) == "adascale" else "")
+                 f", AdaScale gain {gain:.3g}" if str(node.lr) == "adascale" else "",
+                 f", from step {at}, the next epoch's first" if at != step else "")
 
     def _throughput(self):
         """objective=goodput: samples/s at a global batch, from the finder's trials (a batch above

@@ -114,3 +114,24 @@ def test_seesaw_multiplies_the_batch_by_alpha_and_the_lr_by_one_over_root_alpha_
     assert [run.sizes[s] for s in starts] == [32, 32, 64, 128]
     lrs = [seen[s][0] for s in starts]
     assert lrs[2] / lrs[1] == pytest.approx(2 ** -0.5) and lrs[3] / lrs[2] == pytest.approx(2 ** -0.5)
+
+
+def test_a_batch_that_grows_at_an_epochs_last_step_waits_for_the_next_epoch(make_cfg):
+    # 660 training samples at batch 32: after 20 steps, 20 are left when the controller (c = 100:
+    # the batch doubles once B_simple is known) sets 64. Its last step cannot share that rest with
+    # the step before, which has been taken: at 64 it would train on 20 samples at the LR of 64.
+    # The new batch starts with the next epoch; the epoch ends at 32.
+    loop = build_loop(make_cfg(*ADAPTIVE, "data.num_samples=1000", "data.val_size=140", "batch.adaptive.c=100",
+                               "epochs=3"))
+    seen = observed(loop)
+    assert train(loop, TrainState()) == "completed"
+    run, hp = loop.policy.run_steps, loop.hp
+    assert run.n == 660 and run.epoch_starts[1] == 21
+    first = loop.policy.decisions[0]
+    assert first["step"] == 20 and first["size"] == 64
+    assert run.sizes[20] == 32 and run.taken[20] == 20 and run.sizes[21] == 64
+    for step, (size, taken) in enumerate(zip(run.sizes, run.taken)):  # no step of less than half its batch
+        assert taken >= size / 2, (step, size, taken)
+    for step, ((lr, wd), size) in enumerate(zip(seen, run.sizes)):  # the LR and WD of the batch it takes
+        assert wd == pytest.approx(hp.weight_decay * math.sqrt(size / 32), rel=1e-9), step
+    assert [s for s, _ in loop.policy.points] == [0, 21, *[s for s, _ in loop.policy.points[2:]]]
