@@ -588,21 +588,22 @@ class AdaptivePolicy(SteppedPolicy):
         return dataclasses.replace(super().schedule(start), balance_tail=True)
 
     def lr_layout(self) -> RunSteps:
-        """With AdaScale, the run of `epochs` at the first batch: its schedule is counted in that
-        batch's (scale-invariant) samples. Otherwise this run."""
-        if not self._by_gain():
-            return self.run_steps
+        """The run of `epochs` (cut at trainer.max_steps) at the first batch: the budget the
+        schedule is counted against, in samples (with AdaScale, scale-invariant ones). Counted
+        against this run instead, a cap in steps (or drop_last) would end the schedule where the
+        first batch's run ends, long before a grown batch's does, and a resumed run, its
+        batches grown, would count warmup steps and the cap otherwise than the run it resumes."""
         cfg = self.cfg
         return BatchSchedule(start=self.points[0][1], world_size=self.world).run_steps(
             cfg.epochs, self.n_train, cfg.batch.drop_last, cfg.trainer.max_steps)
 
     def _run_steps(self, start: int, n_train: int) -> RunSteps:
-        """With AdaScale, AdaScale's length (Johnson et al. 2020, Algorithm 1: train while the
-        scale-invariant iterations τ, advanced r a step, are below the budget T): the steps until
-        the schedule's position reaches the end of `lr_layout`, the steps ahead at the gain in
-        force. A gain below the scale S takes more samples than `epochs` (up to S times as many)."""
-        if not self._by_gain():
-            return super()._run_steps(start, n_train)
+        """The steps until the schedule's position reaches the end of `lr_layout`, the budget: the
+        run ends with its schedule. In samples, that is `epochs` of them (a cap in steps or
+        drop_last, a budget of the first batch's steps). With AdaScale, AdaScale's length
+        (Johnson et al. 2020, Algorithm 1: train while the scale-invariant iterations τ, advanced r
+        a step, are below the budget T), the steps ahead at the gain in force: a gain below the
+        scale S takes more samples than `epochs` (up to S times as many)."""
         cfg = self.cfg
         budget, epochs = self.lr_layout().total_samples, cfg.epochs
         while True:
@@ -611,7 +612,9 @@ class AdaptivePolicy(SteppedPolicy):
             if progress[-1] >= budget or not run.total or run.total == cfg.trainer.max_steps:
                 return run.first(bisect.bisect_left(progress, budget, hi=run.total))
             per_epoch = progress[-1] - progress[run.epoch_starts[-1]]  # the last epoch's, at the gain ahead
-            epochs += max(1, math.ceil((budget - progress[-1]) / per_epoch)) if per_epoch > 0 else epochs
+            if per_epoch <= 0:
+                return run
+            epochs += max(1, math.ceil((budget - progress[-1]) / per_epoch))
 
     def adapt(self, step: int, parts) -> None:
         node = self.cfg.batch.adaptive

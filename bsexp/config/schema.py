@@ -400,7 +400,9 @@ class TrainerConfig:
     clip_grad_norm: Optional[float] = positive(None)
     eval_every_steps: int = at_least(0, 0)  # 0: evaluate at the end of every epoch
     eval_batch_size: int = at_least(1, 1024)
-    max_steps: Optional[int] = at_least(1, None)  # stop after this many optimizer steps
+    # stop after this many optimizer steps (batch=adaptive: a budget of the samples that many steps
+    # of its first batch take; the run ends when it has taken them)
+    max_steps: Optional[int] = at_least(1, None)
     progress: bool = True  # progress bars (off anyway when output is not a terminal)
     deterministic: bool = True
     threads: Optional[int] = at_least(1, None)  # torch CPU threads; null: torch's default

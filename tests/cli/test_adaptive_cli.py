@@ -16,9 +16,14 @@ ADAPTIVE = ["batch=adaptive", "batch.size=64", "batch.find_micro_size=false", "b
             "batch.adaptive.c=100", "batch.adaptive.max_size=128"]
 
 
+# Warmup in steps: counted against the first batch's run, as the uninterrupted run counts it, not
+# against the restored one, whose batch has grown by then (a resumed run's LRs all differed).
+STEPS_WARMUP = ["schedule.unit=steps", "schedule.warmup=40"]
+
+
 def test_an_adaptive_run_stopped_after_a_change_of_batch_resumes_bit_identically(make_cfg, data_root, tmp_path):
     run_dir = tmp_path / "run"
-    args = [*SLOW, *ADAPTIVE, f"hydra.run.dir={run_dir}"]
+    args = [*SLOW, *ADAPTIVE, *STEPS_WARMUP, f"hydra.run.dir={run_dir}"]
     code, err = stop_mid_run(start(data_root, tmp_path, *args), run_dir, signal.SIGTERM, seed=3)
     stopped_at = newest_step(run_dir)
     assert code == 128 + signal.SIGTERM and stopped_at > 15  # after the change at step 15
@@ -27,7 +32,7 @@ def test_an_adaptive_run_stopped_after_a_change_of_batch_resumes_bit_identically
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["adaptive"]["sizes"] == [[0, 64], [15, 128]]
-    loop, progress = uninterrupted(make_cfg, *ADAPTIVE)
+    loop, progress = uninterrupted(make_cfg, *ADAPTIVE, *STEPS_WARMUP)
     assert loop.policy.points == [(0, 64), (15, 128)]
     assert_ends_as(run_dir, loop)
     assert [r["val_loss"] for r in records(run_dir)] == [r["val_loss"] for r in progress.records]

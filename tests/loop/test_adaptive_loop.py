@@ -135,3 +135,20 @@ def test_a_batch_that_grows_at_an_epochs_last_step_waits_for_the_next_epoch(make
     for step, ((lr, wd), size) in enumerate(zip(seen, run.sizes)):  # the LR and WD of the batch it takes
         assert wd == pytest.approx(hp.weight_decay * math.sqrt(size / 32), rel=1e-9), step
     assert [s for s, _ in loop.policy.points] == [0, 21, *[s for s, _ in loop.policy.points[2:]]]
+
+
+def test_a_cap_in_steps_is_a_budget_of_the_first_batchs_samples_and_the_schedule_ends_with_the_run(make_cfg):
+    # trainer.max_steps=60 at batch 32: 1,920 samples, the schedule's length. The batch grows (c =
+    # 100), so the run ends once it has taken them, in fewer than 60 steps, its cosine at its end;
+    # counted against the first batch's 60 steps instead, the schedule ran out at 1,920 samples and
+    # the steps after it trained at LR 0.
+    loop = build_loop(make_cfg(*ADAPTIVE, "batch.adaptive.c=100", "trainer.max_steps=60", "schedule.warmup=0"))
+    seen = observed(loop)
+    assert train(loop, TrainState()) == "completed"
+    run, hp = loop.policy.run_steps, loop.hp
+    assert run.sizes[-1] > 32 and run.total < 60 and len(seen) == run.total
+    assert sum(run.taken[:-1]) < 60 * 32 <= sum(run.taken)
+    schedule = scaling.LRSchedule(total=60 * 32, warmup=0, warmup_shape="linear", start_factor=1.0, main="cosine")
+    for step, ((lr, _), size, before) in enumerate(zip(seen, run.sizes, run.before)):
+        assert lr > 0 and lr == pytest.approx(hp.lr * schedule(before) * size / 32, rel=1e-9), step
+    assert schedule(run.before[-1]) < 0.05  # the last step near the cosine's end
