@@ -476,12 +476,13 @@ class SteppedPolicy(BatchPolicy):
         starts = [g[0] for g in self.gains]
         return [self.gains[max(0, bisect.bisect_right(starts, step) - 1)][1] for step in range(steps)]
 
-    def _progress(self, run: RunSteps) -> list[float]:
+    def _progress(self, run: RunSteps, gains: list[float] | None = None) -> list[float]:
         """Where the LR schedule stands before each step of `run` and after its last: samples, or
         with gains (AdaScale) scale-invariant samples, r b0-steps of progress a step of S x b0
-        (taken x r / S samples of b0)."""
+        (taken x r / S samples of b0). `gains`: `_step_gains(run.total)`, where already at hand."""
         b0, by_gain = self.points[0][1], self._by_gain()
-        gains = self._step_gains(run.total) if by_gain else ()
+        if by_gain and gains is None:
+            gains = self._step_gains(run.total)
         out, seen = [0.0], 0.0
         for step, (size, taken) in enumerate(zip(run.sizes, run.taken or run.sizes)):
             seen += taken * gains[step] * b0 / size if by_gain else taken
@@ -493,12 +494,13 @@ class SteppedPolicy(BatchPolicy):
         out now."""
         run, b0 = self.run_steps, self.points[0][1]
         ref, rule = self.cfg.scaling.ref_batch, str(self.cfg.scaling.lr_rule)
-        if self._by_gain():
-            coupling = self._step_gains(run.total)
+        gains = self._step_gains(run.total) if self._by_gain() else None
+        if gains is not None:
+            coupling = gains
         else:
             coupling = [scaling.rule_multiplier(rule, size / ref) / scaling.rule_multiplier(rule, b0 / ref)
                         for size in run.sizes]
-        self._positions, self._coupling = tuple(self._progress(run)[:-1]), tuple(coupling)
+        self._positions, self._coupling = tuple(self._progress(run, gains)[:-1]), tuple(coupling)
 
     def lr_positions(self) -> tuple[float, ...]:
         return self._positions

@@ -8,9 +8,10 @@ Each sweep point is an arm (its `experiment/<name>=<arm>` override) and a seed. 
 validation accuracy: a tuned baseline (Shallue et al. 2019); another arm run at several LRs is
 tuned the same way. The target is the best tuned fixed batch's final validation accuracy less its
 standard deviation over seeds (the bottom of its one-std band); an arm's steps, samples and
-seconds to it are the first evaluation at or above it, averaged over the seeds that reach it. The goal line compares each other arm with the fixed batch
-that needs the fewest steps among those that reach the target on every seed: at least 30 % fewer
-steps, no more samples, final accuracy in the band, and the target reached on every seed.
+seconds to it are the first evaluation at or above it, averaged over the seeds that reach it. The
+goal line compares each other arm with the fixed batch that needs the fewest steps among those
+that reach the target on every seed: at least 30 % fewer steps, no more samples, final accuracy
+in the band, and the target reached on every seed.
 
 Writes pareto.md, pareto.csv and pareto.png into --out (default: the first sweep directory).
 """

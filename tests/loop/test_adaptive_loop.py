@@ -128,13 +128,13 @@ def test_a_batch_that_grows_at_an_epochs_last_step_waits_for_the_next_epoch(make
     run, hp = loop.policy.run_steps, loop.hp
     assert run.n == 660 and run.epoch_starts[1] == 21
     first = loop.policy.decisions[0]
-    assert first["step"] == 20 and first["size"] == 64
+    assert first["step"] == 20 and first["size"] == 64 and first["from_step"] == 21
     assert run.sizes[20] == 32 and run.taken[20] == 20 and run.sizes[21] == 64
     for step, (size, taken) in enumerate(zip(run.sizes, run.taken)):  # no step of less than half its batch
         assert taken >= size / 2, (step, size, taken)
     for step, ((lr, wd), size) in enumerate(zip(seen, run.sizes)):  # the LR and WD of the batch it takes
         assert wd == pytest.approx(hp.weight_decay * math.sqrt(size / 32), rel=1e-9), step
-    assert [s for s, _ in loop.policy.points] == [0, 21, *[s for s, _ in loop.policy.points[2:]]]
+    assert loop.policy.points[:2] == [(0, 32), (21, 64)]
 
 
 def test_a_cap_in_steps_is_a_budget_of_the_first_batchs_samples_and_the_schedule_ends_with_the_run(make_cfg):
