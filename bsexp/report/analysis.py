@@ -391,6 +391,51 @@ def fit_critical_batch(batches: Sequence[float], steps: Sequence[float]) -> tupl
     return None if fit.refused else (fit.s_min, fit.e_min, fit.b_crit)
 
 
+@dataclass(frozen=True)
+class ScheduleBound:
+    """What any batch schedule could gain over a fixed batch at the same samples, in McCandlish et
+    al.'s model, from (S_min, E_min) fitted at a rising ladder of targets (`schedule_bound`)."""
+
+    s_min: float
+    e_min: float
+    ratio: float  # r: a schedule's least steps above S_min over a fixed batch's, at equal samples
+
+    def steps(self, samples: float) -> tuple[float, float] | None:
+        """(a fixed batch's steps, the best schedule's steps) to the last target with `samples`
+        samples in all; None at or below E_min, which no batch reaches the target with."""
+        if samples <= self.e_min:
+            return None
+        excess = self.s_min * self.e_min / (samples - self.e_min)  # a fixed batch's steps above S_min
+        return self.s_min + excess, self.s_min + self.ratio * excess
+
+
+def schedule_bound(ladder: Sequence[tuple[float, float]]) -> ScheduleBound | None:
+    """In McCandlish et al.'s model (2018, section 2; their appendix D varies the batch in it) a step
+    at batch B makes 1 / (1 + B_noise/B) of a noiseless step's progress, B_noise depending on the
+    progress p made so far. A schedule
+    B(p) then takes S = ∫(1 + B_noise/B) dp steps and E = ∫(B + B_noise) dp samples, with S_min = ∫dp
+    and E_min = ∫B_noise dp. At a given E the fewest steps are at B ∝ √B_noise (a Lagrange
+    condition), where (S - S_min)(E - E_min) = (∫√B_noise dp)²; every fixed batch has S_min E_min
+    there, and so does B = c B_noise (it is no better than the fixed batch c E_min/S_min). So at
+    equal samples the least steps above S_min any schedule needs are r = (∫√B_noise dp)² /
+    (S_min E_min) <= 1 (Cauchy-Schwarz) times a fixed batch's: r = 1 when B_noise is constant.
+
+    `ladder`: (S_min, E_min) fitted to the fixed batches at rising targets, the last the target of
+    interest. Between two rungs B_noise ≈ ΔE_min / ΔS_min, so ∫√B_noise dp ≈ Σ √(ΔS_min ΔE_min). A
+    rung below an earlier one (the fits' noise) adds nothing, which can only lower r: the bound
+    errs towards what a schedule might gain."""
+    if not ladder:
+        return None
+    root, s_top, e_top = 0.0, 0.0, 0.0
+    for s, e in ladder:
+        root += math.sqrt(max(s - s_top, 0.0) * max(e - e_top, 0.0))
+        s_top, e_top = max(s_top, s), max(e_top, e)
+    s_min, e_min = ladder[-1]
+    if s_min <= 0 or e_min <= 0:
+        return None
+    return ScheduleBound(s_min, e_min, min(root ** 2 / (s_min * e_min), 1.0))
+
+
 @dataclass
 class Critical:
     """One family's critical batch: the steps and samples each batch needed to reach a target, and

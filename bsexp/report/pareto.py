@@ -11,7 +11,10 @@ standard deviation over seeds (the bottom of its one-std band); an arm's steps, 
 seconds to it are the first evaluation at or above it, averaged over the seeds that reach it. The
 goal line compares each other arm with the fixed batch that needs the fewest steps among those
 that reach the target on every seed: at least 30 % fewer steps, no more samples, final accuracy
-in the band, and the target reached on every seed.
+in the band, and the target reached on every seed. Beside it, what any batch schedule could gain
+over a fixed batch at the baseline's samples in McCandlish et al.'s model, fitted to the fixed
+batches at a ladder of targets up to the target (`bound`; the model's derivation is at
+`bsexp.report.analysis.schedule_bound`).
 
 Writes pareto.md, pareto.csv and pareto.png into --out (default: the first sweep directory).
 """
@@ -26,10 +29,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bsexp.report.analysis import Point
+from bsexp.report.analysis import Point, ScheduleBound, fit_steps_samples, schedule_bound
 from bsexp.report.load import load_points
 
 GOAL_STEPS = 0.7  # an arm's steps to the target at most this fraction of the fastest fixed batch's
+# The rungs of the ladder of targets below the target, in accuracy, for the schedule bound: each
+# spacing gives one bound (fine rungs see more of B_noise's change, and more of the fits' noise).
+RUNGS = (0.01, 0.02, 0.05)
 
 
 @dataclass
@@ -100,6 +106,20 @@ def arms(points: list[Point]) -> tuple[list[Arm], list[Arm]]:
     return _tuned(fixed), _tuned(others)
 
 
+def bound(tuned: list[Arm], target: float, spacing: float) -> ScheduleBound | None:
+    """`schedule_bound` over targets from the target down by `spacing` (to zero): at each, S_min and
+    E_min fitted to the fixed batches that reach it on every seed (mean steps and samples to it);
+    targets where no fit is possible (fewer than 3 such batches, or a degenerate fit) are skipped."""
+    ladder, fitted = [], None
+    for k in range(int(target / spacing), -1, -1):
+        reached = [t for t in (arm.to_target(target - k * spacing) for arm in tuned) if t["reached"] == t["seeds"]]
+        fit = fit_steps_samples([t["steps"] for t in reached], [t["samples"] for t in reached])
+        if not fit.refused:
+            ladder.append((fit.s_min, fit.e_min))
+            fitted = k
+    return schedule_bound(ladder) if fitted == 0 else None  # the last rung must be the target itself
+
+
 def analyse(points: list[Point]) -> dict[str, Any]:
     tuned, others = arms(points)
     if not tuned:
@@ -129,8 +149,15 @@ def analyse(points: list[Point]) -> dict[str, Any]:
         in_band = row["final_val_acc"] is not None and row["final_val_acc"] >= target
         verdicts.append((row["arm"], steps, samples,
                          steps <= GOAL_STEPS and samples <= 1.0 and in_band and every(row)))
+    bounds = {}
+    if fastest is not None:
+        for spacing in RUNGS:
+            found = bound(tuned, target, spacing)
+            steps = found.steps(fastest["to_target_samples"]) if found is not None else None
+            if steps is not None:
+                bounds[spacing] = (found, *steps)
     return {"rows": rows, "best": best.name, "target": target, "best_mean": mean, "best_std": std,
-            "fastest": fastest, "verdicts": verdicts}
+            "fastest": fastest, "verdicts": verdicts, "bounds": bounds}
 
 
 def _fmt(value, fmt: str) -> str:
@@ -160,6 +187,17 @@ def markdown(result: dict[str, Any], dirs: list[Path]) -> str:
         else:
             lines.append(f"- {arm}: {steps:.2f} x its steps, {samples:.2f} x its samples -> goal (<= {GOAL_STEPS:g} x "
                          f"steps, <= 1 x samples, final accuracy in the band) {'met' if met else 'not met'}.")
+    if result["bounds"]:
+        lines += ["", ("What any batch schedule could gain at the baseline's samples, by McCandlish et al.'s model "
+                       "fitted to the fixed batches at targets up to this one (`bsexp.report.analysis.schedule_bound`): "
+                       "the fewest steps a schedule needs against a fixed batch's, both in the model. r: the best "
+                       "schedule's steps above S_min over a fixed batch's; a batch that follows c x B_noise has r = 1."),
+                  "",
+                      "| rungs every | S_min | E_min | r | fixed batch (model) | best schedule | ratio |",
+                      "| --- | --- | --- | --- | --- | --- | --- |"]
+        for spacing, (found, fixed, best) in result["bounds"].items():
+            lines.append(f"| {100 * spacing:g} points | {found.s_min:.0f} | {found.e_min:,.0f} | {found.ratio:.2f} | "
+                         f"{fixed:.0f} | {best:.0f} | {best / fixed:.2f} x |")
     return "\n".join(lines) + "\n"
 
 

@@ -84,3 +84,36 @@ def test_an_arm_run_at_several_lrs_is_one_row_at_its_best_lr(tmp_path):
     noise = [r for r in rows if r["arm"] == "adaptive_noise"]
     assert len(noise) == 1 and noise[0]["lr"] == "0.05" and noise[0]["seeds"] == "2"
     assert float(noise[0]["to_target_steps"]) == 60
+
+
+def test_the_report_gives_the_schedule_bound_of_fixed_batches_that_follow_the_model(tmp_path):
+    """Fixed batches whose steps follow McCandlish et al.'s model: 100 noiseless steps at B_noise
+    10 to reach 50 %, 100 more at B_noise 200 to reach 90 %. The bound from the ladder of fits is
+    the model's own, r = (100 √10 + 100 √200)² / (200 x 21,000) = 0.713, to rounding of the steps."""
+    import math
+
+    fixed = tmp_path / "fixed"
+    n = 0
+    for batch in (16, 32, 64, 128):
+        half = math.ceil(100 * (1 + 10 / batch))
+        end = math.ceil(100 * (1 + 10 / batch) + 100 * (1 + 200 / batch))
+        for seed in (0, 1):
+            d = fixed / f"{n}_{n}"
+            (d / ".hydra").mkdir(parents=True)
+            (d / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(
+                ["experiment/adaptive_vs_fixed=fixed", f"batch.size={batch}", "optimizer.lr=0.1", f"seed={seed}"]))
+            records = [{"step": t, "samples_seen": t * batch, "val_acc": 0.3 if t < half else 0.5 if t < end else 0.9}
+                       for t in range(1, end + 20)]
+            (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+            (d / "summary.json").write_text(json.dumps({"status": "completed", "batch_size": batch, "val_acc": 0.9}))
+            n += 1
+    assert main([str(fixed), "--out", str(tmp_path / "out")]) == 0
+    md = (tmp_path / "out" / "pareto.md").read_text()
+    r = (100 * math.sqrt(10) + 100 * math.sqrt(200)) ** 2 / (200 * 21000)
+    fixed_steps = 100 * (1 + 10 / 128) + 100 * (1 + 200 / 128)
+    best = 200 + r * (fixed_steps - 200)
+    rows = [line.split(" | ") for line in md.splitlines() if line.startswith(("| 1 points", "| 2 points", "| 5 points"))]
+    assert len(rows) == 3
+    for row in rows:
+        assert float(row[3]) == pytest.approx(r, abs=0.02)
+        assert float(row[4]) == pytest.approx(fixed_steps, abs=2) and float(row[5]) == pytest.approx(best, abs=3)

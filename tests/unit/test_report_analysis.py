@@ -194,3 +194,42 @@ def test_the_analysis_imports_no_plotting_no_wandb_no_torch_and_reads_no_files()
             imported.add((node.module or "").split(".")[0])
     assert imported <= {"__future__", "math", "statistics", "dataclasses", "pathlib", "typing"}, imported
     assert "open(" not in source and "read_text" not in source
+
+
+def _model(phases, batches):
+    """McCandlish et al.'s model, by phase (progress P at noise scale b): steps and samples of a
+    schedule that trains at batches[i] through phase i."""
+    steps = sum(p * (1 + b / B) for (p, b), B in zip(phases, batches))
+    samples = sum(p * (B + b) for (p, b), B in zip(phases, batches))
+    return steps, samples
+
+
+def test_the_schedule_bound_is_the_fewest_steps_any_two_level_schedule_takes_at_a_fixed_batchs_samples():
+    from bsexp.report.analysis import schedule_bound
+
+    phases = [(100, 10.0), (100, 200.0)]  # B_noise 10 for the first 100 noiseless steps, then 200
+    ladder = [(100, 1000.0), (200, 21000.0)]  # (S_min, E_min) to the end of each phase
+    found = schedule_bound(ladder)
+    fixed_steps, fixed_samples = _model(phases, [64, 64])
+    steps = found.steps(fixed_samples)
+    assert steps[0] == pytest.approx(fixed_steps)  # the model's fixed batch, from S_min and E_min alone
+    # Every two-level schedule spending the fixed batch's samples: the best takes steps[1] and no fewer.
+    best = math.inf
+    for b1 in (x / 10 for x in range(10, 3000)):
+        b2 = (fixed_samples - 100 * (b1 + 10) - 100 * 200) / 100
+        if b2 > 0:
+            best = min(best, _model(phases, [b1, b2])[0])
+    assert best == pytest.approx(steps[1], rel=1e-4) and steps[1] < fixed_steps - 20
+    # Following c x B_noise gains nothing: at its own samples it takes a fixed batch's steps.
+    prop_steps, prop_samples = _model(phases, [4 * 10.0, 4 * 200.0])
+    assert found.steps(prop_samples)[0] == pytest.approx(prop_steps)
+
+
+def test_a_constant_noise_scale_leaves_a_schedule_nothing_and_noisy_rungs_only_lower_the_ratio():
+    from bsexp.report.analysis import schedule_bound
+
+    assert schedule_bound([(50, 5000.0), (100, 10000.0)]).ratio == pytest.approx(1.0)
+    # A rung fitted below the one before it adds nothing: r from the rungs that rise.
+    noisy = schedule_bound([(100, 1000.0), (90, 900.0), (200, 21000.0)])
+    assert noisy.ratio == pytest.approx(schedule_bound([(100, 1000.0), (200, 21000.0)]).ratio)
+    assert schedule_bound([]) is None and schedule_bound([(100, 1000.0)]).steps(1000.0) is None
