@@ -5,7 +5,9 @@ The critical batch grows as the loss falls (McCandlish et al. 2018, "An Empirica
 Large-Batch Training"): a batch near B_simple = tr(Σ)/|G|² spends samples and steps in balance,
 one much above it wastes samples. The controller follows `c × B_simple`, growing at most
 `max_growth` times an interval (shrinking only when asked), within `[min_size, max_size]`, in
-multiples of the ranks.
+multiples of the ranks. In their model a batch that follows c × B_noise is no better than a fixed
+batch (`bsexp.report.analysis.schedule_bound`): the fewest steps for the samples are at B ∝
+√B_noise, `power=0.5` (target c × √(b0 × B_simple), b0 the starting batch).
 
 `objective=goodput` (Pollux; Qiao et al., OSDI 2021) instead picks the batch that maximises
 throughput(b) × efficiency(b), the statistical efficiency of a batch b against the starting batch
@@ -68,7 +70,8 @@ class Controller:
     min_size: int
     max_size: int
     quantum: int = 1
-    c: float = 1.0  # target = c x B_simple
+    c: float = 1.0  # target = c x start^(1 - power) x B_simple^power
+    power: float = 1.0
     max_growth: float = 2.0  # at most x this per decision (and / this when shrinking)
     shrink: bool = False
     objective: str = "noise"
@@ -99,7 +102,7 @@ class Controller:
             size = max(candidates, key=lambda b: (throughput(b) * efficiency(b_simple, self.start, b), -b))
             target = float(size)
         else:
-            target = self.c * b_simple
+            target = self.c * self.start ** (1 - self.power) * b_simple ** self.power
             size = min(max(self._nearest(target), low), high)
         return Decision(step, b_simple, target, size, current, efficiency(b_simple, self.start, size))
 

@@ -561,8 +561,8 @@ class AdaptivePolicy(SteppedPolicy):
         node, size = self.cfg.batch.adaptive, self.cfg.batch.size
         high = self.n_train if node.max_size is None else min(node.max_size, self.n_train)
         return Controller(start=size, min_size=node.min_size if node.min_size is not None else size,
-                          max_size=high, quantum=self.world, c=node.c, max_growth=node.max_growth,
-                          shrink=node.shrink, objective=str(node.objective))
+                          max_size=high, quantum=self.world, c=node.c, power=node.power,
+                          max_growth=node.max_growth, shrink=node.shrink, objective=str(node.objective))
 
     def _start(self, probe: Probe, state: dict | None, n_train: int) -> int:
         cfg = self.cfg

@@ -326,7 +326,9 @@ class ScheduledBatch(BatchConfig):
 class AdaptiveConfig:
     interval: int = at_least(1, 25)  # optimizer steps between the controller's decisions
     objective: AdaptiveObjective = AdaptiveObjective.noise  # noise: c x B_simple; goodput: Pollux
-    c: float = positive(1.0)  # objective=noise: the batch aimed at is c x B_simple
+    c: float = positive(1.0)  # objective=noise: the batch aimed at is c x B_simple (x batch.size^(1-power))
+    # objective=noise: B_simple^power; 0.5 is McCandlish et al.'s fewest steps for the samples (B ∝ √B_noise)
+    power: float = bounded(1.0, low=0, high=1, open_low=True)
     min_size: Optional[int] = at_least(1, None)  # null: batch.size
     max_size: Optional[int] = at_least(1, None)  # null: the training set
     max_growth: float = at_least(1.0, 2.0)  # at most x this per decision (and / this when shrinking)

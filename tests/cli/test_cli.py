@@ -133,6 +133,8 @@ BAD_INPUTS = [
     (["batch=adaptive", "batch.adaptive.objective=speed"], "batch.adaptive.objective", "noise, goodput"),
     (["batch=adaptive", "batch.adaptive.max_growth=0.5"], "batch.adaptive.max_growth", ">= 1"),
     (["batch=adaptive", "batch.adaptive.interval=0"], "batch.adaptive.interval", ">= 1"),
+    (["batch=adaptive", "batch.adaptive.power=0"], "batch.adaptive.power", "in (0, 1]"),
+    (["batch=adaptive", "batch.adaptive.power=2"], "batch.adaptive.power", "in (0, 1]"),
     (["batch=adaptive", "batch.adaptive.max_size=16"], "batch.adaptive.max_size", "at least batch.size=32"),
     (["batch=adaptive", "batch.adaptive.min_size=64"], "batch.adaptive.min_size", "at most batch.size=32"),
     (["batch=adaptive", "trainer.noise_scale=off"], "trainer.noise_scale", "use auto or always"),

@@ -29,6 +29,13 @@ def test_the_target_is_scaled_by_c_and_clipped_to_the_bounds():
     assert run(controller, [10]) == [64]  # never below min_size (and no shrinking by default)
 
 
+def test_power_half_aims_at_the_geometric_mean_of_the_first_batch_and_b_simple():
+    controller = Controller(start=32, min_size=32, max_size=4096, c=1.5, power=0.5, max_growth=100.0)
+    assert run(controller, [800]) == [240]  # 1.5 x sqrt(32 x 800) = 1.5 x 160
+    assert run(controller, [3200]) == [480]  # B_simple x4, the batch x2
+    assert run(Controller(start=32, min_size=32, max_size=4096, power=0.5, max_growth=100.0), [32]) == [32]
+
+
 def test_sizes_divide_over_the_ranks_and_stay_within_the_growth_cap():
     controller = Controller(start=48, min_size=48, max_size=10_000, quantum=8, c=1.0, max_growth=1.5)
     sizes = run(controller, [37, 500, 500, 500, 5000])
