@@ -3,7 +3,8 @@ the final accuracy (the Pareto front), with samples and training time to the tar
 
     python -m bsexp.report.pareto SWEEP_DIR [SWEEP_DIR ...] [--out DIR]
 
-Each sweep point is an arm (its `experiment/<name>=<arm>` override) and a seed. Points of the arm
+Each sweep point is an arm (its `experiment/<name>=<arm>` override, with any other override that
+sets it apart from the rest, such as `batch.adaptive.c=0.5`) and a seed. Points of the arm
 `fixed` are one row per batch, at the LR (over the points' `optimizer.lr`) with the best mean final
 validation accuracy: a tuned baseline (Shallue et al. 2019); another arm run at several LRs is
 tuned the same way. The target is the best tuned fixed batch's final validation accuracy less its
@@ -85,24 +86,37 @@ def _tuned(groups: dict[tuple[Any, float], Arm]) -> list[Arm]:
     return [best[k] for k in sorted(best)]
 
 
+NOT_AN_ARM = ("seed", "optimizer.lr", "batch.size", "logger.")  # seeds, the LR tuned, a fixed row's batch, logs
+
+
+def _settings(point: Point, shared: set[str]) -> str:
+    """The overrides that set the point apart from the others, beyond its arm, seed, LR and batch
+    (`batch.adaptive.c=0.5`): an arm run at several settings is one row per setting."""
+    return " ".join(o for o in point.overrides if o not in shared and not o.startswith(("experiment/", "+experiment/"))
+                    and not o.split("=", 1)[0].lstrip("+~").startswith(NOT_AN_ARM))
+
+
 def arms(points: list[Point]) -> tuple[list[Arm], list[Arm]]:
     """(tuned fixed batches, other arms), from the points of one or more sweeps. An arm run at several
     `optimizer.lr` is tuned as the fixed batches are: its row is the LR with the best final accuracy."""
-    fixed: dict[tuple[int, float], Arm] = {}
+    fixed: dict[tuple[Any, float], Arm] = {}
     others: dict[tuple[str, float], Arm] = {}
-    for point in points:
-        if not point.done:
-            continue
+    done = [p for p in points if p.done]
+    shared = set.intersection(*(set(p.overrides) for p in done)) if done else set()
+    for point in done:
         arm = next((o.split("=", 1)[1] for o in point.overrides if o.split("=", 1)[0].startswith("experiment/")),
                    "fixed")
         lr = _value(point.overrides, "optimizer.lr")
         lr = float(lr) if lr is not None else None
         order = lr if lr is not None else -math.inf  # no LR set: the arm's default, before any set
+        settings = _settings(point, shared)
         if arm == "fixed":
             batch = int(point.summary["batch_size"])
-            fixed.setdefault((batch, order), Arm(f"fixed {batch}", lr=lr)).points.append(point)
+            name = f"fixed {batch}" + (f" {settings}" if settings else "")
+            fixed.setdefault(((batch, settings), order), Arm(name, lr=lr)).points.append(point)
         else:
-            others.setdefault((arm, order), Arm(arm, lr=lr)).points.append(point)
+            name = arm + (f" {settings}" if settings else "")
+            others.setdefault((name, order), Arm(name, lr=lr)).points.append(point)
     return _tuned(fixed), _tuned(others)
 
 

@@ -117,3 +117,22 @@ def test_the_report_gives_the_schedule_bound_of_fixed_batches_that_follow_the_mo
     for row in rows:
         assert float(row[3]) == pytest.approx(r, abs=0.02)
         assert float(row[4]) == pytest.approx(fixed_steps, abs=2) and float(row[5]) == pytest.approx(best, abs=3)
+
+
+def test_an_arm_run_at_several_settings_is_one_row_per_setting_and_shared_overrides_name_no_row(tmp_path):
+    fixed, others = tmp_path / "fixed", tmp_path / "arms"
+    for seed in (0, 1):  # batch 64 reaches 0.95 at step 100 on every seed
+        job(fixed, seed, ["data=digits", "experiment/adaptive_vs_fixed=fixed", "batch.size=64", "optimizer.lr=0.1",
+                          f"seed={seed}"], 64, [0.5] * 9 + [0.96] * 3)
+    n = 0
+    for setting, curve in ((None, [0.5] * 5 + [0.97] * 3), ("batch.adaptive.c=0.5", [0.5] * 7 + [0.96] * 3)):
+        for seed in (0, 1):
+            job(others, n, ["data=digits", "experiment/adaptive_vs_fixed=adaptive_noise", *([setting] if setting else []),
+                            f"seed={seed}"], 32, curve)
+            n += 1
+    assert main([str(others), str(fixed), "--out", str(tmp_path / "out")]) == 0
+    rows = {r["arm"]: r for r in __import__("csv").DictReader((tmp_path / "out" / "pareto.csv").open())}
+    assert set(rows) == {"fixed 64", "adaptive_noise", "adaptive_noise batch.adaptive.c=0.5"}
+    assert float(rows["adaptive_noise"]["to_target_steps"]) == 60
+    assert float(rows["adaptive_noise batch.adaptive.c=0.5"]["to_target_steps"]) == 80
+    assert rows["adaptive_noise batch.adaptive.c=0.5"]["seeds"] == "2"
