@@ -412,13 +412,13 @@ class ScheduleBound:
 def schedule_bound(ladder: Sequence[tuple[float, float]]) -> ScheduleBound | None:
     """In McCandlish et al.'s model (2018, section 2; their appendix D varies the batch in it) a step
     at batch B makes 1 / (1 + B_noise/B) of a noiseless step's progress, B_noise depending on the
-    progress p made so far. A schedule
-    B(p) then takes S = ∫(1 + B_noise/B) dp steps and E = ∫(B + B_noise) dp samples, with S_min = ∫dp
-    and E_min = ∫B_noise dp. At a given E the fewest steps are at B ∝ √B_noise (a Lagrange
-    condition), where (S - S_min)(E - E_min) = (∫√B_noise dp)²; every fixed batch has S_min E_min
-    there, and so does B = c B_noise (it is no better than the fixed batch c E_min/S_min). So at
-    equal samples the least steps above S_min any schedule needs are r = (∫√B_noise dp)² /
-    (S_min E_min) <= 1 (Cauchy-Schwarz) times a fixed batch's: r = 1 when B_noise is constant.
+    progress p made so far. A schedule B(p) then takes S = ∫(1 + B_noise/B) dp steps and E =
+    ∫(B + B_noise) dp samples, with S_min = ∫dp and E_min = ∫B_noise dp. At a given E the fewest
+    steps are at B ∝ √B_noise (a Lagrange condition), where (S - S_min)(E - E_min) =
+    (∫√B_noise dp)²; every fixed batch has S_min E_min there, and so does B = c B_noise (it is no
+    better than the fixed batch c E_min/S_min). So at equal samples the least steps above S_min any
+    schedule needs are r = (∫√B_noise dp)² / (S_min E_min) <= 1 (Cauchy-Schwarz) times a fixed
+    batch's: r = 1 when B_noise is constant.
 
     `ladder`: (S_min, E_min) fitted to the fixed batches at rising targets, the last the target of
     interest. Between two rungs B_noise ≈ ΔE_min / ΔS_min, so ∫√B_noise dp ≈ Σ √(ΔS_min ΔE_min). A
