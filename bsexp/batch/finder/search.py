@@ -182,16 +182,14 @@ class Searcher:
             self.bisect(tolerance)
             return
         else:
-            if shorted:
-                # A few percent to go from that probe: the edge of the line through it, no lower
-                # (the room a trial leaves counts all that its step keeps, more than the next
-                # step's peak holds; the bench's MLP: 8.3 MB kept, 5.7 MB held).
-                pass
-            elif _still_rising(self.budget.attempts.values(), large, predicted):
+            # After the extra probe (shorted), a few percent are left to go from it: the edge of the
+            # line through it, no lower (the room a trial leaves counts all that its step keeps,
+            # more than the next step's peak holds; the bench's MLP: 8.3 MB kept, 5.7 MB held).
+            if not shorted and _still_rising(self.budget.attempts.values(), large, predicted):
                 # Aim short of the line, where a pass steadies it (an MLP's probes at 512 and 2,048
                 # put the edge 6 % beyond the 3,030 that fit).
                 predicted = _short_of(large, predicted, self.max_size)
-            elif large.room_bytes is not None:  # where a pass there can settle the edge (below)
+            elif not shorted and large.room_bytes is not None:  # where a pass there can settle the edge (below)
                 predicted = math.floor(predicted * (1 - AIM))
                 settle += AIM
             size = min(max(predicted, large.size + 1), self.max_size)
