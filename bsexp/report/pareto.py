@@ -44,6 +44,7 @@ class Arm:
     name: str
     points: list[Point] = field(default_factory=list)
     lr: float | None = None  # the tuned LR (of the points' optimizer.lr; none where they set none)
+    settings: str = ""  # the overrides that set it apart beyond its arm, seed, LR and batch (`_settings`)
 
     def finals(self) -> list[float]:
         return [p.summary["val_acc"] for p in self.points if p.done and p.summary.get("val_acc") is not None]
@@ -113,10 +114,10 @@ def arms(points: list[Point]) -> tuple[list[Arm], list[Arm]]:
         if arm == "fixed":
             batch = int(point.summary["batch_size"])
             name = f"fixed {batch}" + (f" {settings}" if settings else "")
-            fixed.setdefault(((batch, settings), order), Arm(name, lr=lr)).points.append(point)
+            fixed.setdefault(((batch, settings), order), Arm(name, lr=lr, settings=settings)).points.append(point)
         else:
             name = arm + (f" {settings}" if settings else "")
-            others.setdefault((name, order), Arm(name, lr=lr)).points.append(point)
+            others.setdefault((name, order), Arm(name, lr=lr, settings=settings)).points.append(point)
     return _tuned(fixed), _tuned(others)
 
 
@@ -164,9 +165,10 @@ def analyse(points: list[Point]) -> dict[str, Any]:
         verdicts.append((row["arm"], steps, samples,
                          steps <= GOAL_STEPS and samples <= 1.0 and in_band and every(row)))
     bounds = {}
-    if fastest is not None:
+    if fastest is not None:  # fitted to the baseline's own family: the fixed batches of its settings
+        family = [a for a in tuned if a.settings == next(t.settings for t in tuned if t.name == fastest["arm"])]
         for spacing in RUNGS:
-            found = bound(tuned, target, spacing)
+            found = bound(family, target, spacing)
             steps = found.steps(fastest["to_target_samples"]) if found is not None else None
             if steps is not None:
                 bounds[spacing] = (found, *steps)

@@ -90,18 +90,23 @@ def test_the_report_gives_the_schedule_bound_of_fixed_batches_that_follow_the_mo
     """Fixed batches whose steps follow McCandlish et al.'s model: 100 noiseless steps at B_noise
     10 to reach 50 %, 100 more at B_noise 200 to reach 90 %. The bound from the ladder of fits is
     the model's own, r = (100 √10 + 100 √200)² / (200 x 21,000) = 0.713, to rounding of the steps."""
+    import itertools
     import math
 
     fixed = tmp_path / "fixed"
     n = 0
-    for batch in (16, 32, 64, 128):
-        half = math.ceil(100 * (1 + 10 / batch))
-        end = math.ceil(100 * (1 + 10 / batch) + 100 * (1 + 200 / batch))
+    # Beside them, a family of another setting, slower at every batch (B_noise 1000 all along): not
+    # the baseline, and not in its fit.
+    families = [("", (10, 200)), ("model.norm=none", (1000, 1000))]
+    for (setting, noise), batch in itertools.product(families, (16, 32, 64, 128)):
+        half = math.ceil(100 * (1 + noise[0] / batch))
+        end = math.ceil(100 * (1 + noise[0] / batch) + 100 * (1 + noise[1] / batch))
         for seed in (0, 1):
             d = fixed / f"{n}_{n}"
             (d / ".hydra").mkdir(parents=True)
             (d / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(
-                ["experiment/adaptive_vs_fixed=fixed", f"batch.size={batch}", "optimizer.lr=0.1", f"seed={seed}"]))
+                ["experiment/adaptive_vs_fixed=fixed", f"batch.size={batch}", "optimizer.lr=0.1", f"seed={seed}",
+                 *([setting] if setting else [])]))
             records = [{"step": t, "samples_seen": t * batch, "val_acc": 0.3 if t < half else 0.5 if t < end else 0.9}
                        for t in range(1, end + 20)]
             (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
