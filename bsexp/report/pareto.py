@@ -209,10 +209,10 @@ def markdown(result: dict[str, Any], dirs: list[Path]) -> str:
                        "the fewest steps a schedule needs against a fixed batch's, both in the model. r: the best "
                        "schedule's steps above S_min over a fixed batch's; a batch that follows c x B_noise has r = 1."),
                   "",
-                      "| rungs every | S_min | E_min | r | fixed batch (model) | best schedule | ratio |",
+                      "| rungs every (accuracy) | S_min | E_min | r | fixed batch (model) | best schedule | ratio |",
                       "| --- | --- | --- | --- | --- | --- | --- |"]
         for spacing, (found, fixed, best) in result["bounds"].items():
-            lines.append(f"| {100 * spacing:g} points | {found.s_min:.0f} | {found.e_min:,.0f} | {found.ratio:.2f} | "
+            lines.append(f"| {100 * spacing:g} % | {found.s_min:.0f} | {found.e_min:,.0f} | {found.ratio:.2f} | "
                          f"{fixed:.0f} | {best:.0f} | {best / fixed:.2f} x |")
     return "\n".join(lines) + "\n"
 

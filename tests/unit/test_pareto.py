@@ -117,7 +117,7 @@ def test_the_report_gives_the_schedule_bound_of_fixed_batches_that_follow_the_mo
     r = (100 * math.sqrt(10) + 100 * math.sqrt(200)) ** 2 / (200 * 21000)
     fixed_steps = 100 * (1 + 10 / 128) + 100 * (1 + 200 / 128)
     best = 200 + r * (fixed_steps - 200)
-    rows = [line.split(" | ") for line in md.splitlines() if line.startswith(("| 1 points", "| 2 points", "| 5 points"))]
+    rows = [line.split(" | ") for line in md.splitlines() if line.startswith(("| 1 % |", "| 2 % |", "| 5 % |"))]
     assert len(rows) == 3
     for row in rows:
         assert float(row[3]) == pytest.approx(r, abs=0.02)
