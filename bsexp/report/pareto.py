@@ -145,10 +145,10 @@ def analyse(points: list[Point]) -> dict[str, Any]:
     rows = []
     for arm in [*tuned, *others]:
         m, s = arm.mean_std()
+        to = arm.to_target(target)
         rows.append({"arm": arm.name, "lr": arm.lr, "seeds": len(arm.points), "final_val_acc": m, "std": s,
-                     **{f"to_target_{k}": v for k, v in arm.to_target(target).items() if k in ("steps", "samples",
-                                                                                                "seconds")},
-                     "reached": f"{arm.to_target(target)['reached']}/{len(arm.points)}"})
+                     **{f"to_target_{k}": to[k] for k in ("steps", "samples", "seconds")},
+                     "reached": f"{to['reached']}/{len(arm.points)}"})
     # The baseline is the fixed batch that reaches the target in the fewest steps on every seed: one
     # that reaches it on a lucky seed only is not a batch to train at (nor, for the goal, is such an arm).
     every = lambda r: r["reached"].split("/")[0] == r["reached"].split("/")[1]  # noqa: E731
@@ -166,7 +166,8 @@ def analyse(points: list[Point]) -> dict[str, Any]:
                          steps <= GOAL_STEPS and samples <= 1.0 and in_band and every(row)))
     bounds = {}
     if fastest is not None:  # fitted to the baseline's own family: the fixed batches of its settings
-        family = [a for a in tuned if a.settings == next(t.settings for t in tuned if t.name == fastest["arm"])]
+        settings = next(t.settings for t in tuned if t.name == fastest["arm"])
+        family = [a for a in tuned if a.settings == settings]
         for spacing in RUNGS:
             found = bound(family, target, spacing)
             steps = found.steps(fastest["to_target_samples"]) if found is not None else None
@@ -209,8 +210,8 @@ def markdown(result: dict[str, Any], dirs: list[Path]) -> str:
                        "the fewest steps a schedule needs against a fixed batch's, both in the model. r: the best "
                        "schedule's steps above S_min over a fixed batch's; a batch that follows c x B_noise has r = 1."),
                   "",
-                      "| rungs every (accuracy) | S_min | E_min | r | fixed batch (model) | best schedule | ratio |",
-                      "| --- | --- | --- | --- | --- | --- | --- |"]
+                  "| rungs every (accuracy) | S_min | E_min | r | fixed batch (model) | best schedule | ratio |",
+                  "| --- | --- | --- | --- | --- | --- | --- |"]
         for spacing, (found, fixed, best) in result["bounds"].items():
             lines.append(f"| {100 * spacing:g} % | {found.s_min:.0f} | {found.e_min:,.0f} | {found.ratio:.2f} | "
                          f"{fixed:.0f} | {best:.0f} | {best / fixed:.2f} x |")
