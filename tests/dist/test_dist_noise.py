@@ -1,41 +1,13 @@
 """The gradient noise scale over two ranks: each rank's gradient before the all-reduce against the all-reduced one."""
 
-import json
-import math
-
 import pytest
-import torch
-import torch.nn.functional as F
-from torch.func import functional_call, grad, vmap
 
 import dist_workers
-from bsexp.noise import NoiseScale, estimates
-from bsexp.loop import TrainState, build_loop, train
+from bsexp.loop import build_loop
+from exact_noise import LOGISTIC, exact_noise
 
 # The backward hooks that count backward passes see no input gradients (the data needs none).
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
-
-# Logistic regression (no hidden layer) on overlapping Gaussian classes, with an LR so small that
-# the parameters stay put: the exact |G|^2 and tr(Sigma) at those parameters are the target.
-LOGISTIC = ["data=synthetic", "data.shape=[1,8]", "data.num_classes=4", "data.noise=3.0", "data.num_samples=8100",
-            "data.val_size=100", "model=mlp", "model.hidden=[]", "optimizer.lr=1e-9", "optimizer.weight_decay=0",
-            "optimizer.momentum=0", "schedule.warmup_shape=none", "schedule.main=constant", "trainer.progress=false",
-            "trainer.eval_every_steps=1000", "epochs=10"]
-
-
-def exact_noise(loop) -> tuple[float, float]:
-    """|G|^2 and tr(Sigma) from every training sample's own gradient (torch.func)."""
-    net = loop.step.net
-    params = {k: v.detach() for k, v in net.named_parameters()}
-    x, y = loop.splits.train.x, loop.splits.train.y
-
-    def loss(p, xi, yi):
-        return F.cross_entropy(functional_call(net, p, (xi[None],)), yi[None])
-
-    per_example = vmap(grad(loss), in_dims=(None, 0, 0))(params, x, y)
-    flat = torch.cat([g.reshape(len(x), -1) for g in per_example.values()], dim=1).double()
-    mean = flat.mean(0)
-    return mean.pow(2).sum().item(), (flat - mean).pow(2).sum(1).mean().item()
 
 
 def test_two_ranks_measure_it_from_each_ranks_gradient_before_the_all_reduce(make_cfg):
