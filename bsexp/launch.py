@@ -8,6 +8,7 @@ process group or W&B run outlives its job.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -49,9 +50,12 @@ def launch_workers(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             results = elastic_launch(config, _worker)(cfg, str(run_dir))
     except ChildFailedError as exc:
         rank, reason = _root_cause(exc)
-        if not (run_dir / "summary.json").exists():  # rank 0 was stopped before it could write one
-            write_json(run_dir / "summary.json", {"status": "failed", "error": f"rank {rank}: {reason}",
-                                                  "world_size": nproc, "seed": cfg.seed})
+        # The cause, in rank 0's summary (its own error may be a peer's hang-up), or in one of its
+        # own where rank 0 was stopped before it could write one.
+        path = run_dir / "summary.json"
+        summary = json.loads(path.read_text()) if path.exists() else {"status": "failed", "world_size": nproc,
+                                                                        "seed": cfg.seed}
+        write_json(path, {**summary, "error": f"rank {rank}: {reason}"})
         raise WorkersFailed(f"rank {rank} failed: {reason}") from None
     return results[0]
 

@@ -19,6 +19,7 @@ from bsexp import checkpoint as ckpt
 from bsexp.build import build_sinks
 from bsexp.config.env import restarted
 from bsexp.distributed import World, close_world, init_world
+from bsexp.errors import one_line
 from bsexp.io import write_json
 from bsexp.loop import TrainState, build_loop, train
 from bsexp.runtime import limit_memory, reset_peak_memory
@@ -69,7 +70,7 @@ def _run_on(world: World, cfg: DictConfig, run_dir: Path, started: float) -> dic
         loop.evaluator.log(loop, state, loop.policy.epochs_done(state))
     if cfg.trainer.memory_limit_gb is not None:
         limit_memory(world.device, int(cfg.trainer.memory_limit_gb * 2**30))
-    status, test = "failed", None
+    status, test, error = "failed", None, None
     reset_peak_memory(world.device)
     try:
         with logging_redirect_tqdm(), stop_on_signals(loop.watch):
@@ -79,8 +80,13 @@ def _run_on(world: World, cfg: DictConfig, run_dir: Path, started: float) -> dic
     except KeyboardInterrupt:
         status = "preempted"
         raise
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {one_line(exc)}"
+        raise
     finally:
         summary = make_summary(cfg, status, loop, hparams, state, test, time.perf_counter() - started)
+        if error is not None:  # what failed, beside the figures up to it
+            summary["error"] = error
         summary["resumed_from"] = str(resumed[0]) if resumed is not None else None
         summary["resume_changes"] = [{"key": k, "was": was, "now": now} for k, was, now in changed]
         if "branch" in summary:  # what the branch trained on, and with

@@ -254,6 +254,7 @@ def test_a_failure_mid_run_keeps_the_metrics_and_finishes_the_wandb_run(run_cli,
     assert "TinyNet failed on purpose at training step 7" in out.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["steps"] == 6
+    assert "TinyNet failed on purpose at training step 7" in summary["error"]  # what failed
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [3, 6]
     [run_file] = run_dir.glob("wandb/offline-run-*/run-*.wandb")

@@ -3,7 +3,6 @@
 import json
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -120,7 +119,6 @@ TINY_CLI = ["data.num_samples=600", "data.val_size=100", "epochs=1", "model.widt
 
 
 def test_torchrun_job_shares_one_output_directory_written_by_rank_0(data_root, tmp_path):
-    started = time.time()
     out = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "-m", "bsexp.train",
          "distributed=ddp", *TINY_CLI],
@@ -136,7 +134,6 @@ def test_torchrun_job_shares_one_output_directory_written_by_rank_0(data_root, t
     assert (summary["batch_size"], summary["micro_size"]) == (128, 64)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["outputs"]  # rank 1 wrote nothing in its cwd
     assert out.stdout.count("status") == 1  # one final table, from rank 0
-    assert time.time() - started < 120
 
 
 def test_torchrun_without_distributed_ddp_is_a_clear_error(data_root, tmp_path):
@@ -167,16 +164,14 @@ def test_a_failing_rank_ends_the_job_quickly_with_a_message_naming_it(run_cli, t
     conf = tmp_path / "my_conf" / "model"
     conf.mkdir(parents=True)
     (conf / "fails.yaml").write_text("_target_: user_models.FailsOnRank\nrank: 1\nfail_at_step: 2\n")
-    started = time.time()
     out = run_cli("distributed=ddp", "logger=none", f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]",
-                  "model=fails", *TINY_CLI[:3], f"hydra.run.dir={tmp_path / 'run'}", timeout=120)
-    elapsed = time.time() - started
+                  "model=fails", *TINY_CLI[:3], f"hydra.run.dir={tmp_path / 'run'}",
+                  timeout=120)  # quickly: not after the collectives' 30-minute timeout (TimeoutExpired)
     assert out.returncode == 1
     [line] = [line for line in out.stderr.splitlines() if line.startswith("error:")]  # ours, once
     assert line.startswith("error: rank 1 failed: RuntimeError: FailsOnRank: rank 1 crashed at step 2"), line
-    assert elapsed < 60
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["status"] == "failed" and "rank 1" in summary.get("error", "rank 1")
+    assert summary["status"] == "failed" and "rank 1" in summary["error"]
 
 
 def test_the_slurm_launcher_config_composes(data_root, monkeypatch):
