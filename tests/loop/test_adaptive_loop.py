@@ -49,7 +49,7 @@ def test_the_lr_and_weight_decay_follow_the_batch_with_the_schedule_counted_in_s
     assert ends < 2 * n / 32  # fewer steps than at the first batch: the batch grew during warmup
 
 
-def test_the_batch_follows_the_measured_noise_scale_and_measuring_leaves_the_run_unchanged(make_cfg):
+def test_the_batch_follows_the_measured_noise_scale(make_cfg):
     loop = build_loop(make_cfg(*ADAPTIVE))
     assert train(loop, TrainState()) == "completed"
     decisions = loop.policy.decisions
@@ -59,6 +59,16 @@ def test_the_batch_follows_the_measured_noise_scale_and_measuring_leaves_the_run
             assert d["target"] == pytest.approx(d["b_simple"])
             assert d["previous"] <= d["size"] <= 2 * d["previous"]
             assert d["size"] == min(max(round(d["b_simple"]), d["previous"]), 2 * d["previous"])
+
+
+def test_power_half_aims_each_decision_of_a_run_at_c_times_the_root_of_the_first_batch_times_b_simple(make_cfg):
+    loop = build_loop(make_cfg(*ADAPTIVE, "batch.adaptive.power=0.5", "batch.adaptive.c=2", "trainer.max_steps=100"))
+    assert train(loop, TrainState()) == "completed"
+    known = [d for d in loop.policy.decisions if d["b_simple"] is not None]
+    assert len(known) >= 2
+    for d in known:
+        assert d["target"] == pytest.approx(2 * math.sqrt(32 * d["b_simple"]))
+        assert d["size"] == min(max(round(d["target"]), d["previous"]), 2 * d["previous"])
 
 
 def test_measuring_the_noise_scale_at_one_micro_batch_leaves_training_unchanged(make_cfg):

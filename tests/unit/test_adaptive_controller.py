@@ -91,7 +91,7 @@ def test_the_adascale_gain_stays_while_the_noise_scale_is_unknown():
     # experiment=adaptive_vs_fixed at step 340, batch 390 = 12 x 32, gain 6.6): B_simple is
     # unknown, and falling back to 1 would cut the LR to batch 32's and slow the schedule 12-fold.
     b0, b = 32, 390
-    for unknown in (None, -120.0, float("nan"), float("inf")):
+    for unknown in (None, -120.0, 0.0, float("nan"), float("inf")):
         assert adascale_gain(unknown, b0, b, kept=6.6) == 6.6
     assert adascale_gain(None, b0, b) == 1.0  # before the first measurement
     assert adascale_gain(300.0, b0, b, kept=6.6) == pytest.approx(b / b0 * (300 + b0) / (300 + b))
@@ -115,3 +115,24 @@ def test_a_growth_cap_under_one_multiple_of_the_ranks_still_lets_the_batch_grow(
     # more, is the least growth there is (it held at 8 for good, whatever B_simple said).
     controller = Controller(start=8, min_size=8, max_size=64, quantum=8, max_growth=1.5)
     assert run(controller, [1000] * 8) == [16, 24, 32, 48, 64, 64, 64, 64]
+
+
+def test_the_target_rounds_to_the_nearest_multiple_of_the_ranks():
+    controller = Controller(start=32, min_size=32, max_size=4096, quantum=8, max_growth=100.0)
+    assert run(controller, [99]) == [96]  # 12.4 multiples of 8: down
+    assert run(controller, [101]) == [104]  # 12.6: up
+
+
+def test_growth_may_land_exactly_on_max_size():
+    # 8 ranks at 8, x1.5 a decision (12, under one multiple more) and max_size 16: one multiple
+    # more is exactly max_size, and within it.
+    controller = Controller(start=8, min_size=8, max_size=16, quantum=8, max_growth=1.5)
+    assert run(controller, [1000] * 2) == [16, 16]
+
+
+def test_goodput_breaks_a_tie_towards_the_smaller_batch():
+    # B_noise 224 from b0 32: efficiency 1 at 32 and 256/512 = 1/2 at 288, which runs twice as
+    # fast: equal goodput, and the smaller batch spends fewer samples for it.
+    throughput = {32: 1.0, 288: 2.0}
+    controller = Controller(start=32, min_size=32, max_size=2048, quantum=32, max_growth=100.0, objective="goodput")
+    assert controller.next_size(32, 224.0, lambda b: throughput.get(b, 0.1)).size == 32

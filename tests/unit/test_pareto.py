@@ -32,9 +32,18 @@ def test_the_target_the_tuned_baseline_and_the_goal_verdict_hold_the_known_numbe
         job(fixed, n, ["experiment/adaptive_vs_fixed=fixed", "batch.size=256", "optimizer.lr=0.1", f"seed={seed}"],
             256, [0.5, 0.93, 0.93])
         n += 1
-    for seed in (0, 1):  # reaches it at step 60, with 60 x 32 samples
-        job(others, seed, ["experiment/adaptive_vs_fixed=adaptive_noise", f"seed={seed}"], 32,
-            [0.5] * 5 + [0.955] * 4)
+    n = 0
+    arms = {  # each arm's val_acc curve on seeds 0 and 1, and its batch
+        "adaptive_noise": ([0.5] * 5 + [0.955] * 4,) * 2 + (32,),  # step 60, 60 x 32 samples: the goal met
+        "slower": ([0.5] * 7 + [0.955] * 4,) * 2 + (32,),  # step 80: 0.80 x the steps
+        "hungrier": ([0.5] * 5 + [0.955] * 4,) * 2 + (128,),  # step 60 with 60 x 128 samples: 1.20 x
+        "falls_back": ([0.5] * 5 + [0.955] + [0.93] * 3,) * 2 + (32,),  # ends below the band
+        "lucky": ([0.5] * 5 + [0.99] * 4, [0.5] * 8 + [0.93]) + (32,),  # in the band on average, one seed reaches
+    }
+    for arm, (*curves, batch) in arms.items():
+        for seed, curve in enumerate(curves):
+            job(others, n, [f"experiment/adaptive_vs_fixed={arm}", f"seed={seed}"], batch, curve)
+            n += 1
     assert main([str(others), str(fixed), "--out", str(tmp_path / "out")]) == 0
     md = (tmp_path / "out" / "pareto.md").read_text()
     target = 0.96 - 0.0141421356
@@ -44,7 +53,12 @@ def test_the_target_the_tuned_baseline_and_the_goal_verdict_hold_the_known_numbe
     assert rows["fixed 256"]["to_target_steps"] == "" and rows["fixed 256"]["reached"] == "0/2"
     assert float(rows["adaptive_noise"]["to_target_steps"]) == 60
     assert float(rows["adaptive_noise"]["to_target_samples"]) == pytest.approx(60 * 32)
-    assert "- adaptive_noise: 0.60 x its steps, 0.30 x its samples" in md and "met." in md
+    assert rows["fixed 64"]["to_target_seconds"] == "6.4"  # 6,400 samples at 1,000 a second
+    verdicts = {line[2:].split(":")[0]: line.rsplit(")", 1)[1] for line in md.splitlines() if line.startswith("- ")}
+    assert verdicts == {"adaptive_noise": " met.", "slower": " not met.", "hungrier": " not met.",
+                        "falls_back": " not met.", "lucky": " not met."}
+    assert "- adaptive_noise: 0.60 x its steps, 0.30 x its samples" in md
+    assert "- slower: 0.80 x its steps" in md and "- hungrier: 0.60 x its steps, 1.20 x its samples" in md
     assert (tmp_path / "out" / "pareto.png").stat().st_size > 10_000
 
 
@@ -74,7 +88,8 @@ def test_an_arm_run_at_several_lrs_is_one_row_at_its_best_lr(tmp_path):
         job(fixed, seed, ["experiment/adaptive_vs_fixed=fixed", "batch.size=64", "optimizer.lr=0.1", f"seed={seed}"],
             64, [0.5] * 9 + [0.96] * 3)
     n = 0
-    for lr, curve in (("0.05", [0.5] * 5 + [0.97] * 3), ("0.2", [0.5, 0.96, 0.94])):  # 0.05 ends best
+    for lr, curve in (("0.02", [0.5] * 9 + [0.955] * 3), ("0.05", [0.5] * 5 + [0.97] * 3),
+                      ("0.2", [0.5, 0.96, 0.94])):  # 0.05 ends best, neither the lowest LR nor the highest
         for seed in (0, 1):
             job(others, n, ["experiment/adaptive_vs_fixed=adaptive_noise", f"optimizer.lr={lr}", f"seed={seed}"], 32,
                 curve)

@@ -18,10 +18,13 @@ from bsexp.report.analysis import (
     breaking_point,
     choose_target,
     critical_batch,
+    difference_se,
     fit_critical_batch,
     fit_steps_samples,
     make_rows,
     reach,
+    reach_row,
+    schedule_bound,
 )
 from report_runs import effective_batch, known_b_crit_runs, points, synthetic_run
 
@@ -62,6 +65,21 @@ def test_two_batch_sizes_are_refused_with_the_reason():
     assert fit_critical_batch([64, 64, 128], [10, 11, 6]) is None  # two distinct batches, however many points
 
 
+def test_the_fit_weighs_each_batch_by_its_relative_residual():
+    # Steps off the model by a few per cent, a different share at each batch: least squares on S
+    # against 1/B with weights 1/S^2 (numpy's polyfit weighs residuals by w, squared in the sum).
+    import numpy as np
+
+    batches = [64, 128, 256, 512]
+    steps = [(20 + 5000 / b) * (1 + e) for b, e in zip(batches, (0.05, -0.04, 0.03, -0.06))]
+    fit = fit_steps_samples(steps, [s * b for s, b in zip(steps, batches)])
+    inverse = [1 / b for b in batches]
+    e_min, s_min = np.polyfit(inverse, steps, 1, w=[1 / s for s in steps])
+    assert (fit.s_min, fit.e_min) == (pytest.approx(s_min, rel=1e-9), pytest.approx(e_min, rel=1e-9))
+    unweighted = np.polyfit(inverse, steps, 1)  # what the weights change: the test tells them apart
+    assert abs(unweighted[1] / s_min - 1) > 0.01
+
+
 def test_a_degenerate_fit_is_refused_with_the_reason():
     batches = [64, 128, 256, 512]
     faster = [100_000 / b - 20 for b in batches]  # steps fall faster than 1/B: S_min < 0
@@ -80,6 +98,16 @@ def test_steps_to_target_interpolate_between_evaluations_and_flag_a_first_evalua
     first = reach(point, "val_acc", 0.02)  # already passed at the first evaluation (step 4)
     assert first.at_first_eval and first.steps == 4
     assert reach(point, "val_acc", 0.5) is None
+
+
+def test_a_row_reaches_the_target_only_if_every_seed_does_and_is_flagged_if_any_did_at_a_first_evaluation():
+    rising = synthetic_run(100, 0, 2, lambda s: s / 100, n_train=1000, eval_every=4)  # 0.1 at step 10
+    stuck = synthetic_run(100, 1, 2, lambda s: 0.05, n_train=1000, eval_every=4)
+    assert reach_row(make_rows(points([rising, stuck]))[0], "val_acc", 0.1) is None
+    early = synthetic_run(100, 1, 2, lambda s: 0.5, n_train=1000, eval_every=4)  # there at its first evaluation
+    [row] = make_rows(points([rising, early]))
+    got = reach_row(row, "val_acc", 0.1)
+    assert got.steps == pytest.approx((10 + 4) / 2) and got.at_first_eval
 
 
 # ----------------------------------------------------------------------------- the target (item 8)
@@ -140,6 +168,11 @@ def test_no_breaking_point_within_the_swept_range_and_none_judged_without_spread
     single = breaking_point(rows_with_means({32: [0.9], 64: [0.8]}), "val_acc")
     assert single.row is None and "one seed each" in single.refused
     assert breaking_point(rows_with_means({32: [0.9], 64: [0.8]}), "val_acc", tolerance=0.05).row.batch == 64
+
+
+def test_a_row_of_one_seed_borrows_the_other_rows_spread():
+    one, three = rows_with_means({32: [0.9], 64: [0.85, 0.89, 0.93]})
+    assert difference_se(one, three, "val_acc") == pytest.approx(math.sqrt(0.04 ** 2 / 1 + 0.04 ** 2 / 3))
 
 
 # ----------------------------------------------------------------------------- rows, chance, noise (item 10)
@@ -205,8 +238,6 @@ def _model(phases, batches):
 
 
 def test_the_schedule_bound_is_the_fewest_steps_any_two_level_schedule_takes_at_a_fixed_batchs_samples():
-    from bsexp.report.analysis import schedule_bound
-
     phases = [(100, 10.0), (100, 200.0)]  # B_noise 10 for the first 100 noiseless steps, then 200
     ladder = [(100, 1000.0), (200, 21000.0)]  # (S_min, E_min) to the end of each phase
     found = schedule_bound(ladder)
@@ -226,10 +257,11 @@ def test_the_schedule_bound_is_the_fewest_steps_any_two_level_schedule_takes_at_
 
 
 def test_a_constant_noise_scale_leaves_a_schedule_nothing_and_noisy_rungs_only_lower_the_ratio():
-    from bsexp.report.analysis import schedule_bound
-
     assert schedule_bound([(50, 5000.0), (100, 10000.0)]).ratio == pytest.approx(1.0)
     # A rung fitted below the one before it adds nothing: r from the rungs that rise.
     noisy = schedule_bound([(100, 1000.0), (90, 900.0), (200, 21000.0)])
     assert noisy.ratio == pytest.approx(schedule_bound([(100, 1000.0), (200, 21000.0)]).ratio)
     assert schedule_bound([]) is None and schedule_bound([(100, 1000.0)]).steps(1000.0) is None
+    # A last rung fitted below an earlier one would make r = 4: no schedule does worse than the
+    # fixed batch it may always stay at, so r is at most 1.
+    assert schedule_bound([(100, 10000.0), (50, 5000.0)]).ratio == 1.0
