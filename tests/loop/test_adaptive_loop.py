@@ -71,6 +71,14 @@ def test_power_half_aims_each_decision_of_a_run_at_c_times_the_root_of_the_first
         assert d["size"] == min(max(round(d["target"]), d["previous"]), 2 * d["previous"])
 
 
+def test_steering_by_a_noise_scale_that_batchnorm_biases_is_said_once_and_not_without_batchnorm(make_cfg, caplog):
+    build_loop(make_cfg(*ADAPTIVE))  # cnn1d: BatchNorm
+    assert len([r for r in caplog.records if "with BatchNorm" in r.message and "B_simple is biased" in r.message]) == 1
+    caplog.clear()
+    build_loop(make_cfg(*ADAPTIVE, "model.norm=none"))
+    assert not [r for r in caplog.records if "B_simple is biased" in r.message]
+
+
 def test_measuring_the_noise_scale_at_one_micro_batch_leaves_training_unchanged(make_cfg):
     # Until its first decision an adaptive run is a fixed run at its first batch that measures
     # B_simple on the side of each step (half the batch, BatchNorm's statistics put back): its
