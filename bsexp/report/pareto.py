@@ -14,8 +14,8 @@ goal line compares each other arm with the fixed batch that needs the fewest ste
 that reach the target on every seed: at least 30 % fewer steps, no more samples, final accuracy
 in the band, and the target reached on every seed. Beside it, what any batch schedule could gain
 over a fixed batch at the baseline's samples in McCandlish et al.'s model, fitted to the fixed
-batches at a ladder of targets up to the target (`bound`; the model's derivation is at
-`bsexp.report.analysis.schedule_bound`).
+batches that reach the target on every seed at a ladder of targets up to it (`bound`: an estimate,
+not a bound; the model's derivation is at `bsexp.report.analysis.schedule_bound`).
 
 Writes pareto.md, pareto.csv and pareto.png into --out (default: the first sweep directory).
 """
@@ -58,18 +58,22 @@ class Arm:
     def to_target(self, target: float) -> dict[str, Any]:
         """Mean steps, samples and training seconds to the first evaluation at or above `target`,
         over the seeds that reach it."""
-        reached = []
+        reached, at_first = [], False
         for point in self.points:
-            first = next((r for r in point.records if r.get("val_acc") is not None and r["val_acc"] >= target), None)
+            evaluated = [r for r in point.records if r.get("val_acc") is not None]
+            first = next((r for r in evaluated if r["val_acc"] >= target), None)
             if first is not None:
                 rate = first.get("samples_per_s") or 0
                 reached.append((first["step"], first["samples_seen"], first["samples_seen"] / rate if rate else None))
+                at_first = at_first or first is evaluated[0]
         if not reached:
-            return {"reached": 0, "seeds": len(self.points), "steps": None, "samples": None, "seconds": None}
+            return {"reached": 0, "seeds": len(self.points), "steps": None, "samples": None, "seconds": None,
+                    "at_first_eval": False}
         seconds = [s for *_, s in reached if s is not None]
         return {"reached": len(reached), "seeds": len(self.points),
                 "steps": statistics.fmean(r[0] for r in reached), "samples": statistics.fmean(r[1] for r in reached),
-                "seconds": statistics.fmean(seconds) if seconds else None}
+                "seconds": statistics.fmean(seconds) if seconds else None,
+                "at_first_eval": at_first}  # reached by the first evaluation: when, it does not say
 
 
 def _value(overrides, key: str) -> str | None:
@@ -123,11 +127,16 @@ def arms(points: list[Point]) -> tuple[list[Arm], list[Arm]]:
 
 def bound(tuned: list[Arm], target: float, spacing: float) -> ScheduleBound | None:
     """`schedule_bound` over targets from the target down by `spacing` (to zero): at each, S_min and
-    E_min fitted to the fixed batches that reach it on every seed (mean steps and samples to it);
-    targets where no fit is possible (fewer than 3 such batches, or a degenerate fit) are skipped."""
+    E_min fitted to the same batches, those that reach the target on every seed (mean steps and
+    samples to each rung): a set of batches that changed from rung to rung would move S_min and
+    E_min by its change. Rungs where no fit is possible (a degenerate fit) are skipped, and so are
+    rungs some seed reached by its first evaluation (its steps to them unknown: only at most)."""
+    members = [arm for arm in tuned if (got := arm.to_target(target))["reached"] == got["seeds"]]
     ladder, fitted = [], None
     for k in range(int(target / spacing), -1, -1):
-        reached = [t for t in (arm.to_target(target - k * spacing) for arm in tuned) if t["reached"] == t["seeds"]]
+        reached = [arm.to_target(target - k * spacing) for arm in members]
+        if any(t["at_first_eval"] for t in reached):
+            continue
         fit = fit_steps_samples([t["steps"] for t in reached], [t["samples"] for t in reached])
         if not fit.refused:
             ladder.append((fit.s_min, fit.e_min))
@@ -206,9 +215,11 @@ def markdown(result: dict[str, Any], dirs: list[Path]) -> str:
                          f"steps, <= 1 x samples, final accuracy in the band) {'met' if met else 'not met'}.")
     if result["bounds"]:
         lines += ["", ("What any batch schedule could gain at the baseline's samples, by McCandlish et al.'s model "
-                       "fitted to the fixed batches at targets up to this one (`bsexp.report.analysis.schedule_bound`): "
-                       "the fewest steps a schedule needs against a fixed batch's, both in the model. r: the best "
-                       "schedule's steps above S_min over a fixed batch's; a batch that follows c x B_noise has r = 1."),
+                       "fitted to the fixed batches that reach the target on every seed, at targets up to this one "
+                       "(`bsexp.report.analysis.schedule_bound`): the fewest steps a schedule needs against a fixed "
+                       "batch's, both in the model. r: the best schedule's steps above S_min over a fixed batch's; a "
+                       "batch that follows c x B_noise has r = 1. An estimate, not a bound: coarse rungs overstate r, "
+                       "fine ones take in the fits' noise."),
                   "",
                   "| rungs every (accuracy) | S_min | E_min | r | fixed batch (model) | best schedule | ratio |",
                   "| --- | --- | --- | --- | --- | --- | --- |"]
