@@ -84,6 +84,16 @@ def claim(key: str, path: str) -> None:
     _CLAIMS.append(handle)
 
 
+def swept_keys(config: DictConfig) -> set[str]:
+    """The keys a multirun sweeps: from the command line (`a=1,2`, `range(...)`, `choice(...)`) and
+    from the sweeper's `params` (an experiment's)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    overrides = OverridesParser.create().parse_overrides(list(config.hydra.overrides.task))
+    params = config.hydra.sweeper.get("params") or {}
+    return {o.key_or_group for o in overrides if o.is_sweep_override()} | {str(k) for k in params}
+
+
 def _searches_on_cpu(cfg: DictConfig) -> bool:
     """Whether this process will likely run the CPU batch finder (bsexp.loop decides, and stops
     the probe server whichever way it goes): a search not resumed, in a process that trains."""
@@ -116,11 +126,16 @@ class Preflight(Callback):
             claim("hydra.run.dir", config.hydra.run.dir)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        # The config without the swept values: what is wrong here is wrong for every job.
+        # The config without the swept values: what is wrong here is wrong for every job, unless
+        # it is a swept key (branch.at_samples=0,4096 is unset here): each job checks its own.
         with exit_on_config_error():
             if under_torchrun():
                 raise ConfigError("--multirun", True, "under torchrun every rank would run the sweep; sweep "
                                   "with distributed=ddp distributed.nproc_per_node=N instead")
-            check_all(config)
+            try:
+                check_all(config)
+            except ConfigError as exc:
+                if exc.key not in swept_keys(config):
+                    raise
             check_output_dir("hydra.sweep.dir", config.hydra.sweep.dir)
             claim("hydra.sweep.dir", config.hydra.sweep.dir)

@@ -106,6 +106,21 @@ def test_bad_branch_settings_are_one_line_and_exit_2(run_cli, trunk, tmp_path, a
     assert not run_dir.exists()  # refused before anything is written
 
 
+def test_a_sweep_over_the_branch_points_runs_a_branch_from_each(run_cli, trunk, tmp_path):
+    # The sweep's own config has no branch.at_samples (the sweep sets it, job by job): not an error.
+    sweep = tmp_path / "sweep"
+    out = run_cli("-m", *TRUNK, f"branch.trunk={trunk}", "branch.at_samples=0,640", "branch.samples=256",
+                  "batch.size=128", f"hydra.sweep.dir={sweep}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    summaries = [json.loads(p.read_text()) for p in sorted(sweep.glob("*/summary.json"))]
+    assert sorted(s["branch"]["at_samples"] for s in summaries) == [0, 640]
+    assert all(s["status"] == "completed" and s["branch"]["samples_trained"] == 256 for s in summaries)
+    # Unswept, it is still refused before anything is written.
+    out = run_cli("-m", *TRUNK, f"branch.trunk={trunk}", "branch.samples=256", "batch.size=128,256",
+                  f"hydra.sweep.dir={tmp_path / 'unset'}")
+    assert out.returncode == 2 and "branch.at_samples=None" in out.stderr and not (tmp_path / "unset").exists()
+
+
 def test_a_branch_past_the_runs_end_is_refused_naming_branch_samples(run_cli, trunk, tmp_path):
     out = _branch(run_cli, trunk, tmp_path / "long", "branch.at_samples=1920", "branch.samples=6000")
     assert out.returncode == 2 and "branch.samples=6000" in out.stderr and "at most 5080" in out.stderr, out.stderr
