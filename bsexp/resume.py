@@ -62,6 +62,8 @@ def prepare_argv(argv: list[str]) -> list[str]:
         raise ConfigError("resume", "auto", "needs the run to continue: add hydra.run.dir=<its directory> "
                                             "(e.g. hydra.run.dir=outputs/2026-11-23/10-00-00-1234)")
     source = source_dir(resume, run_dir)
+    if resume != "auto" and not Path(resume).expanduser().exists():  # refused before Hydra writes anything
+        raise ConfigError("resume", resume, "no such checkpoint file; valid: auto, or a path to checkpoints/step-*.pt")
     if resume == "auto" and not any((source / CHECKPOINTS).glob("step-*.pt")):
         raise ConfigError("resume", "auto", f"{source} holds no checkpoint to continue from "
                                             f"({CHECKPOINTS}/step-*.pt); nothing to resume")

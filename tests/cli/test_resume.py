@@ -123,6 +123,19 @@ def test_resume_from_a_path_that_is_not_a_checkpoint_is_one_clear_line(run_cli, 
     assert out.returncode == 2
     [line] = out.stderr.strip().splitlines()
     assert line.startswith(f"error: resume={value}:") and fragment in line
+    if "no such" in fragment:  # found before Hydra writes anything
+        assert not (tmp_path / "run").exists()
+
+
+def test_resume_from_a_missing_checkpoint_of_a_real_run_adds_nothing_to_it(run_cli, tmp_path):
+    run_dir = tmp_path / "run"
+    out = run_cli(*SLOW, "epochs=1", "trainer.max_steps=3", f"hydra.run.dir={run_dir}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    before = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*"))
+    missing = run_dir / "checkpoints" / "step-000000999.pt"
+    out = run_cli(f"resume={missing}")
+    assert out.returncode == 2 and f"error: resume={missing}: no such checkpoint file" in out.stderr
+    assert sorted(p.relative_to(run_dir) for p in run_dir.rglob("*")) == before  # no .hydra/resume-1/
 
 
 def test_wandb_that_cannot_start_leaves_training_to_go_on(data_root, tmp_path):
