@@ -95,10 +95,12 @@ def make_step(cfg: DictConfig, model: nn.Module, world: World, distributed: bool
     noise_mode = str(cfg.trainer.noise_scale)
     if measure_noise and noise_mode == "auto":
         noise_mode = "always"
-    if measure_noise and not distributed and any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
-        log.warning("the batch policy steers by B_simple, measured on half of each step's batch while a step is "
-                    "one micro-batch; with BatchNorm that half is normalised over itself and B_simple is biased "
-                    "(README: The gradient noise scale): model.norm=none, or accumulation, measure it as it is")
+    if noise_mode == "always" and not distributed and any(isinstance(m, nn.modules.batchnorm._BatchNorm)
+                                                           for m in model.modules()):
+        log.warning("B_simple is measured on half of each step's batch while a step is one micro-batch "
+                    "(trainer.noise_scale=always, batch=adaptive, the finder's noise_scale objective); with "
+                    "BatchNorm that half is normalised over itself and B_simple is biased (README: The gradient "
+                    "noise scale): model.norm=none, or accumulation, measure it as it is")
     noise = None if noise_mode == "off" else NoiseMeter(NoiseScale(decay=cfg.trainer.noise_decay),
                                                         side_half=noise_mode == "always", grad_sync=grad_sync)
     reduce = "none" if not distributed else ("flat" if cfg.trainer.oom_recovery else "hook")
