@@ -35,7 +35,7 @@ class Decision:
 
     step: int
     b_simple: float | None
-    target: float | None  # what the objective asked for, before the bounds
+    target: float | None  # what the objective asked for, before the bounds (goodput: its pick within them)
     size: int
     previous: int
     efficiency: float | None  # of `size` against the starting batch, where B_simple is known
