@@ -25,7 +25,7 @@ from omegaconf import DictConfig
 from bsexp.errors import ConfigError, one_line
 from bsexp.io import atomic_write
 from bsexp.noise import NoiseScale
-from bsexp.resume import CHECKPOINTS, pinned
+from bsexp.resume import CHECKPOINTS, NO_SUCH_CHECKPOINT, pinned
 from bsexp.runtime import rng_state, set_rng_state
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ def find(resume: str | None, run_dir: Path, restarted: bool = False) -> tuple[Pa
             raise ConfigError("resume", resume, "holds no readable checkpoint")
         return found
     if not path.is_file():
-        raise ConfigError("resume", resume, "no such checkpoint file; valid: auto, or a path to checkpoints/step-*.pt")
+        raise ConfigError("resume", resume, NO_SUCH_CHECKPOINT)
     try:
         return path, load(path)
     except Exception as exc:  # noqa: BLE001

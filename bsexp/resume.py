@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from bsexp.errors import ConfigError
 
 CHECKPOINTS = "checkpoints"
+NO_SUCH_CHECKPOINT = "no such checkpoint file; valid: auto, or a path to checkpoints/step-*.pt"
 # Keys that say how a run is run or shown, not what it computes: a resume may set them freely.
 RUN_ONLY = ("resume", "checkpoint.allow_mismatch", "checkpoint.keep", "checkpoint.every_steps",
             "checkpoint.every_epoch", "trainer.progress", "trainer.threads", "distributed.timeout_s",
@@ -63,7 +64,7 @@ def prepare_argv(argv: list[str]) -> list[str]:
                                             "(e.g. hydra.run.dir=outputs/2026-11-23/10-00-00-1234)")
     source = source_dir(resume, run_dir)
     if resume != "auto" and not Path(resume).expanduser().exists():  # refused before Hydra writes anything
-        raise ConfigError("resume", resume, "no such checkpoint file; valid: auto, or a path to checkpoints/step-*.pt")
+        raise ConfigError("resume", resume, NO_SUCH_CHECKPOINT)
     if resume == "auto" and not any((source / CHECKPOINTS).glob("step-*.pt")):
         raise ConfigError("resume", "auto", f"{source} holds no checkpoint to continue from "
                                             f"({CHECKPOINTS}/step-*.pt); nothing to resume")

@@ -421,9 +421,10 @@ def schedule_bound(ladder: Sequence[tuple[float, float]]) -> ScheduleBound | Non
     batch's: r = 1 when B_noise is constant.
 
     `ladder`: (S_min, E_min) fitted to the fixed batches at rising targets, the last the target of
-    interest. Between two rungs B_noise ≈ ΔE_min / ΔS_min, so ∫√B_noise dp ≈ Σ √(ΔS_min ΔE_min). A
-    rung below an earlier one (the fits' noise) adds nothing, which can only lower r: the bound
-    errs towards what a schedule might gain."""
+    interest. Between two rungs B_noise ≈ ΔE_min / ΔS_min, so ∫√B_noise dp ≈ Σ √(ΔS_min ΔE_min).
+    Fitted rungs make r an estimate, not a bound: on each stretch √(ΔS ΔE) is at least ∫√B_noise
+    (Cauchy-Schwarz), so coarse rungs overstate r, while a rung below an earlier one (the fits'
+    noise) adds nothing, which lowers it."""
     if not ladder:
         return None
     root, s_top, e_top = 0.0, 0.0, 0.0
