@@ -95,14 +95,14 @@ def make_step(cfg: DictConfig, model: nn.Module, world: World, distributed: bool
     noise_mode = str(cfg.trainer.noise_scale)
     if measure_noise and noise_mode == "auto":
         noise_mode = "always"
-    if noise_mode == "always" and not distributed and any(isinstance(m, nn.modules.batchnorm._BatchNorm)
-                                                           for m in model.modules()):
-        log.warning("B_simple is measured on half of each step's batch while a step is one micro-batch "
-                    "(trainer.noise_scale=always, batch=adaptive, the finder's noise_scale objective); with "
-                    "BatchNorm that half is normalised over itself and B_simple is biased (README: The gradient "
-                    "noise scale): model.norm=none, or accumulation, measure it as it is")
+    batchnorm = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+    if noise_mode == "always" and not distributed and batchnorm:
+        log.info("B_simple is measured on half of each step's batch normalised with the whole batch's statistics "
+                 "(BatchNorm): the halves share them, so it is the noise scale of this model at this batch, not of "
+                 "independent samples (README: The gradient noise scale)")
     noise = None if noise_mode == "off" else NoiseMeter(NoiseScale(decay=cfg.trainer.noise_decay),
-                                                        side_half=noise_mode == "always", grad_sync=grad_sync)
+                                                        side_half=noise_mode == "always", grad_sync=grad_sync,
+                                                        whole_batch=batchnorm)
     reduce = "none" if not distributed else ("flat" if cfg.trainer.oom_recovery else "hook")
     return Step(model=model, optimizer=optimizer, scaler=grad_scaler(world.device, precision),
                 autocast=autocast(world.device, precision), world=world, reduce=reduce,

@@ -143,7 +143,10 @@ class NoiseMeter:
       compare for free): the mean gradient over the first half of the batch, computed on the side
       (its own forward and backward through `torch.autograd.grad`, so no .grad is touched), with
       the random generators and every buffer (BatchNorm's running statistics) put back. The step
-      then runs on the whole batch exactly as without measuring.
+      then runs on the whole batch exactly as without measuring. With `whole_batch` (a model with
+      BatchNorm) the side forward is of the whole batch and only the loss is the half's, so the
+      half is normalised with the statistics the step trains on, not over itself (over itself the
+      estimate depends on the batch: README, The gradient noise scale).
     - `after_micro`: with accumulation, the first micro-batch's gradient (still this rank's own,
       under no_sync), scaled to its own mean. No extra backward pass.
     - `end`: the whole step's gradient against the small one (or, with one micro-batch a rank
@@ -151,8 +154,8 @@ class NoiseMeter:
 
     `step` is the training step's parts (bsexp.step.Step): model, autocast, scaler, world."""
 
-    def __init__(self, scale: NoiseScale, side_half: bool, grad_sync=None) -> None:
-        self.scale, self.side_half, self.grad_sync = scale, side_half, grad_sync
+    def __init__(self, scale: NoiseScale, side_half: bool, grad_sync=None, whole_batch: bool = False) -> None:
+        self.scale, self.side_half, self.grad_sync, self.whole_batch = scale, side_half, grad_sync, whole_batch
         self._small = None  # (squared norm of a mean gradient over b_small samples, b_small)
 
     def begin(self, step, x: torch.Tensor, y: torch.Tensor, n_micro: int) -> None:
@@ -160,7 +163,7 @@ class NoiseMeter:
         if self.grad_sync is not None:
             self.grad_sync.local_sq = None
         if self.side_half and n_micro == 1 and not step.world.distributed and len(y) >= 4:
-            self._small = self._side(step, x, y)
+            self._small = self._side(step, x, y, self.whole_batch)
 
     def after_micro(self, step, index: int, n_micro: int, micro_samples: int, step_samples: int) -> None:
         if index == 0 and n_micro > 1 and self._small is None:
@@ -183,7 +186,7 @@ class NoiseMeter:
         self.scale.update(small_sq, b_small, grad_sq(step.model, step.scaler), step_samples)
 
     @staticmethod
-    def _side(step, x: torch.Tensor, y: torch.Tensor):
+    def _side(step, x: torch.Tensor, y: torch.Tensor, whole_batch: bool):
         half = len(y) // 2
         net = step.net
         params = [p for p in net.parameters() if p.requires_grad]
@@ -192,7 +195,7 @@ class NoiseMeter:
         try:
             with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
                 with step.autocast():
-                    loss = F.cross_entropy(net(x[:half]), y[:half])
+                    loss = F.cross_entropy(net(x)[:half] if whole_batch else net(x[:half]), y[:half])
                 grads = torch.autograd.grad(step.scaler.scale(loss), params, allow_unused=True)
         except Exception as exc:
             if not is_oom(exc):

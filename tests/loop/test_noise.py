@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from bsexp.loop import TrainState, build_loop, train
 from exact_noise import LOGISTIC, exact_noise
@@ -49,6 +50,29 @@ def test_measuring_always_does_not_change_the_run(make_cfg, model):
     off, always = loops["off"].step.net.state_dict(), loops["always"].step.net.state_dict()
     for key in off:
         assert torch.allclose(off[key].double(), always[key].double(), atol=1e-6, rtol=0), key
+
+
+@pytest.mark.parametrize("norm", ["batch", "none"])
+def test_the_half_measured_on_the_side_is_normalised_with_the_statistics_the_step_trains_on(make_cfg, norm):
+    # With BatchNorm the half's gradient is taken through the whole batch's statistics (the
+    # half's loss, the whole batch's forward): it changes when only the other half does. Without
+    # BatchNorm the samples are independent and the other half cannot matter.
+    loop = build_loop(make_cfg("model.width=8", f"model.norm={norm}", "batch.size=64", "trainer.noise_scale=always",
+                               "trainer.progress=false"))
+    step, meter = loop.step, loop.step.noise
+    generator = torch.Generator().manual_seed(0)
+    x, y = torch.randn(64, 1, 40, generator=generator), torch.randint(10, (64,), generator=generator)
+    other = torch.cat([x[:32], 3 * x[32:] + 1])
+    params = [p for p in step.net.parameters() if p.requires_grad]
+    found = []
+    for inputs in (x, other):
+        meter.begin(step, inputs, y, 1)
+        small_sq, b_small = meter._small
+        logits = step.net(inputs)[:32] if norm == "batch" else step.net(inputs[:32])
+        by_hand = sum(g.double().pow(2).sum() for g in torch.autograd.grad(F.cross_entropy(logits, y[:32]), params))
+        assert b_small == 32 and float(small_sq) == pytest.approx(float(by_hand), rel=1e-5)
+        found.append(float(small_sq))
+    assert (found[0] != pytest.approx(found[1], rel=1e-3)) == (norm == "batch")
 
 
 def test_accumulation_measures_the_exact_noise_scale(make_cfg):
