@@ -138,6 +138,22 @@ def test_resume_from_a_missing_checkpoint_of_a_real_run_adds_nothing_to_it(run_c
     assert sorted(p.relative_to(run_dir) for p in run_dir.rglob("*")) == before  # no .hydra/resume-1/
 
 
+def test_resuming_a_completed_run_says_so_and_rewrites_nothing(run_cli, tmp_path):
+    # A requeued job, or resume=auto run twice: the run is over, and its summary (the test split,
+    # the wall time, the W&B run) is the one it finished with.
+    run_dir = tmp_path / "run"
+    out = run_cli(*SLOW, "epochs=1", "trainer.max_steps=3", f"hydra.run.dir={run_dir}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    before = {name: (run_dir / name).read_bytes() for name in ("summary.json", "metrics.jsonl")}
+    checkpoints = sorted((run_dir / "checkpoints").iterdir())
+    out = run_cli("resume=auto", f"hydra.run.dir={run_dir}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "completed at step 3 (summary.json): nothing left to resume" in out.stderr + out.stdout
+    assert {name: (run_dir / name).read_bytes() for name in before} == before
+    assert sorted((run_dir / "checkpoints").iterdir()) == checkpoints
+    assert json.loads(before["summary.json"])["resumed_from"] is None
+
+
 def test_wandb_that_cannot_start_leaves_training_to_go_on(data_root, tmp_path):
     env = cli_env(data_root) | {"WANDB_MODE": "online", "WANDB_BASE_URL": "http://127.0.0.1:9",
                                 "WANDB_API_KEY": "x" * 40, "WANDB_INIT_TIMEOUT": "10"}
