@@ -155,7 +155,7 @@ class Checkpointer:
         step, noise = loop.step, loop.step.noise
         saved = {
             "step": state.step, "epoch": state.epoch, "in_epoch": state.in_epoch,
-            "samples_seen": state.samples_seen, "train_time_s": state.train_time_s,
+            "samples_seen": state.samples_seen, "train_time_s": state.train_time_s, "wall_time_s": state.wall_time_s,
             "best_val_acc": state.best_val_acc, "records": state.records, "lr": state.lr,
             "last_finite_loss": state.last_finite_loss,
             "model": step.net.state_dict(), "optimizer": step.optimizer.state_dict(),
@@ -196,11 +196,12 @@ def restore(cfg: DictConfig, loop, state, path: Path, saved: dict[str, Any], bra
         step.noise.scale = NoiseScale(**saved["noise"])
     for key in _STATE_KEYS:
         setattr(state, key, saved[key])
+    state.wall_time_before = saved.get("wall_time_s", 0.0)  # checkpoints from before it was kept: unknown
     mine = ranks[loop.world.rank]
     state.loss_sum, state.correct, state.running_samples = mine["running"]
     set_rng_state(mine["rng"])
     if branch:
-        state.records, state.best_val_acc, state.train_time_s = [], 0.0, 0.0
+        state.records, state.best_val_acc, state.train_time_s, state.wall_time_before = [], 0.0, 0.0, 0.0
         state.samples_before = state.samples_seen
         log.info("branched from %s: epoch %d, step %d, %d samples seen; %d steps to go", path, state.epoch,
                  state.step, state.samples_seen, loop.policy.run_steps.total - state.step)

@@ -50,6 +50,8 @@ class TrainState:
     correct: torch.Tensor | float = 0.0
     running_samples: int = 0  # this rank's, since the last evaluation
     train_time_s: float = 0.0
+    wall_time_before: float = 0.0  # the processes' wall time before this one's (a resumed run), to their checkpoints
+    started: float = field(default_factory=time.perf_counter)  # when this process began the run
     best_val_acc: float = 0.0
     lr: float = 0.0  # the LR of the last step taken
     epoch: int = 0  # where the run is: the epoch, and the steps of it done (for a resumed run)
@@ -58,6 +60,11 @@ class TrainState:
     last_finite_loss: float | None = None  # the mean training loss of the last step before a divergence
     diverged_at_step: int | None = None
     records: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def wall_time_s(self) -> float:
+        """The run's wall time: this process's so far, after those it resumed from."""
+        return self.wall_time_before + time.perf_counter() - self.started
 
     def add(self, loss_sum: torch.Tensor, correct: torch.Tensor, samples: int) -> None:
         if self.running_samples:

@@ -63,7 +63,7 @@ def _run_on(world: World, cfg: DictConfig, run_dir: Path, started: float) -> dic
     trunk = branch.find(cfg) if resumed is None and cfg.branch.trunk is not None else None
     loop = build_loop(cfg, world, run_dir, None if resumed is None else resumed[1],
                       trunk=None if trunk is None else trunk[2])
-    state = TrainState()
+    state = TrainState(started=started)
     wandb_id = None if resumed is None else ckpt.restore(cfg, loop, state, *resumed)
     if trunk is not None:  # a new run from the trunk's checkpoint, its batch (LR, weight decay) its own
         ckpt.restore(cfg, loop, state, trunk[0], trunk[1], branch=True)
@@ -106,7 +106,7 @@ def _run_on(world: World, cfg: DictConfig, run_dir: Path, started: float) -> dic
         error = f"{type(exc).__name__}: {one_line(exc)}"
         raise
     finally:
-        summary = make_summary(cfg, status, loop, hparams, state, test, time.perf_counter() - started)
+        summary = make_summary(cfg, status, loop, hparams, state, test, state.wall_time_s)
         if error is not None:  # what failed, beside the figures up to it
             summary["error"] = error
         summary["resumed_from"] = str(resumed[0]) if resumed is not None else None

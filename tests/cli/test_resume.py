@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from conftest import cli_env
 from resuming import (
@@ -40,11 +41,15 @@ def test_a_run_stopped_mid_epoch_resumes_bit_identically(make_cfg, data_root, tm
     else:
         assert code == -signal.SIGKILL
     assert 0 < stopped_at < 180 and stopped_at % 60 != 0  # mid-epoch (60 steps an epoch at 64)
+    left = torch.load(run_dir / "checkpoints" / f"step-{stopped_at:09d}.pt", weights_only=False)
     resumed = subprocess.run([sys.executable, "-m", "bsexp.train", *args, "resume=auto"], cwd=tmp_path,
                              env=cli_env(data_root), capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["resumed_from"].endswith(f"step-{stopped_at:09d}.pt")
+    # The clocks count both processes: the first's to its checkpoint, then the second's.
+    assert 0 < left["train_time_s"] < left["wall_time_s"]
+    assert summary["wall_time_s"] > left["wall_time_s"] + (summary["train_time_s"] - left["train_time_s"])
     loop, progress = uninterrupted(make_cfg, *POLICIES[policy])
     assert_ends_as(run_dir, loop)
     # metrics.jsonl goes on where the checkpoint left it: no record missing, none twice.
