@@ -9,7 +9,9 @@ of the per-round ratio measured/off:
             gradient and of the step's; no extra forward or backward pass;
     always  with one micro-batch: the whole step as without measuring, plus a forward and
             backward over half the batch on the side (generators and BatchNorm statistics put
-            back), so the run is unchanged — the price of measuring where nothing is free.
+            back), so the run is unchanged — the price of measuring where nothing is free. With
+            BatchNorm the side forward is of the whole batch (the half's loss, normalised with
+            the statistics the step trains on), which costs more.
 
 Run from the repository root (or with $BSEXP_DATA set); any Hydra override may follow::
 
