@@ -30,6 +30,15 @@ def _plan(row: Row) -> str | None:
     return f"{s['micro_size']} x {s['accum_steps']} x {s['world_size']}"
 
 
+def _final_batch(row: Row) -> str | None:
+    """Where a batch that changed during training ended (batch=adaptive, scheduled): the range
+    over the seeds; None where it stayed."""
+    finals = [int(b) for b in row.values("final_batch_size")]
+    if not finals or all(b == row.batch for b in finals):
+        return None
+    return f"{min(finals)}" if min(finals) == max(finals) else f"{min(finals)}-{max(finals)}"
+
+
 def _peak(row: Row) -> float | None:
     peak = row.values("peak_memory_mb")
     return max(peak) if peak else None
@@ -39,6 +48,7 @@ def _peak(row: Row) -> float | None:
 COLUMNS: dict[str, Callable[[Row], Any]] = {
     "configuration": lambda r: r.configuration,
     "batch": lambda r: r.batch,
+    "final_batch": _final_batch,
     "micro x accum x world": _plan,
     "lr": lambda r: r.first("lr"),
     "weight_decay": lambda r: r.first("weight_decay"),
@@ -132,10 +142,12 @@ def markdown(analysis: Analysis, dirs: list[Path], figures: list[str]) -> str:
                "val acc (%)", "test acc (%)", "train acc (%)", "gap (%)", "steps", "wall (s)", "samples/s",
                "peak (MB)", "seeds", "status"]
     lines += ["| " + " | ".join(headers) + " |", "|" + " --- |" * len(headers)]
-    for row, v in zip(rows, table(analysis)):
+    values = table(analysis)
+    for row, v in zip(rows, values):
         status = v["status"] + (", **did not train**" if v["did_not_train"] else "")
         cells = ["★" if row is analysis.best else "", *([v["configuration"] or "-"] if show_config else []),
-                 _num(v["batch"], "d"), v["micro x accum x world"] or "-", _num(v["lr"], ".4g"),
+                 _num(v["batch"], "d") + (f" → {v['final_batch']}" if v["final_batch"] else ""),
+                 v["micro x accum x world"] or "-", _num(v["lr"], ".4g"),
                  _num(v["weight_decay"], ".3g"), _mean_std(v["val_acc_pct"], v["val_acc_std_pct"]),
                  _mean_std(v["test_acc_pct"], v["test_acc_std_pct"]), _num(v["train_acc_pct"], ".2f"),
                  _mean_std(v["gen_gap_pct"], v["gen_gap_std_pct"]), _num(v["steps"], ".0f"),
@@ -143,6 +155,9 @@ def markdown(analysis: Analysis, dirs: list[Path], figures: list[str]) -> str:
                  v["seeds"], status]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
+    if any(v["final_batch"] for v in values):
+        lines += [("Batch a → b: the batch changed in training, from a to b (over the seeds); micro-batch, lr and "
+                   "wd are the first batch's."), ""]
     untrained = [r for r in rows if r.did_not_train(metric)]
     if untrained:
         chance = untrained[0].chance

@@ -350,6 +350,23 @@ def test_report_csv_and_report_md_give_accuracies_in_the_same_unit(dip):
         assert f"| {float(row[column]):.2f} ± {float(row[std_column]):.2f} |" in line
 
 
+def test_a_batch_that_grew_in_training_shows_where_it_ended(data_root, tmp_path):
+    # batch=adaptive starts at 32 and ends where the controller took it, on each seed its own.
+    from report_runs import synthetic_run
+
+    runs = [synthetic_run(32, seed, 1, lambda s: 0.97, final_batch_size=final)
+            for seed, final in enumerate((250, 290))]
+    runs += [synthetic_run(128, seed, 1, lambda s: 0.96, final_batch_size=128) for seed in range(2)]
+    sweep = write_sweep(tmp_path / "sweep", runs)
+    out = report(data_root, sweep, "--no-wandb")
+    assert out.returncode == 0, out.stderr[-3000:]
+    table = (sweep / "report.md").read_text()
+    assert "| 32 → 250-290 |" in table and "| 128 |" in table and "Batch a → b:" in table
+    with open(sweep / "report.csv") as f:
+        finals = {row["batch"]: row["final_batch"] for row in csv.DictReader(f)}
+    assert finals == {"32": "250-290", "128": ""}
+
+
 @pytest.fixture(scope="module")
 def two_batches(data_root, tmp_path_factory):
     """Batches 32 and 64 of a plain sweep on one process; the larger is the better."""
