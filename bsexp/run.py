@@ -44,9 +44,10 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     return summary
 
 
-def _completed(world: World, run_dir: Path, state: TrainState) -> dict[str, Any] | None:
-    """The summary of the run in `run_dir` when it completed at the step `state` resumes from:
-    resuming it (a requeued job, resume=auto run twice) would only evaluate and rewrite it."""
+def _completed(world: World, run_dir: Path, step: int) -> dict[str, Any] | None:
+    """The summary of the run in `run_dir` when it completed at `step`, the step a resume would
+    continue from: resuming it (a requeued job, resume=auto run twice) would only evaluate and
+    rewrite it."""
     summary = None
     if world.is_main:
         try:
@@ -54,12 +55,20 @@ def _completed(world: World, run_dir: Path, state: TrainState) -> dict[str, Any]
         except (OSError, ValueError):
             summary = None
     summary = world.broadcast_object(summary)
-    done = isinstance(summary, dict) and summary.get("status") == "completed" and summary.get("steps") == state.step
+    done = isinstance(summary, dict) and summary.get("status") == "completed" and summary.get("steps") == step
     return summary if done else None
 
 
 def _run_on(world: World, cfg: DictConfig, run_dir: Path, started: float) -> dict[str, Any]:
     resumed = ckpt.find(cfg.resume, run_dir, restarted())
+    changed = resume.changes(cfg, str(cfg.resume), str(run_dir)) if cfg.resume is not None else []
+    done = _completed(world, run_dir, resumed[1]["step"]) if resumed is not None and not changed else None
+    if done is not None:  # before the run's parts are built: nothing of it will train
+        if world.is_main:
+            log.info("%s completed at step %d (summary.json): nothing left to resume, nothing rewritten", run_dir,
+                     done["steps"])
+            print_summary(done, run_dir)
+        return done
     trunk = branch.find(cfg) if resumed is None and cfg.branch.trunk is not None else None
     loop = build_loop(cfg, world, run_dir, None if resumed is None else resumed[1],
                       trunk=None if trunk is None else trunk[2])
@@ -69,14 +78,6 @@ def _run_on(world: World, cfg: DictConfig, run_dir: Path, started: float) -> dic
         ckpt.restore(cfg, loop, state, trunk[0], trunk[1], branch=True)
         loop.policy.begin(loop.step, state.step)
     hparams = hyperparameters(cfg, loop)
-    changed = resume.changes(cfg, str(cfg.resume), str(run_dir)) if cfg.resume is not None else []
-    done = _completed(world, run_dir, state) if resumed is not None and not changed else None
-    if done is not None:
-        if world.is_main:
-            log.info("%s completed at step %d (summary.json): nothing left to resume, nothing rewritten", run_dir,
-                     state.step)
-            print_summary(done, run_dir)
-        return done
     if world.is_main:
         for key, was, now in changed:  # taken with checkpoint.allow_mismatch=true, and recorded
             log.warning("resume: %s changed from %s to %s (checkpoint.allow_mismatch=true)", key, was, now)
