@@ -85,11 +85,13 @@ def wrap_model(cfg: DictConfig, model: nn.Module, device: torch.device, distribu
 
 
 def make_step(cfg: DictConfig, model: nn.Module, world: World, distributed: bool, hp: ScaledHparams,
-              factors: LRFactors | None, grad_sync: GradSync | None, on_oom=None, measure_noise: bool = False) -> Step:
+              factors: LRFactors | None, grad_sync: GradSync | None, on_oom=None, measure_noise: bool = False,
+              n_train: int | None = None) -> Step:
     """The training step's parts for a wrapped model. `distributed`: whether the run has several
     ranks (a trial of a DDP run has a world of one, and still reduces as training does).
     `measure_noise`: the batch policy steers by B_simple, so `auto` measures it on every step
-    (on the side where the step has one micro-batch, which leaves training unchanged)."""
+    (on the side where the step has one micro-batch, which leaves training unchanged).
+    `n_train`: the training set's size, which the noise scale's |G|² estimate is corrected for."""
     precision = str(cfg.precision)
     optimizer = build_optimizer(cfg, model, hp)
     noise_mode = str(cfg.trainer.noise_scale)
@@ -100,7 +102,7 @@ def make_step(cfg: DictConfig, model: nn.Module, world: World, distributed: bool
         log.info("B_simple is measured on half of each step's batch normalised with the whole batch's statistics "
                  "(BatchNorm): the halves share them, so it is the noise scale of this model at this batch, not of "
                  "independent samples (README: The gradient noise scale)")
-    noise = None if noise_mode == "off" else NoiseMeter(NoiseScale(decay=cfg.trainer.noise_decay),
+    noise = None if noise_mode == "off" else NoiseMeter(NoiseScale(decay=cfg.trainer.noise_decay, population=n_train),
                                                         side_half=noise_mode == "always", grad_sync=grad_sync,
                                                         whole_batch=batchnorm)
     reduce = "none" if not distributed else ("flat" if cfg.trainer.oom_recovery else "hook")

@@ -175,7 +175,8 @@ def build_loop(cfg: DictConfig, world: World | None = None, run_dir: Path | None
     model, grad_sync = wrap_model(cfg, model, world.device, world.distributed)
     hp, factors = policy.hparams()
     step = make_step(cfg, model, world, world.distributed, hp, factors, grad_sync,
-                     on_oom=policy.after_oom if cfg.trainer.oom_recovery else None, measure_noise=policy.measures_noise)
+                     on_oom=policy.after_oom if cfg.trainer.oom_recovery else None, measure_noise=policy.measures_noise,
+                     n_train=len(splits.train))
     sinks = Sinks()
     node = cfg.checkpoint
     return Loop(

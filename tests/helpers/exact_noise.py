@@ -13,7 +13,9 @@ LOGISTIC = ["data=synthetic", "data.shape=[1,8]", "data.num_classes=4", "data.no
 
 
 def exact_noise(loop) -> tuple[float, float]:
-    """|G|^2 and tr(Sigma) from every training sample's own gradient (torch.func)."""
+    """|G|^2 and tr(Sigma) from every training sample's own gradient (torch.func): the training
+    set's mean gradient and the trace of its per-sample covariance (divided by N - 1, as the
+    estimates of steps drawn without replacement are unbiased for)."""
     net = loop.step.net
     params = {k: v.detach() for k, v in net.named_parameters()}
     x, y = loop.splits.train.x, loop.splits.train.y
@@ -24,4 +26,4 @@ def exact_noise(loop) -> tuple[float, float]:
     per_example = vmap(grad(loss), in_dims=(None, 0, 0))(params, x, y)
     flat = torch.cat([g.reshape(len(x), -1) for g in per_example.values()], dim=1).double()
     mean = flat.mean(0)
-    return mean.pow(2).sum().item(), (flat - mean).pow(2).sum(1).mean().item()
+    return mean.pow(2).sum().item(), (flat - mean).pow(2).sum().item() / (len(x) - 1)

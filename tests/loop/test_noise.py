@@ -87,6 +87,24 @@ def test_accumulation_measures_the_exact_noise_scale(make_cfg):
     assert found["noise_b_simple_mean"] == pytest.approx(tr / g2, rel=0.1)
 
 
+@pytest.mark.parametrize("measure", [["batch=accumulation", "batch.micro_size=8"], ["trainer.noise_scale=always"]],
+                         ids=["accumulation", "side-half"])
+def test_the_noise_scale_of_a_small_training_set_is_corrected_for_drawing_without_replacement(make_cfg, measure):
+    # 64 training samples, steps of 32: a step's mean gradient varies by tr(Sigma)(1/32 - 1/64),
+    # half what independent draws give, so uncorrected the |G|^2 estimate falls short by
+    # tr(Sigma)/64 (a quarter here) and B_simple reads 1/(1/B_simple - 1/64), 30 % high.
+    small = [o for o in LOGISTIC if not o.startswith(("data.num_samples", "data.val_size", "epochs"))]
+    loop = build_loop(make_cfg(*small, "data.num_samples=128", "data.val_size=64", "epochs=500", "batch.size=32",
+                               *measure))
+    assert train(loop, TrainState()) == "completed"
+    g2, tr = exact_noise(loop)
+    found = loop.step.noise.scale.summary()
+    assert found["noise_population"] == len(loop.splits.train) == 64 and found["noise_measurements"] == 1000
+    assert found["noise_trace_sigma_mean"] == pytest.approx(tr, rel=0.05)
+    assert found["noise_grad_sq_mean"] == pytest.approx(g2, rel=0.05)
+    assert found["noise_b_simple_mean"] == pytest.approx(tr / g2, rel=0.05)
+
+
 def count_backwards(loop) -> list[int]:
     calls = [0]
     loop.step.net.register_full_backward_hook(lambda *args: calls.__setitem__(0, calls[0] + 1))
