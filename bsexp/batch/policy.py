@@ -214,9 +214,14 @@ class BatchPolicy:
         return ()
 
     def epochs_done(self, state) -> float:
-        """Epochs trained so far, counting a partial epoch by its steps (what records call `epoch`)."""
-        steps = len(self.run_steps.epoch(state.epoch)) if state.epoch < len(self.run_steps.epoch_starts) else 0
-        return state.epoch + (state.in_epoch / steps if steps else 0.0)
+        """Epochs trained so far, counting a partial epoch by its steps (what records call `epoch`);
+        a run cut within an epoch (max_steps, AdaScale's length) by the steps that epoch would
+        have had: the loop has ended it, but not all of it was trained."""
+        run, epoch, steps = self.run_steps, state.epoch, state.in_epoch
+        if not steps and epoch == len(run.epoch_starts) and run.cut_epoch:  # the last step ended the cut epoch
+            epoch, steps = epoch - 1, len(run.epoch(epoch - 1))
+        whole = run.epoch_steps(epoch) if epoch < len(run.epoch_starts) else 0
+        return epoch + (steps / whole if whole else 0.0)
 
     def described(self, hp: scaling.ScaledHparams) -> scaling.ScaledHparams:
         """The LR and weight decay to announce and summarise (those of the first step)."""

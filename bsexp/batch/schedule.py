@@ -70,21 +70,27 @@ class BatchSchedule:
         sizes: list[int] = []
         taken_by_step: list[int] = []
         epoch_starts: list[int] = []
+        cut_epoch = 0
         for epoch in range(epochs):
+            if max_steps is not None and len(sizes) >= max_steps:
+                break
             epoch_starts.append(len(sizes))
-            start = 0
-            while start < n and (max_steps is None or len(sizes) < max_steps):
-                size = self.size_at(epoch, len(sizes))
+            start = steps = 0
+            while start < n:
+                size = self.size_at(epoch, epoch_starts[-1] + steps)
                 left = n - start
                 shared = self.balance_tail and size < left < 1.5 * size and keep_final(left // 2, self.world_size,
                                                                                         drop_last)
                 taken = (left + 1) // 2 if shared else min(size, left)
                 if taken < size and not keep_final(taken, self.world_size, drop_last):
                     break
-                sizes.append(size)
-                taken_by_step.append(taken)
-                start += taken
-        return RunSteps(tuple(sizes), tuple(epoch_starts), n, tuple(taken_by_step))
+                if max_steps is None or len(sizes) < max_steps:
+                    sizes.append(size)
+                    taken_by_step.append(taken)
+                start, steps = start + taken, steps + 1  # past the cap: only counted
+            if len(sizes) - epoch_starts[-1] < steps:
+                cut_epoch = steps
+        return RunSteps(tuple(sizes), tuple(epoch_starts), n, tuple(taken_by_step), cut_epoch)
 
 
 @dataclass(frozen=True)
@@ -93,6 +99,7 @@ class RunSteps:
     epoch_starts: tuple[int, ...]  # index of each epoch's first step
     n: int  # training samples an epoch
     taken: tuple[int, ...] = ()  # the samples each step trains on (an epoch's last step may take fewer)
+    cut_epoch: int = 0  # the steps the last epoch would have had, where `first` cut the run within it
 
     @property
     def total(self) -> int:
@@ -144,7 +151,14 @@ class RunSteps:
     def first(self, steps: int) -> "RunSteps":
         """The run's first `steps` steps (the epochs that start within them)."""
         starts = tuple(s for s in self.epoch_starts if s < steps) or self.epoch_starts[:1]
-        return RunSteps(self.sizes[:steps], starts, self.n, self.taken[:steps])
+        whole = self.epoch_steps(len(starts) - 1)
+        cut = whole if steps < starts[-1] + whole else 0
+        return RunSteps(self.sizes[:steps], starts, self.n, self.taken[:steps], cut)
+
+    def epoch_steps(self, epoch: int) -> int:
+        """The steps of `epoch` had the run not been cut within it."""
+        last = epoch == len(self.epoch_starts) - 1
+        return self.cut_epoch if last and self.cut_epoch else len(self.epoch(epoch))
 
     def samples_before_step(self, step: int) -> int:
         """Samples seen before step `step`; past the run's end, at its last step's size."""

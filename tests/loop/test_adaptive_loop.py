@@ -128,6 +128,9 @@ def test_adascale_scales_the_lr_by_its_gain_and_advances_the_schedule_by_it(make
     assert schedule(position - run.taken[-1] * gain * 32 / run.sizes[-1]) < 0.01
     assert state.step == run.total == len(seen) and state.samples_seen == sum(run.taken) > budget
     assert state.epoch > 4  # epochs past the config's 4: the loop trained them all
+    # It ends within its last epoch, and says how much of that epoch it trained.
+    assert 0.05 < state.samples_seen / run.n % 1 < 0.95
+    assert policy.epochs_done(state) == pytest.approx(state.samples_seen / run.n, abs=0.02)
 
 
 def test_seesaw_multiplies_the_batch_by_alpha_and_the_lr_by_one_over_root_alpha_at_each_decay(make_cfg):

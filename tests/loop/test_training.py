@@ -79,6 +79,16 @@ def test_train_accuracy_is_measured_like_validation(make_cfg):
     assert progress.records[-1]["samples_seen"] == 2 * len(loop.splits.train)
 
 
+def test_a_run_cut_short_within_an_epoch_says_how_much_of_it_it_trained(make_cfg):
+    # 84 training samples in steps of 32: 32, 32, 20. Four steps: one epoch and a third of the
+    # next, not two epochs (the one step laid out for the cut second epoch is not all of it).
+    loop, progress = trained(make_cfg, "data.num_samples=100", "data.val_size=16", "epochs=2", "batch.size=32",
+                             "trainer.max_steps=4", "trainer.eval_every_steps=1")
+    assert [r["samples_seen"] for r in progress.records] == [32, 64, 84, 116]
+    assert [r["epoch"] for r in progress.records] == pytest.approx([1 / 3, 2 / 3, 1, 4 / 3], abs=1e-4)
+    assert loop.policy.epochs_done(progress) == pytest.approx(4 / 3)
+
+
 def test_same_seed_same_parameters_other_seed_other_parameters(make_cfg):
     a, _ = trained(make_cfg, "trainer.max_steps=5")
     b, _ = trained(make_cfg, "trainer.max_steps=5")
