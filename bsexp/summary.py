@@ -48,7 +48,7 @@ def announce(cfg: DictConfig, loop, hparams: dict[str, Any]) -> None:
     if loop.policy.name == "branch":  # the trunk's set-up was cautioned about; a branch only continues it
         return
     run = loop.policy.run_steps
-    per_epoch = len(run.epoch(0)) if run.epoch_starts else run.total
+    per_epoch = run.epoch_steps(0) if run.epoch_starts else run.total  # a whole epoch's, where max_steps cut it
     for key, what in cautions(h["lr"] / h["base_lr"], str(cfg.schedule.warmup_shape), h["warmup_steps"],
                               h["total_steps"], per_epoch, h["lr_peak"] / h["lr"]):
         log.warning("%s: %s", key, what)

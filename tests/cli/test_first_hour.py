@@ -161,6 +161,17 @@ def test_a_set_up_likely_to_train_badly_is_warned_about(data_root, tmp_path, ove
     assert fragment in out.stdout + out.stderr
 
 
+def test_a_run_cut_short_by_max_steps_is_not_told_its_batch_leaves_few_steps_an_epoch(data_root, tmp_path):
+    # 3 steps of the default batch (128) on 3,500 samples: the batch leaves 28 steps an epoch; the
+    # run takes 3 of them.
+    out = command(data_root, tmp_path, "trainer.max_steps=3", "logger=none", "trainer.progress=false",
+                  f"hydra.run.dir={tmp_path / 'run'}")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "fewer than 8" not in out.stdout + out.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["steps"] == 3 and summary["epochs"] == pytest.approx(3 / 28, abs=1e-4)
+
+
 def test_under_a_batch_schedule_the_lr_decay_is_counted_in_samples(data_root, tmp_path):
     # 32 -> 160 -> 800 at epochs 8 and 14 of 20, the LR held apart from its cosine decay: after
     # epoch 8 the decay stands where 8 epochs of 20 put it (counted in steps, 800 of 944 steps would
