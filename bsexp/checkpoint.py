@@ -193,7 +193,7 @@ def restore(cfg: DictConfig, loop, state, path: Path, saved: dict[str, Any], bra
     if saved["scaler"]:
         step.scaler.load_state_dict(saved["scaler"])
     if step.noise is not None and saved["noise"] is not None:
-        step.noise.scale = NoiseScale(**{**saved["noise"], "population": step.noise.scale.population})
+        step.noise.scale = NoiseScale.restored(saved["noise"], step.noise.scale.population)
     for key in _STATE_KEYS:
         setattr(state, key, saved[key])
     state.wall_time_before = saved.get("wall_time_s", 0.0)  # checkpoints from before it was kept: unknown

@@ -89,6 +89,17 @@ class NoiseScale:
         self.measurements = self.measurements + w
         self.skipped = self.skipped + (1 - w)
 
+    @classmethod
+    def restored(cls, saved: dict[str, Any], population: int | None) -> NoiseScale:
+        """From a checkpoint's `asdict`, measuring on against `population`. A checkpoint written
+        before the correction for drawing without replacement (no `population` in it) holds
+        uncorrected |G|² sums: the correction is linear, so it is applied to them here."""
+        scale = cls(**{**saved, "population": population})
+        if "population" not in saved and population:
+            for sums in (scale._ema, scale._run, scale._recent):
+                sums[0] = sums[0] + sums[1] / population
+        return scale
+
     @property
     def count(self) -> int:
         return int(self.measurements)

@@ -830,8 +830,12 @@ class BranchPolicy(SteppedPolicy):
         self.trunk["weight_decay"] = parts.optimizer.param_groups[0]["weight_decay"]
 
     def epochs_done(self, state) -> float:
-        """By samples against the trunk's epochs: a branch ends within one."""
-        per_epoch = self.lr_layout().epoch_samples()
+        """By samples against the trunk's epochs: a branch ends within one (within an epoch the
+        trunk's max_steps cut, against a whole epoch's samples)."""
+        layout = self.lr_layout()
+        per_epoch = layout.epoch_samples()
+        if layout.cut_epoch:
+            per_epoch[-1] = layout.n
         whole = sum(per_epoch[:state.epoch])
         return state.epoch + ((state.samples_seen - whole) / per_epoch[state.epoch]
                               if state.epoch < len(per_epoch) and per_epoch[state.epoch] else 0.0)

@@ -119,7 +119,7 @@ class RunSteps:
         return sum(self.taken or self.sizes)
 
     def epoch_samples(self) -> list[int]:
-        """Samples each epoch trains on (0 for epochs past a run cut short by max_steps)."""
+        """Samples each epoch trains on (a run cut short by max_steps: the cut epoch's, and no epochs past it)."""
         taken = self.taken or self.sizes
         bounds = [*self.epoch_starts, self.total]
         return [sum(taken[a:b]) for a, b in zip(bounds, bounds[1:])]
@@ -129,8 +129,9 @@ class RunSteps:
         past the run's last step (a run cut short by max_steps), at a whole epoch's rate."""
         whole = int(epochs)
         per_epoch = self.epoch_samples()
-        if whole < len(per_epoch) and per_epoch[whole] and (whole + 1 == len(per_epoch) or per_epoch[whole + 1]
-                                                             or epochs == whole):
+        # Whether epoch `whole` was trained whole: one that max_steps cut took fewer samples than an epoch.
+        complete = per_epoch[whole + 1] > 0 if whole + 1 < len(per_epoch) else not self.cut_epoch
+        if whole < len(per_epoch) and per_epoch[whole] and (complete or epochs == whole):
             return sum(per_epoch[:whole]) + round((epochs - whole) * per_epoch[whole])
         rate = per_epoch[0] if len(per_epoch) > 1 and per_epoch[1] else self.n
         return max(round(epochs * rate), sum(per_epoch[:whole]) if whole <= len(per_epoch) else 0)

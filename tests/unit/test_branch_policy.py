@@ -125,3 +125,14 @@ def test_the_branchs_last_step_cut_short_takes_the_rules_lr_for_its_samples_unle
     # a remainder too small for a micro-batch: the branch ends a step early
     _, policy = laid_out(make_cfg, "batch.size=256", "branch.samples=1025")
     assert policy.run_steps.taken[10:] == (256, 256, 256, 256)
+
+
+def test_a_branch_in_an_epoch_the_trunks_max_steps_cut_counts_it_against_a_whole_epoch(make_cfg):
+    # The trunk: batch 64, cut at step 70, 15 steps (960 samples) into its second epoch. A branch
+    # 350 samples into that epoch has trained a tenth of an epoch, not 350 of the 960 the cut left.
+    from bsexp.loop import TrainState
+
+    _, policy = laid_out(make_cfg, "batch.size=64", "branch.samples=320", "trainer.max_steps=70",
+                         step=60, samples=3820)
+    assert policy.lr_layout().epoch_samples() == [N, 960] and policy.lr_layout().cut_epoch
+    assert policy.epochs_done(TrainState(epoch=1, samples_seen=N + 350)) == pytest.approx(1 + 350 / N)

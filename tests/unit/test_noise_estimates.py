@@ -42,3 +42,24 @@ def test_a_measurement_that_is_not_finite_is_left_out_and_the_next_ones_count():
     assert hit.record()["noise/b_simple"] == pytest.approx(clean.record()["noise/b_simple"]) == pytest.approx(tr / g2)
     assert hit.summary()["noise_b_simple_mean"] == pytest.approx(tr / g2)
     assert hit.summary()["noise_skipped"] == 1
+
+
+def test_a_checkpoint_from_before_the_correction_for_drawing_without_replacement_resumes_corrected():
+    # Averages saved uncorrected (no population in the checkpoint) and corrected on restoring equal
+    # those of a run that measured corrected from the start: the correction is linear.
+    from dataclasses import asdict
+
+    draws = [(torch.tensor(2.0 + 300 / 16 + k), 16, torch.tensor(2.0 + 300 / 64), 64) for k in range(5)]
+    before, after = NoiseScale(decay=0.9), NoiseScale(decay=0.9, population=500)
+    for draw in draws[:3]:
+        before.update(*draw)
+        after.update(*draw)
+    saved = {k: v for k, v in asdict(before).items() if k != "population"}  # as checkpoints had it
+    resumed = NoiseScale.restored(saved, 500)
+    assert NoiseScale.restored(asdict(after), 500).summary() == after.summary()  # a new checkpoint: as saved
+    for draw in draws[3:]:
+        resumed.update(*draw)
+        after.update(*draw)
+    assert resumed.record() == pytest.approx(after.record())
+    assert resumed.summary() == pytest.approx(after.summary())
+    assert resumed.summary()["noise_b_simple_mean"] != pytest.approx(before.summary()["noise_b_simple_mean"])

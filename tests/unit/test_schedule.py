@@ -112,6 +112,9 @@ def test_the_run_counts_the_samples_each_step_takes():
     assert run.samples_before_step(3) == 96 and run.samples_before_step(10) == 200 + 2 * 4  # past the end
     cut = BatchSchedule(32).run_steps(epochs=4, n=100, drop_last=False, max_steps=5)
     assert cut.samples_at(3) == 300  # past a run cut short: at a whole epoch's rate
+    assert cut.epoch_samples() == [100, 32] and cut.cut_epoch == 4  # the second epoch cut after one of its 4 steps
+    assert cut.samples_at(1.5) == 150 and cut.samples_at(0.5) == 50  # within the cut epoch too
+    assert BatchSchedule(32).run_steps(epochs=4, n=100, drop_last=False, max_steps=2).samples_at(0.5) == 50
 
 
 def test_the_lr_schedule_is_counted_in_samples_when_the_batch_grows(make_cfg):
