@@ -99,7 +99,7 @@ class RunSteps:
     epoch_starts: tuple[int, ...]  # index of each epoch's first step
     n: int  # training samples an epoch
     taken: tuple[int, ...] = ()  # the samples each step trains on (an epoch's last step may take fewer)
-    cut_epoch: int = 0  # the steps the last epoch would have had, where `first` cut the run within it
+    cut_epoch: int = 0  # the steps the last epoch would have had, where max_steps or `first` cut the run within it
 
     @property
     def total(self) -> int:
