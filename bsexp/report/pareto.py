@@ -12,10 +12,11 @@ standard deviation over seeds (the bottom of its one-std band); an arm's steps, 
 seconds to it are the first evaluation at or above it, averaged over the seeds that reach it. The
 goal line compares each other arm with the fixed batch that needs the fewest steps among those
 that reach the target on every seed: at least 30 % fewer steps, no more samples, final accuracy
-in the band, and the target reached on every seed. Beside it, what any batch schedule could gain
-over a fixed batch at the baseline's samples in McCandlish et al.'s model, fitted to the fixed
-batches that reach the target on every seed at a ladder of targets up to it (`bound`: an estimate,
-not a bound; the model's derivation is at `bsexp.report.analysis.schedule_bound`).
+in the band, and the target reached on every seed; under it, how far the verdict moves when the
+seeds are drawn again (`seed_spread`, a bootstrap over seeds). Beside it, what any batch schedule
+could gain over a fixed batch at the baseline's samples in McCandlish et al.'s model, fitted to
+the fixed batches that reach the target on every seed at a ladder of targets up to it (`bound`:
+an estimate, not a bound; the model's derivation is at `bsexp.report.analysis.schedule_bound`).
 
 Writes pareto.md, pareto.csv and pareto.png into --out (default: the first sweep directory).
 """
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import random
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +39,7 @@ GOAL_STEPS = 0.7  # an arm's steps to the target at most this fraction of the fa
 # The rungs of the ladder of targets below the target, in accuracy, for the schedule bound: each
 # spacing gives one bound (fine rungs see more of B_noise's change, and more of the fits' noise).
 RUNGS = (0.01, 0.02, 0.05)
+RESAMPLES = 2000  # draws of the seeds, with replacement, for how much a verdict moves with them
 
 
 @dataclass
@@ -55,25 +58,31 @@ class Arm:
             return None, 0.0
         return statistics.fmean(finals), statistics.stdev(finals) if len(finals) > 1 else 0.0
 
-    def to_target(self, target: float) -> dict[str, Any]:
-        """Mean steps, samples and training seconds to the first evaluation at or above `target`,
-        over the seeds that reach it."""
-        reached, at_first = [], False
+    def firsts(self, target: float) -> list[tuple[dict[str, Any], bool] | None]:
+        """Per point (seed): its first evaluation at or above `target`, and whether that was its first
+        evaluation of all; None where it never reaches it."""
+        out = []
         for point in self.points:
             evaluated = [r for r in point.records if r.get("val_acc") is not None]
             first = next((r for r in evaluated if r["val_acc"] >= target), None)
-            if first is not None:
-                rate = first.get("samples_per_s") or 0
-                reached.append((first["step"], first["samples_seen"], first["samples_seen"] / rate if rate else None))
-                at_first = at_first or first is evaluated[0]
+            out.append(None if first is None else (first, first is evaluated[0]))
+        return out
+
+    def to_target(self, target: float) -> dict[str, Any]:
+        """Mean steps, samples and training seconds to the first evaluation at or above `target`,
+        over the seeds that reach it."""
+        found = [f for f in self.firsts(target) if f is not None]
+        reached = [r for r, _ in found]
         if not reached:
             return {"reached": 0, "seeds": len(self.points), "steps": None, "samples": None, "seconds": None,
                     "at_first_eval": False}
-        seconds = [s for *_, s in reached if s is not None]
+        rates = [(r["samples_seen"], r.get("samples_per_s") or 0) for r in reached]
+        seconds = [samples / rate for samples, rate in rates if rate]
         return {"reached": len(reached), "seeds": len(self.points),
-                "steps": statistics.fmean(r[0] for r in reached), "samples": statistics.fmean(r[1] for r in reached),
+                "steps": statistics.fmean(r["step"] for r in reached),
+                "samples": statistics.fmean(r["samples_seen"] for r in reached),
                 "seconds": statistics.fmean(seconds) if seconds else None,
-                "at_first_eval": at_first}  # reached by the first evaluation: when, it does not say
+                "at_first_eval": any(at_first for _, at_first in found)}  # reached by then: when, it does not say
 
 
 def _value(overrides, key: str) -> str | None:
@@ -144,6 +153,43 @@ def bound(tuned: list[Arm], target: float, spacing: float) -> ScheduleBound | No
     return schedule_bound(ladder) if fitted == 0 else None  # the last rung must be the target itself
 
 
+def seed_spread(arm: Arm, baseline: Arm, target: float, draws: int = RESAMPLES) -> dict[str, Any]:
+    """How much the verdict against `baseline` moves with the seeds: a percentile bootstrap that
+    draws the arm's seeds and the baseline's, each with replacement (the target and the choice of
+    baseline held as they are). The central 90 % of the steps and samples ratios over the draws in
+    which some drawn seed of the arm reaches the target, the share of all draws in which its steps
+    and samples are within the goal's, and the share in which the whole goal holds: that, every
+    drawn seed reaching the target and the drawn seeds' mean final accuracy in the band. With 3
+    seeds a side there are 10 distinct draws of each: a coarse guide, not a test."""
+    rng = random.Random(0)  # the same report from the same runs
+    seeds = list(zip(arm.firsts(target), (p.summary.get("val_acc") for p in arm.points)))
+    base = [first for first, _ in filter(None, baseline.firsts(target))]
+    steps, samples, efficient, held = [], [], 0, 0
+    for _ in range(draws):
+        drawn, base_drawn = rng.choices(seeds, k=len(seeds)), rng.choices(base, k=len(base))
+        reached = [found[0] for found, _ in drawn if found is not None]
+        if not reached or not base_drawn:
+            continue
+        ratios = [statistics.fmean(r[key] for r in reached) / statistics.fmean(r[key] for r in base_drawn)
+                  for key in ("step", "samples_seen")]
+        steps.append(ratios[0])
+        samples.append(ratios[1])
+        finals = [final for _, final in drawn if final is not None]
+        within = ratios[0] <= GOAL_STEPS and ratios[1] <= 1.0
+        efficient += within
+        held += within and len(reached) == len(drawn) and bool(finals) and statistics.fmean(finals) >= target
+    return {"steps": _central(steps), "samples": _central(samples), "efficient": efficient / draws,
+            "held": held / draws}
+
+
+def _central(values: list[float]) -> tuple[float, float] | None:
+    """The 5th and 95th percentiles (None for no values)."""
+    if len(values) < 2:
+        return (values[0], values[0]) if values else None
+    cuts = statistics.quantiles(values, n=20, method="inclusive")
+    return cuts[0], cuts[-1]
+
+
 def analyse(points: list[Point]) -> dict[str, Any]:
     tuned, others = arms(points)
     if not tuned:
@@ -164,19 +210,20 @@ def analyse(points: list[Point]) -> dict[str, Any]:
     reaching = [r for r in rows[:len(tuned)] if r["to_target_steps"] is not None and every(r)]
     fastest = min(reaching, key=lambda r: r["to_target_steps"]) if reaching else None
     verdicts = []
-    for row in rows[len(tuned):]:
-        if fastest is None or row["to_target_steps"] is None:
-            verdicts.append((row["arm"], None, None, False))
+    baseline = next(a for a in tuned if a.name == fastest["arm"]) if fastest is not None else None
+    for arm, row in zip(others, rows[len(tuned):]):
+        if baseline is None or row["to_target_steps"] is None:
+            verdicts.append((row["arm"], None, None, False, None))
             continue
         steps = row["to_target_steps"] / fastest["to_target_steps"]
         samples = row["to_target_samples"] / fastest["to_target_samples"]
         in_band = row["final_val_acc"] is not None and row["final_val_acc"] >= target
         verdicts.append((row["arm"], steps, samples,
-                         steps <= GOAL_STEPS and samples <= 1.0 and in_band and every(row)))
+                         steps <= GOAL_STEPS and samples <= 1.0 and in_band and every(row),
+                         seed_spread(arm, baseline, target)))
     bounds = {}
-    if fastest is not None:  # fitted to the baseline's own family: the fixed batches of its settings
-        settings = next(t.settings for t in tuned if t.name == fastest["arm"])
-        family = [a for a in tuned if a.settings == settings]
+    if baseline is not None:  # fitted to the baseline's own family: the fixed batches of its settings
+        family = [a for a in tuned if a.settings == baseline.settings]
         for spacing in RUNGS:
             found = bound(family, target, spacing)
             steps = found.steps(fastest["to_target_samples"]) if found is not None else None
@@ -207,12 +254,17 @@ def markdown(result: dict[str, Any], dirs: list[Path]) -> str:
                   f"{fastest['arm'] if fastest else 'none does'}"
                   + (f" ({fastest['to_target_steps']:.0f} steps, {fastest['to_target_samples']:,.0f} samples)."
                      if fastest else "."), ""]
-    for arm, steps, samples, met in result["verdicts"]:
+    for arm, steps, samples, met, spread in result["verdicts"]:
         if steps is None:
             lines.append(f"- {arm}: did not reach the target.")
-        else:
-            lines.append(f"- {arm}: {steps:.2f} x its steps, {samples:.2f} x its samples -> goal (<= {GOAL_STEPS:g} x "
-                         f"steps, <= 1 x samples, final accuracy in the band) {'met' if met else 'not met'}.")
+            continue
+        lines.append(f"- {arm}: {steps:.2f} x its steps, {samples:.2f} x its samples -> goal (<= {GOAL_STEPS:g} x "
+                     f"steps, <= 1 x samples, final accuracy in the band) {'met' if met else 'not met'}.")
+        lines.append(f"  - with the seeds drawn again ({RESAMPLES:,} draws with replacement, the arm's and the "
+                     f"baseline's; central 90 %): {spread['steps'][0]:.2f}-{spread['steps'][1]:.2f} x the steps, "
+                     f"{spread['samples'][0]:.2f}-{spread['samples'][1]:.2f} x the samples; steps and samples within "
+                     f"the goal's in {100 * spread['efficient']:.0f} % of the draws, the whole goal in "
+                     f"{100 * spread['held']:.0f} %.")
     if result["bounds"]:
         lines += ["", ("What any batch schedule could gain at the baseline's samples, by McCandlish et al.'s model "
                        "fitted to the fixed batches that reach the target on every seed, at targets up to this one "
