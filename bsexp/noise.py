@@ -136,13 +136,12 @@ class NoiseScale:
 
     def summary(self) -> dict[str, Any]:
         count = self.count
+        counts = {"noise_measurements": count, "noise_skipped": int(self.skipped), "noise_population": self.population}
         if not count:
-            return {"noise_b_simple": None, "noise_b_simple_mean": None, "noise_measurements": 0,
-                    "noise_skipped": int(self.skipped), "noise_population": self.population}
+            return {"noise_b_simple": None, "noise_b_simple_mean": None, **counts}
         grad_sq, trace = (float(v) / count for v in self._run)
         return {"noise_b_simple": _ratio(*reversed(self.averaged())), "noise_b_simple_mean": _ratio(trace, grad_sq),
-                "noise_grad_sq_mean": grad_sq, "noise_trace_sigma_mean": trace,
-                "noise_measurements": count, "noise_skipped": int(self.skipped), "noise_population": self.population}
+                "noise_grad_sq_mean": grad_sq, "noise_trace_sigma_mean": trace, **counts}
 
 
 def _ratio(trace: float, grad_sq: float) -> float | None:
