@@ -651,14 +651,17 @@ class AdaptivePolicy(SteppedPolicy):
     def _decide(self, step: int, parts) -> None:
         node = self.cfg.batch.adaptive
         current = self.run_steps.sizes[step]
-        averaged = parts.noise.scale.averaged() if parts.noise is not None else None
-        b_simple = averaged[1] / averaged[0] if averaged is not None and averaged[0] > 0 else None
-        decision = self.controller().next_size(current, b_simple, self._throughput(), step)
-        size, gain = decision.size, 1.0
-        if str(node.lr) == "adascale":
-            gain = adascale_gain(decision.b_simple, self.points[0][1], size, kept=self.gains[-1][1])
-        if parts.world.distributed:  # one decision for every rank: rank 0's
-            size, gain = parts.world.broadcast_object((size, gain))
+        decided = None
+        if parts.world.is_main:  # one decision for every rank: rank 0's (its throughput is its own)
+            averaged = parts.noise.scale.averaged() if parts.noise is not None else None
+            b_simple = averaged[1] / averaged[0] if averaged is not None and averaged[0] > 0 else None
+            decision = self.controller().next_size(current, b_simple, self._throughput(), step)
+            gain = 1.0
+            if str(node.lr) == "adascale":
+                gain = adascale_gain(decision.b_simple, self.points[0][1], decision.size, kept=self.gains[-1][1])
+            decided = decision, gain, b_simple
+        decision, gain, b_simple = parts.world.broadcast_object(decided)
+        size = decision.size
         at = self._from_step(step, size)
         if at is None:  # the last epoch's last step: the batch stays to the end
             size, gain, at = current, self.gains[-1][1], step
