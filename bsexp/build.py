@@ -22,7 +22,7 @@ from bsexp.data import Splits
 from bsexp.distributed import GradSync, World, sum_gradients_hook
 from bsexp.errors import ConfigError
 from bsexp.metrics import JsonlSink, Sinks, WandbSink
-from bsexp.models import checkpoint_blocks
+from bsexp.models import checkpoint_blocks, ghost_batchnorm
 from bsexp.noise import NoiseMeter, NoiseScale
 from bsexp.optim import build_optimizer, build_scheduler
 from bsexp.runtime import autocast, grad_scaler
@@ -46,9 +46,15 @@ def build_data(cfg: DictConfig) -> Splits:
 
 def build_model(cfg: DictConfig, splits: Splits) -> nn.Module:
     model = call_target("model", cfg.model, input_shape=splits.input_shape, num_classes=splits.num_classes,
-                        exclude=("activation_checkpointing",))
+                        exclude=("activation_checkpointing", "ghost_batch"))
     if not isinstance(model, nn.Module):
         raise ConfigError("model._target_", cfg.model._target_, f"must return a torch.nn.Module, got {type(model).__name__}")
+    ghost = cfg.model.get("ghost_batch")
+    if ghost is not None:
+        model, converted = ghost_batchnorm(model, ghost)
+        if not converted:
+            raise ConfigError("model.ghost_batch", ghost, "the model has no BatchNorm layer to normalise over ghost "
+                                                          "batches; valid: null, or a model with model.norm=batch")
     # A user's model node may lack the key (no schema): +model.activation_checkpointing=true adds it.
     if cfg.model.get("activation_checkpointing", False):
         try:
@@ -61,8 +67,10 @@ def build_model(cfg: DictConfig, splits: Splits) -> nn.Module:
 
 def sync_batchnorm(cfg: DictConfig, distributed: bool) -> bool:
     """BatchNorm over the ranks: by default whenever there are several (per-rank statistics, Goyal
-    et al.'s recipe, only when asked for with distributed.sync_batchnorm=false)."""
-    return distributed and cfg.distributed.sync_batchnorm is not False
+    et al.'s recipe, only when asked for with distributed.sync_batchnorm=false), never over ghost
+    batches (`model.ghost_batch`: each rank normalises its own chunks)."""
+    return (distributed and cfg.distributed.sync_batchnorm is not False
+            and cfg.model.get("ghost_batch") is None)
 
 
 def wrap_model(cfg: DictConfig, model: nn.Module, device: torch.device, distributed: bool,

@@ -118,6 +118,52 @@ def resnet18(input_shape: Sequence[int], num_classes: int, norm: str, cifar_stem
     return model
 
 
+# ---------------------------------------------------------------------------- ghost batch normalisation
+
+
+class GhostBatchNorm(nn.modules.batchnorm._BatchNorm):
+    """BatchNorm over ghost batches (Hoffer et al. 2017, "Train longer, generalize better"): in
+    training, a batch of B samples is normalised in B // `ghost_size` near-equal chunks (each of at
+    least `ghost_size` samples, exactly that many where it divides B), each with its own
+    statistics, as if the batch were that many micro-batches; the running statistics take the
+    chunks in turn, as accumulation over micro-batches of that size does. A batch of fewer than
+    2 × `ghost_size` is one chunk: BatchNorm's. Evaluation uses the running statistics, as BatchNorm does."""
+
+    def __init__(self, num_features: int, ghost_size: int, **kwargs) -> None:
+        super().__init__(num_features, **kwargs)
+        self.ghost_size = ghost_size
+
+    def _check_input_dim(self, x: torch.Tensor) -> None:
+        if x.dim() < 2:
+            raise ValueError(f"expected at least 2-D input (got {x.dim()}-D)")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        chunks = x.shape[0] // self.ghost_size
+        if not self.training or chunks < 2:
+            return super().forward(x)
+        return torch.cat([super(GhostBatchNorm, self).forward(part) for part in x.tensor_split(chunks)])
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, ghost_size={self.ghost_size}"
+
+
+def ghost_batchnorm(module: nn.Module, ghost_size: int) -> tuple[nn.Module, int]:
+    """Every BatchNorm in `module` made a GhostBatchNorm of `ghost_size` (same parameters and
+    buffers, so the same state_dict keys); returns the module and how many were converted."""
+    if isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(module, GhostBatchNorm):
+        ghost = GhostBatchNorm(module.num_features, ghost_size, eps=module.eps, momentum=module.momentum,
+                               affine=module.affine, track_running_stats=module.track_running_stats)
+        ghost.load_state_dict(module.state_dict())
+        ghost.train(module.training)
+        return ghost, 1
+    converted = 0
+    for name, child in module.named_children():
+        child, count = ghost_batchnorm(child, ghost_size)
+        module.add_module(name, child)
+        converted += count
+    return module, converted
+
+
 # ---------------------------------------------------------------------------- activation checkpointing
 
 

@@ -36,6 +36,9 @@ def check(cfg: DictConfig) -> None:
         given = "branch.at_samples" if node.at_samples is not None else "branch.samples"
         raise ConfigError("branch.trunk", None, f"{given} is set but not the trunk to branch from: give "
                                                 f"branch.trunk=<the trunk's run or sweep directory>")
+    if cfg.model.get("ghost_batch") is not None and cfg.distributed.sync_batchnorm:
+        raise ConfigError("distributed.sync_batchnorm", True, "model.ghost_batch normalises each rank's own ghost "
+                                                              "batches; valid with it: null or false")
     if cfg.device == schema.Device.cuda:
         import torch
 

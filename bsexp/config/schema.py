@@ -171,6 +171,9 @@ class ModelConfig:
     # Recompute each block's activations in the backward pass (torch.utils.checkpoint): a larger
     # micro-batch fits, for a second forward. Built-in models and any nn.Sequential.
     activation_checkpointing: bool = False
+    # BatchNorm over ghost batches of this many samples in training (Hoffer et al. 2017), whatever
+    # the batch: a large batch normalised as small ones are. null: over the whole (micro-)batch.
+    ghost_batch: Optional[int] = at_least(2, None)
 
 
 @dataclass

@@ -145,6 +145,8 @@ BAD_INPUTS = [
     (["batch=scheduled", "batch.schedule.kind=seesaw", "schedule.main=step", "schedule.milestones=[5]",
       "schedule.factor=0.3"], "schedule.factor", "whole alpha"),
     (["model.activation_checkpointing=maybe"], "model.activation_checkpointing", "not a valid bool"),
+    (["model.ghost_batch=1"], "model.ghost_batch", ">= 2"),
+    (["model.ghost_batch=16", "distributed.sync_batchnorm=true"], "distributed.sync_batchnorm", "null or false"),
     pytest.param([_no_cuda()], "device", "auto, cpu",
                   marks=pytest.mark.skipif(_no_cuda() is None, reason="CUDA is available here")),
 ]
@@ -156,6 +158,7 @@ LATE_BAD_INPUTS = [
     (["data=digits", "batch.size=4096"], "batch.size", "training samples"),
     (["model=cnn"], "model._target_", "(channels, height, width)"),
     (["model._target_=collections.OrderedDict"], "model._target_", "torch.nn.Module"),
+    (["model.norm=group", "model.ghost_batch=16"], "model.ghost_batch", "model.norm=batch"),
     (["data=digits", "data.val_size=1500"], "data.val_size", "between 1 and 898"),
     (["optimizer.nesterov=true", "optimizer.momentum=0"], "optimizer._target_", "Nesterov"),
     (["model._target_=torch.nn.Identity", "model.activation_checkpointing=true"], "model.activation_checkpointing",

@@ -176,3 +176,15 @@ def test_warmup_starts_at_the_reference_batchs_lr_under_every_rule(make_cfg, rul
     assert (warmup, seen) == (8, 6572)
     assert last_warmup_lr == pytest.approx(0.1 if shape == "constant" else 0.1 + (target - 0.1) * seen / 7000)
     assert loop.hp.lr * loop.step.scheduler.lr_lambdas[0](warmup) == pytest.approx(target)  # warmup reached the target
+
+
+def test_ghost_batches_of_16_train_as_micro_batches_of_16_accumulated(make_cfg):
+    # Hoffer et al.'s ghost BatchNorm: a batch of 64 normalised in four chunks of 16 computes what
+    # four accumulated micro-batches of 16 compute (gradients, running statistics), and not what
+    # BatchNorm over all 64 does.
+    bn = ["model.norm=batch", "batch.size=64", "trainer.max_steps=4"]
+    ghost, _ = trained(make_cfg, *bn, "model.ghost_batch=16")
+    accum, _ = trained(make_cfg, *bn, "batch=accumulation", "batch.micro_size=16")
+    whole, _ = trained(make_cfg, *bn)
+    assert_close(params(ghost), params(accum), atol=1e-5)
+    assert max((params(ghost)[k] - v).float().abs().max() for k, v in params(whole).items()) > 1e-3
