@@ -133,6 +133,7 @@ class Loop:
     watch: Watch
     sinks: Sinks  # filled by the job (bsexp.run) on rank 0; empty elsewhere
     sync_batchnorm: bool = False
+    ghost_batch: int | None = None
     checkpointer: Checkpointer | None = None
     show_progress: bool = True
 
@@ -143,8 +144,11 @@ class Loop:
     @property
     def norm_batch(self) -> int:
         """Samples a BatchNorm layer normalises over in one forward: the micro-batch, over all
-        ranks with SyncBatchNorm."""
+        ranks with SyncBatchNorm; with ghost batches, the smallest of the micro-batch's chunks."""
         plan = self.policy.current
+        chunks = plan.micro_size // self.ghost_batch if self.ghost_batch else 1
+        if chunks >= 2:
+            return plan.micro_size // chunks
         return plan.micro_size * (plan.world_size if self.sync_batchnorm else 1)
 
 
@@ -184,7 +188,7 @@ def build_loop(cfg: DictConfig, world: World | None = None, run_dir: Path | None
         drop_last=cfg.batch.drop_last,
         evaluator=Evaluator(cfg.trainer.eval_every_steps, cfg.trainer.eval_batch_size, sinks, policy.eval_steps()),
         watch=Watch(every=1 if world.device.type == "cpu" else 16), sinks=sinks,
-        sync_batchnorm=sync_batchnorm(cfg, world.distributed),
+        sync_batchnorm=sync_batchnorm(cfg, world.distributed), ghost_batch=cfg.model.get("ghost_batch"),
         checkpointer=None if run_dir is None else Checkpointer(run_dir, node.every_steps, node.every_epoch, node.keep,
                                                                cfg, tuple(node.get("at_samples") or ())),
         show_progress=cfg.trainer.progress)

@@ -188,3 +188,4 @@ def test_ghost_batches_of_16_train_as_micro_batches_of_16_accumulated(make_cfg):
     whole, _ = trained(make_cfg, *bn)
     assert_close(params(ghost), params(accum), atol=1e-5)
     assert max((params(ghost)[k] - v).float().abs().max() for k, v in params(whole).items()) > 1e-3
+    assert ghost.norm_batch == accum.norm_batch == 16 and whole.norm_batch == 64  # what a BatchNorm layer saw
