@@ -133,7 +133,10 @@ def test_a_second_run_given_the_same_directory_is_refused_before_it_writes_there
     first.send_signal(signal.SIGTERM)
     first.communicate(timeout=120)
     assert "seed: 7" not in (run_dir / ".hydra" / "config.yaml").read_text()
-    assert "seed=7" not in (run_dir / "train.log").read_text()
+    assert "seed=7" not in (run_dir / ".hydra" / "overrides.yaml").read_text()
+    assert not list((run_dir / ".hydra").glob("resume-*"))
+    # Each run logs its data once as it builds it: a second run let into the directory would too.
+    assert (run_dir / "train.log").read_text().count("][bsexp.summary][INFO] data ") == 1
 
 
 def test_the_default_finder_run_trains_as_well_as_the_default_run(data_root, tmp_path):
@@ -154,6 +157,8 @@ def test_the_default_finder_run_trains_as_well_as_the_default_run(data_root, tmp
 @pytest.mark.parametrize("overrides, fragment", [
     (["data=digits", "model=mlp", "batch.size=512", "epochs=1"], "fewer than 8"),
     (["epochs=2", "model.width=8"], "takes the whole run"),
+    # x8 (batch 1024 at the reference 128) raised in 1 step of warmup, not the 7 that carry it
+    (["batch.size=1024", "epochs=1", "schedule.warmup=0.25", "model.width=8"], "raises the LR x8"),
 ])
 def test_a_set_up_likely_to_train_badly_is_warned_about(data_root, tmp_path, overrides, fragment):
     out = command(data_root, tmp_path, *overrides, "logger=none", "trainer.progress=false")

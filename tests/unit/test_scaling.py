@@ -98,3 +98,25 @@ def test_a_milestone_inside_warmup_takes_effect_when_warmup_ends():
 def test_a_one_step_run_uses_the_start_of_its_schedule():
     assert LRSchedule(total=1, warmup=0, main="cosine")(0) == 1.0
     assert LRSchedule(total=1, warmup=3, start_factor=0.25, main="cosine")(0) == 0.25
+
+
+@pytest.mark.parametrize("multiplier, warmup_steps, warned", [
+    (26.0, 2, True),     # the default finder batch before its cap: x26 in 2 steps of warmup
+    (26.0, 24, True),    # 24 steps raise the LR by more than the reference LR in each
+    (26.0, 25, False),   # 25 steps of one reference LR each reach x26
+    (1.0, 0, False),     # at the reference batch there is nothing to carry
+])
+def test_an_lr_scaled_past_what_the_warmup_can_carry_is_cautioned(multiplier, warmup_steps, warned):
+    found = scaling.cautions(multiplier, "linear", warmup_steps, total_steps=1000, steps_per_epoch=100)
+    carry = [what for key, what in found if key == "schedule.warmup" and "lengthen it" in what]
+    assert bool(carry) is warned, found
+    if warned:
+        assert f"a warmup of {warmup_steps} step(s) raises the LR x26" in carry[0]
+
+
+def test_an_lr_scaled_past_goyals_largest_verified_factor_is_cautioned():
+    def keys(multiplier):
+        return [key for key, _ in scaling.cautions(multiplier, "linear", 10_000, 100_000, 100)]
+
+    assert "scaling.lr_rule" in keys(scaling.LARGEST_VERIFIED_K + 1)
+    assert "scaling.lr_rule" not in keys(scaling.LARGEST_VERIFIED_K)
