@@ -118,12 +118,8 @@ def _run_on(world: World, cfg: DictConfig, run_dir: Path, started: float) -> dic
             summary["preempted_by"] = signal.Signals(loop.watch.stop_signal).name
         if world.is_main:
             write_json(run_dir / "summary.json", summary)
-            if summary.get("adaptive") and state.records:  # the batch over training, against B_simple
-                from bsexp.report.render import batch_figure
-
-                name = batch_figure(state.records, cfg.batch.adaptive.c, run_dir)
-                if name:
-                    loop.sinks.image("adaptive/batch", run_dir / name)
+            for key, name in loop.policy.figures(state.records, run_dir).items():
+                loop.sinks.image(key, run_dir / name)
             loop.sinks.summary(summary)
             loop.sinks.close(status)
     if world.is_main:

@@ -45,7 +45,7 @@ def announce(cfg: DictConfig, loop, hparams: dict[str, Any]) -> None:
     log.info("lr %.4g (%s rule from %g), weight decay %.4g (%s rule from %g), warmup %d of %d steps",
              h["lr"], h["lr_rule"], h["base_lr"], h["weight_decay"], h["wd_rule"], h["base_weight_decay"],
              h["warmup_steps"], h["total_steps"])
-    if loop.policy.name == "branch":  # the trunk's set-up was cautioned about; a branch only continues it
+    if not loop.policy.own_setup:  # the trunk's set-up was cautioned about; a branch only continues it
         return
     run = loop.policy.run_steps
     per_epoch = run.epoch_steps(0) if run.epoch_starts else run.total  # a whole epoch's, where max_steps cut it

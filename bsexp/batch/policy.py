@@ -19,6 +19,7 @@ import dataclasses
 import logging
 import math
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from omegaconf import DictConfig
@@ -56,6 +57,7 @@ class BatchPolicy:
 
     name = ""
     measures_noise = False  # whether the policy needs B_simple measured on every step (side halves)
+    own_setup = True  # whether the run's set-up is its own to caution about (a branch continues its trunk's)
 
     def __init__(self, cfg: DictConfig, world: int) -> None:
         self.cfg, self.world = cfg, world
@@ -150,6 +152,10 @@ class BatchPolicy:
 
     def summary(self) -> dict[str, Any]:
         """What the policy adds to summary.json."""
+        return {}
+
+    def figures(self, records: list[dict[str, Any]], run_dir: Path) -> dict[str, str]:
+        """Figures the policy draws in the run directory at the end: {W&B key: file name}."""
         return {}
 
     def lr_coupling(self) -> tuple[float, ...]:
@@ -709,6 +715,12 @@ class AdaptivePolicy(SteppedPolicy):
         return {"adaptive": {"sizes": [list(p) for p in self.points], "gains": [list(g) for g in self.gains],
                              "decisions": self.decisions}}
 
+    def figures(self, records: list[dict[str, Any]], run_dir: Path) -> dict[str, str]:
+        from bsexp.report.render import batch_figure
+
+        name = batch_figure(records, run_dir)  # the batch over training, against its target and B_simple
+        return {"adaptive/batch": name} if name else {}
+
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "points": [list(p) for p in self.points],
                 "gains": [list(g) for g in self.gains], "decisions": list(self.decisions),
@@ -734,6 +746,7 @@ class BranchPolicy(SteppedPolicy):
     step takes only what is left)."""
 
     name = "branch"
+    own_setup = False
 
     def __init__(self, cfg: DictConfig, world: int) -> None:
         super().__init__(cfg, world)

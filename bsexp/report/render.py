@@ -505,8 +505,10 @@ def _log_y(ax) -> None:
     ax.yaxis.set_minor_formatter(plain if span < 10 else NullFormatter())
 
 
-def batch_figure(records: list[dict[str, Any]], c: float, out_dir: Path, name: str = "batch.png") -> str | None:
-    """An adaptive run's global batch over training, against c x the B_simple it measured."""
+def batch_figure(records: list[dict[str, Any]], out_dir: Path, name: str = "batch.png") -> str | None:
+    """An adaptive run's global batch over training, against the controller's target (c x B_simple,
+    c x b0^(1-power) x B_simple^power, or goodput's pick: `adaptive/target`) and the B_simple it
+    measured."""
     points = [r for r in records if r.get("batch_size")]
     if not points:
         return None
@@ -518,9 +520,11 @@ def batch_figure(records: list[dict[str, Any]], c: float, out_dir: Path, name: s
     fig, ax = plt.subplots(figsize=(6, 3.6))
     seen = [r["samples_seen"] for r in points]
     ax.step(seen, [r["batch_size"] for r in points], where="post", marker="o", ms=3, label="global batch")
-    noise = [(r["samples_seen"], c * r["noise/b_simple"]) for r in points if r.get("noise/b_simple")]
-    if noise:
-        ax.plot(*zip(*noise), "--", marker="x", ms=4, label=f"{c:g} x B_simple (measured)")
+    for key, style, label in (("adaptive/target", "--", "the controller's target"),
+                              ("noise/b_simple", ":", "B_simple (measured)")):
+        line = [(r["samples_seen"], r[key]) for r in points if r.get(key)]
+        if line:
+            ax.plot(*zip(*line), style, marker="x", ms=4, label=label)
     ax.set_ylim(bottom=0)
     _style(ax, "adaptive batch: the batch over training against the noise scale", xlabel="samples seen",
            ylabel="samples", batch_axis=False)
