@@ -192,9 +192,14 @@ def test_experiments_that_fit_the_critical_batch_evaluate_often_enough_to_resolv
 
     monkeypatch.setenv("BSEXP_DATA", str(data_root))
     fitted = []
+    # Each experiment as composed, and each of its arms (a sweep of its own, such as
+    # experiment/adaptive_vs_fixed=fixed: the fixed batches the B_crit fit reads).
+    sweeps = [(name, [f"experiment={name}"]) for name in EXPERIMENTS]
+    sweeps += [(f"{name}/{arm.stem}", [f"experiment={name}", f"experiment/{name}={arm.stem}"])
+               for name in EXPERIMENTS for arm in sorted((CONF / "experiment" / name).glob("*.yaml"))]
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        for name in EXPERIMENTS:
-            cfg = compose("config", overrides=[f"experiment={name}"], return_hydra_config=True)
+        for name, overrides in sweeps:
+            cfg = compose("config", overrides=overrides, return_hydra_config=True)
             batches = [int(b) for b in str(cfg.hydra.sweeper.params.get("batch.size", "")).split(",") if b]
             if len(batches) < 3 or cfg.branch.samples is not None:  # branches: bsexp.report.critical, no fit
                 continue
@@ -205,7 +210,7 @@ def test_experiments_that_fit_the_critical_batch_evaluate_often_enough_to_resolv
             for batch in batches:
                 between = cfg.trainer.eval_every_steps or steps_per_epoch[batch]
                 assert between <= half_of_largest / 10, (name, batch, between, half_of_largest)
-    assert "linear_scaling" in fitted
+    assert "linear_scaling" in fitted and "adaptive_vs_fixed/fixed" in fitted
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
