@@ -181,6 +181,21 @@ def test_every_arm_of_every_experiment_composes_and_passes_the_checks(data_root,
                 check(cfg)
 
 
+@pytest.mark.parametrize("stage", sorted(STAGED["critical_batch"]))
+def test_the_critical_batch_experiment_composes_unchanged_with_resnet18_on_cifar10(stage):
+    # "On a GPU the same commands run with model=resnet18 data=cifar10": both stages compose and pass
+    # every check the config alone allows (the data itself needs a download, so it is not built).
+    overrides = ["experiment=critical_batch", f"experiment/critical_batch={stage}", *STAGED["critical_batch"][stage],
+                 "model=resnet18", "data=cifar10"]
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=overrides, return_hydra_config=True)
+    assert cfg.data.name == "cifar10" and cfg.model._target_.endswith("resnet18")
+    assert cfg.trainer.noise_scale == "always" and cfg.batch.size == 32
+    with open_dict(cfg):
+        del cfg["hydra"]
+    check(cfg)
+
+
 def test_experiments_that_fit_the_critical_batch_evaluate_often_enough_to_resolve_steps_to_target(data_root,
                                                                                                   monkeypatch):
     """An experiment sweeping 3 or more batch sizes gets a B_crit fit, whose target every point
