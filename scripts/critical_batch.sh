@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# experiment=critical_batch end to end (README, "Branches, and the critical batch measured directly"):
+# the trunks (3 seeds at batch 32, B_simple measured as they train), their branches (7 checkpoints x
+# 6 batches x 3 seeds), a sweep of fixed batches on the same set-up for B_crit (each batch at its best
+# of 3 LRs, 3 seeds, evaluated every step: early targets are reached in a handful of large-batch
+# steps), and the report (critical.md, critical.csv, critical.png in the branch sweep's directory).
+#
+#   scripts/critical_batch.sh                       # set-up A: the experiment as shipped (BatchNorm, cosine)
+#   scripts/critical_batch.sh model.norm=none schedule.main=constant schedule.warmup=0     # set-up B
+#   scripts/critical_batch.sh hydra/launcher=joblib hydra.launcher.n_jobs=2    # two points side by side
+#
+# Extra arguments go to every stage (the same set-up throughout). CRITICAL_DIR=path puts the three
+# sweeps there instead of outputs/multirun/critical_batch/<date>/<time>/{trunk,branches,fixed}.
+# About 50 minutes on 2 cores with the joblib launcher.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root="${CRITICAL_DIR:-outputs/multirun/critical_batch/$(date +%Y-%m-%d)/$(date +%H-%M-%S)}"
+quiet=(trainer.progress=false logger=none)
+python -m bsexp.train -m experiment=critical_batch experiment/critical_batch=trunk "${quiet[@]}" \
+    "hydra.sweep.dir=$root/trunk" "$@" || exit $?
+python -m bsexp.train -m experiment=critical_batch "branch.trunk=$root/trunk" "${quiet[@]}" \
+    "hydra.sweep.dir=$root/branches" "$@" || echo "some branches did not complete; reporting on all of them" >&2
+python -m bsexp.train -m experiment=adaptive_vs_fixed experiment/adaptive_vs_fixed=fixed trainer.eval_every_steps=1 \
+    "${quiet[@]}" "hydra.sweep.dir=$root/fixed" "$@" || echo "some fixed batches did not complete" >&2
+python -m bsexp.report.critical "$root/branches" --sweep "$root/fixed" || exit $?
+echo "report: $root/branches/critical.md (critical.csv and critical.png beside it)"
