@@ -25,7 +25,7 @@ def rows(root: Path) -> list[str]:
         for name, entry in sorted(read_index(sweep).items(), key=lambda item: item[1]["num"]):
             summary_path = sweep / name / "summary.json"
             summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-            point = name.partition("_")[2].replace("seed=0", "").strip(",") or "-"
+            point = ",".join(o for o in name.partition("_")[2].split(",") if o and not o.startswith("seed=")) or "-"
             best = summary.get("best_val_acc")
             trained = "no (chance)" if best is None or best < 2 * CHANCE else "yes"
             out.append(f"| {sweep.name} | {point} | {entry['status']} | {summary.get('batch_size', '-')} | "
