@@ -133,6 +133,8 @@ BAD_INPUTS = [
     (["batch=adaptive", "batch.adaptive.objective=speed"], "batch.adaptive.objective", "noise, goodput"),
     (["batch=adaptive", "batch.adaptive.max_growth=0.5"], "batch.adaptive.max_growth", ">= 1"),
     (["batch=adaptive", "batch.adaptive.interval=0"], "batch.adaptive.interval", ">= 1"),
+    (["batch=adaptive", "batch.adaptive.c=0"], "batch.adaptive.c", "> 0"),
+    (["batch=adaptive", "batch.adaptive.shrink=sometimes"], "batch.adaptive.shrink", "not a valid bool"),
     (["batch=adaptive", "batch.adaptive.power=0"], "batch.adaptive.power", "in (0, 1]"),
     (["batch=adaptive", "batch.adaptive.power=2"], "batch.adaptive.power", "in (0, 1]"),
     (["batch=adaptive", "batch.adaptive.max_size=16"], "batch.adaptive.max_size", "at least batch.size=32"),
