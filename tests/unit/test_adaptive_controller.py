@@ -136,3 +136,20 @@ def test_goodput_breaks_a_tie_towards_the_smaller_batch():
     throughput = {32: 1.0, 288: 2.0}
     controller = Controller(start=32, min_size=32, max_size=2048, quantum=32, max_growth=100.0, objective="goodput")
     assert controller.next_size(32, 224.0, lambda b: throughput.get(b, 0.1)).size == 32
+
+
+@pytest.mark.parametrize("max_size, expected", [(None, 3500), (1024, 1024), (10_000, 3500)])
+def test_the_policy_never_lets_the_batch_grow_past_the_training_set(make_cfg, max_size, expected):
+    from bsexp.batch.policy import AdaptivePolicy, policy_for
+
+    node = f"batch.adaptive.max_size={'null' if max_size is None else max_size}"
+    policy = policy_for(make_cfg("batch=adaptive", "batch.find_micro_size=false", node), 2)
+    assert isinstance(policy, AdaptivePolicy)
+    policy._start(None, None, 3500)  # MNIST-1D's training samples
+    controller = policy.controller()
+    assert controller.max_size == expected and controller.quantum == 2
+    # A measured noise scale far above the data: the batch stops at the cap, a multiple of the ranks.
+    size = 32
+    for _ in range(20):
+        size = controller.next_size(size, 1e9).size
+    assert size <= expected and size % 2 == 0 and size >= expected - 2
