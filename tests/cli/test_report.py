@@ -343,6 +343,9 @@ def test_the_breaking_point_is_the_first_batch_above_the_best_that_falls_outside
     _, table = dip
     assert "**Breaking point**: batch 128, the first batch above the best, batch 32," in table
     assert "2 standard errors of the difference" in table
+    # The best is the smallest batch: the breaking point is never the best itself, and the report
+    # says that the flat part may lie below the sweep.
+    assert "The best is the smallest batch swept: accuracy may be flat only below it." in table
 
 
 def test_the_table_flags_rows_at_chance_and_has_no_placeholders(dip):
