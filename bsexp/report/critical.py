@@ -17,7 +17,7 @@ accuracy the trunk had at S + Δ (for each batch its best LR: the fewest steps o
 
 Writes critical.md, critical.csv and critical.png into --out (default: BRANCH_SWEEP): the
 critical batch over training with B_simple and B_crit, their ratios, and how the answer moves
-with ε and with the branch length (the branches' evaluations at Δ/4, Δ/2, 3Δ/4).
+with ε and with the branch length (the branches' evaluations at Δ/4, Δ/2, Δ).
 """
 
 from __future__ import annotations
