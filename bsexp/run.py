@@ -112,8 +112,6 @@ def _run_on(world: World, cfg: DictConfig, run_dir: Path, started: float) -> dic
             summary["error"] = error
         summary["resumed_from"] = str(resumed[0]) if resumed is not None else None
         summary["resume_changes"] = [{"key": k, "was": was, "now": now} for k, was, now in changed]
-        if "branch" in summary:  # what the branch trained on, and with
-            summary["branch"]["samples_trained"] = state.samples_seen - summary["branch"]["at_samples"]
         if status == "preempted" and loop.watch.stop_signal:
             summary["preempted_by"] = signal.Signals(loop.watch.stop_signal).name
         if world.is_main:

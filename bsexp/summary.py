@@ -91,7 +91,7 @@ def make_summary(cfg: DictConfig, status: str, loop, hparams: dict[str, Any], st
         "device": str(device),
         "threads": torch.get_num_threads(),
         "finder": loop.policy.found.summary() if loop.policy.found is not None else None,
-        **loop.policy.summary(),
+        **loop.policy.summary(state.samples_seen),
         **(noise.scale if noise is not None else NoiseScale()).summary(),
         "provenance": provenance(),
     }

@@ -150,8 +150,8 @@ class BatchPolicy:
         """What the policy adds to each metrics record."""
         return {}
 
-    def summary(self) -> dict[str, Any]:
-        """What the policy adds to summary.json."""
+    def summary(self, samples_seen: int) -> dict[str, Any]:
+        """What the policy adds to summary.json, for a run that has seen `samples_seen` samples."""
         return {}
 
     def figures(self, records: list[dict[str, Any]], run_dir: Path) -> dict[str, str]:
@@ -711,7 +711,7 @@ class AdaptivePolicy(SteppedPolicy):
         return {"adaptive/target": last.get("target"), "adaptive/efficiency": last.get("efficiency"),
                 "adaptive/gain": last.get("gain"), "adaptive/decisions": len(self.decisions)}
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self, samples_seen: int) -> dict[str, Any]:
         return {"adaptive": {"sizes": [list(p) for p in self.points], "gains": [list(g) for g in self.gains],
                              "decisions": self.decisions}}
 
@@ -866,10 +866,11 @@ class BranchPolicy(SteppedPolicy):
             warmup_steps=0 if hp.warmup_steps <= trunk["step"] else hp.warmup_steps - trunk["step"],
             total_steps=run.total - trunk["step"])
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self, samples_seen: int) -> dict[str, Any]:
         return {"branch": {"trunk": self.trunk.get("run_dir"), "checkpoint": self.trunk.get("checkpoint"),
                            "trunk_batch": self.trunk["batch"], "at_step": self.trunk["step"],
                            "at_samples": self.trunk["samples"], "samples": self.cfg.branch.samples,
+                           "samples_trained": samples_seen - self.trunk["samples"],
                            "batch": self.cfg.batch.size, "lr": self.trunk.get("lr"),
                            "weight_decay": self.trunk.get("weight_decay")}}
 
