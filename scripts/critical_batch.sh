@@ -11,7 +11,7 @@
 #
 # Extra arguments go to every stage (the same set-up throughout). CRITICAL_DIR=path puts the three
 # sweeps there instead of outputs/multirun/critical_batch/<date>/<time>/{trunk,branches,fixed}.
-# About 50 minutes on 2 cores with the joblib launcher.
+# About 22 minutes a set-up on 2 cores with the joblib launcher (45 for both, 2026-11-26).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root="${CRITICAL_DIR:-outputs/multirun/critical_batch/$(date +%Y-%m-%d)/$(date +%H-%M-%S)}"
