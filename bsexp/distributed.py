@@ -88,13 +88,12 @@ def init_world(device_choice: str, backend: str, timeout_s: float) -> World:
     """The world of this process: a process group when started by torchrun, else one process."""
     from bsexp.runtime import resolve_device
 
-    device = resolve_device(device_choice)
     if not under_torchrun():
-        return World(device=device)
+        return World(device=resolve_device(device_choice))
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     size = int(os.environ["WORLD_SIZE"])
+    device = resolve_device(device_choice, local_rank)  # one GPU per local rank
     if device.type == "cuda":
-        device = torch.device("cuda", local_rank)  # one device per local rank
         torch.cuda.set_device(device)
     if backend == "auto":
         backend = "nccl" if device.type == "cuda" else "gloo"

@@ -14,12 +14,29 @@ import numpy as np
 import torch
 
 import bsexp
+from bsexp.errors import ConfigError
 
 
-def resolve_device(choice: str) -> torch.device:
-    if choice == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(str(choice))
+def resolve_device(choice: str, local_rank: int = 0, cuda_devices: int | None = None) -> torch.device:
+    """The device this process trains on, with its index: the GPU of its local rank (torchrun's
+    one process per GPU), else the CPU. A bare `cuda` never leaves here: torch's memory caps and
+    statistics refuse a device without an index. `cuda_devices`: the GPUs visible (torch is asked
+    when None; counting them does not initialise CUDA)."""
+    choice = str(choice)
+    if cuda_devices is None:
+        cuda_devices = 0 if choice == "cpu" else torch.cuda.device_count()
+    if choice == "cpu" or (choice == "auto" and cuda_devices == 0):
+        return torch.device("cpu")
+    if cuda_devices == 0:
+        raise ConfigError("device", choice, "CUDA is not available here; valid: auto, cpu")
+    if local_rank >= cuda_devices:
+        raise ConfigError("device", choice, f"local rank {local_rank} has no GPU of its own ({gpus(cuda_devices)} "
+                                            f"visible); valid: at most {cuda_devices} ranks per node, or device=cpu")
+    return torch.device("cuda", local_rank)
+
+
+def gpus(count: int) -> str:
+    return f"{count} GPU" + ("" if count == 1 else "s")
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:
@@ -81,15 +98,17 @@ def provenance() -> dict[str, str]:
 
 def rng_state() -> dict:
     """Every random generator's state: python, numpy, torch, CUDA."""
+    # CUDA's only once this process uses it: asking would start CUDA, whose context maps gigabytes
+    # of address space (a CPU run, or the finder's probe under an address-space cap, on a GPU machine).
     return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None}
 
 
 def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
-    if state.get("cuda") is not None and torch.cuda.is_available():
+    if state.get("cuda") is not None and torch.cuda.is_initialized():
         torch.cuda.set_rng_state_all(state["cuda"])
 
 

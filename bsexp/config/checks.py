@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 import pydoc
 from typing import Any
 
@@ -39,13 +40,36 @@ def check(cfg: DictConfig) -> None:
     if cfg.model.get("ghost_batch") is not None and cfg.distributed.sync_batchnorm:
         raise ConfigError("distributed.sync_batchnorm", True, "model.ghost_batch normalises each rank's own ghost "
                                                               "batches; valid with it: null or false")
-    if cfg.device == schema.Device.cuda:
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ConfigError("device", "cuda", "CUDA is not available here; valid: auto, cpu")
+    check_gpus(cfg)
     for group in ("data", "model", "optimizer"):
         locate(group, cfg[group].get("_target_"))
+
+
+def check_gpus(cfg: DictConfig, count: int | None = None) -> None:
+    """CUDA where the run asks for it, and a GPU of its own for each rank of this node: before any
+    worker starts (self-launched) or any process group forms (torchrun). `count`: the GPUs
+    visible (torch is asked when None)."""
+    from bsexp.config.env import launches_workers, under_torchrun
+
+    if under_torchrun():
+        key, ranks = "--nproc_per_node (torchrun)", int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    elif launches_workers(cfg):
+        key, ranks = "distributed.nproc_per_node", int(cfg.distributed.nproc_per_node)
+    else:
+        key, ranks = None, 1
+    if cfg.device == schema.Device.cpu or (cfg.device == schema.Device.auto and key is None):
+        return
+    from bsexp.runtime import gpus
+
+    if count is None:
+        import torch  # counting the GPUs does not start CUDA
+
+        count = torch.cuda.device_count()
+    if cfg.device == schema.Device.cuda and count == 0:
+        raise ConfigError("device", "cuda", "CUDA is not available here; valid: auto, cpu")
+    if key is not None and 0 < count < ranks:
+        raise ConfigError(key, ranks, f"{gpus(count)} visible and each rank needs its own; valid: at most {count}, "
+                                      f"or device=cpu to run the ranks on the CPU")
 
 
 def _check_bounds(node: DictConfig, prefix: str = "") -> None:
