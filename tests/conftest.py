@@ -7,9 +7,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 
-from bsexp.config.schema import register_configs
+# The default tiers test bsexp on the CPU: with a GPU visible, device=auto (the default) would
+# train there, and a CPU memory cap would meet CUDA's address space. So CUDA is hidden from them
+# and from every process they start; tests/gpu tests the GPU, with BSEXP_TEST_GPU=1 (README).
+if os.environ.get("BSEXP_TEST_GPU") != "1":
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+from hydra import compose, initialize_config_dir  # noqa: E402
+
+from bsexp.config.schema import register_configs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "bsexp" / "conf"
@@ -38,8 +45,11 @@ def make_cfg(data_root, monkeypatch):
 
 def cli_env(data_root: Path) -> dict[str, str]:
     env = dict(os.environ)
+    # bsexp and tests/helpers (user_models.py) first, then what the caller's path holds (packages
+    # installed into a folder of their own: scripts/gpu_check.sh).
+    path = [str(ROOT), str(HELPERS), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     env.update(BSEXP_DATA=str(data_root), WANDB_SILENT="true", WANDB_DISABLE_GIT="true",
-               PYTHONPATH=os.pathsep.join([str(ROOT), str(HELPERS)]))  # bsexp, tests/helpers/user_models.py
+               PYTHONPATH=os.pathsep.join(path))
     for name in ("HYDRA_FULL_ERROR", "WANDB_MODE", "WANDB_API_KEY"):  # bsexp's own defaults, offline W&B
         env.pop(name, None)
     return env
