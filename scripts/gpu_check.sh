@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# bsexp's GPU check: one call on a fresh GPU machine (no network), under 8 minutes on one H100 or
+# H200. Prepare the wheelhouse first where the registry is reachable (scripts/gpu_bundle.sh), then
+# carry it (.gpu/wheels) with the checkout:
+#
+#   scripts/gpu_check.sh [OUT]         # OUT: where the summary and the logs go ($OUT, else .gpu/out)
+#
+# It installs hydra-core, omegaconf, mnist1d, wandb and the rest offline into a folder of their own
+# (.gpu/site, on PYTHONPATH: the image's torch stays as it is), then runs, each under a time limit:
+#   1. tests/gpu (BSEXP_TEST_GPU=1): every CUDA path as a user runs it;
+#   2. the default tiers with the GPU present (they hide it from themselves: tests/conftest.py);
+#   3. the GPU benchmarks.
+# and writes OUT/gpu_check.md (the GPU, torch, each check's outcome and figures) and
+# OUT/gpu_check.log (everything), flushed as it goes, so a time-out still returns them.
+# On a machine without CUDA it does the same: the CUDA tests skip, the benchmarks run on the CPU.
+#   PYTHON=...      the interpreter with torch (default python3; on a CPU machine: .venv/bin/python)
+#   TIERS=...       the default tiers to run (default: tests/unit tests/loop tests/dist tests/cli)
+#   WORKERS=...     pytest-xdist workers for the default tiers (default: cores / 2, at most 8)
+#   WHEELS=...      the wheelhouse (default .gpu/wheels; for another Python: PY_VERSION in gpu_bundle.sh)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+py=${PYTHON:-python3}
+out=$(mkdir -p "${1:-${OUT:-.gpu/out}}" && cd "${1:-${OUT:-.gpu/out}}" && pwd)
+report=$out/gpu_check.md
+log=$out/gpu_check.log
+wheels=${WHEELS:-.gpu/wheels}
+site=$root/.gpu/site
+tiers=${TIERS:-tests/unit tests/loop tests/dist tests/cli}
+cores=$(nproc)
+workers=${WORKERS:-$(( cores / 2 > 8 ? 8 : (cores / 2 > 0 ? cores / 2 : 1) ))}
+started=$SECONDS
+: >"$log"
+
+say() { echo "$*" | tee -a "$report"; }
+step() {  # step NAME LIMIT_S COMMAND...: run, log, and record the outcome and the time
+    local name=$1 limit=$2 begun=$SECONDS rc
+    shift 2
+    echo "=== $name: $*" >>"$log"
+    timeout --kill-after=10 "$limit" "$@" >>"$log" 2>&1
+    rc=$?
+    local how="passed"
+    (( rc == 124 || rc == 137 )) && how="timed out after ${limit} s"
+    (( rc != 0 && rc != 124 && rc != 137 )) && how="failed (exit $rc)"
+    say "| $name | $how | $((SECONDS - begun)) s |"
+    return $rc
+}
+
+: >"$report"
+say "# bsexp GPU check"
+say ""
+say "$(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+say ""
+
+# Install offline, beside the image's packages (never over them).
+if [[ ! -d $wheels ]]; then
+    say "no wheelhouse at $wheels: run scripts/gpu_bundle.sh where the registry is reachable, and carry .gpu/wheels"
+    exit 2
+fi
+rm -rf "$site"
+"$py" -m pip install --quiet --no-index --no-deps --no-compile --target "$site" "$wheels"/*.whl >>"$log" 2>&1 ||
+    { say "installing from $wheels failed (see gpu_check.log)"; exit 2; }
+export PYTHONPATH=$root:$site${PYTHONPATH:+:$PYTHONPATH}
+export WANDB_SILENT=true WANDB_DISABLE_GIT=true
+export BSEXP_DATA=$root/.gpu/data  # MNIST-1D, generated once here for the benchmarks
+
+"$py" - >>"$report" 2>>"$log" <<'PY'
+import platform
+
+import hydra, mnist1d, omegaconf, torch
+
+try:
+    import wandb
+    logger = f"wandb {wandb.__version__}"
+except Exception as exc:  # the default tiers' W&B tests then fail, and say why
+    logger = f"wandb does not import ({type(exc).__name__}: {exc})"
+if torch.cuda.is_available():
+    props = torch.cuda.get_device_properties(0)
+    gpu = f"{torch.cuda.device_count()} x {props.name} ({props.total_memory / 2**30:.0f} GiB), CUDA {torch.version.cuda}"
+else:
+    gpu = "no CUDA device: the CUDA tests skip, the benchmarks run on the CPU"
+print(f"- GPU: {gpu}")
+print(f"- Python {platform.python_version()}, torch {torch.__version__}, hydra {hydra.__version__}, "
+      f"omegaconf {omegaconf.__version__}, {logger}")
+PY
+say ""
+say "| check | outcome | time |"
+say "| --- | --- | --- |"
+
+# 1. Every CUDA path, as a user runs it (one GPU shared by a few workers).
+BSEXP_TEST_GPU=1 step "tests/gpu (BSEXP_TEST_GPU=1)" 210 "$py" -m pytest -m cuda tests/gpu -n 4 -p no:cacheprovider \
+    -o addopts="" -ra --junitxml="$out/gpu.xml"
+# 2. The default tiers with the GPU present. test_install builds a wheel, which needs the
+#    registry for its build backend: not here.
+step "default tiers, GPU present ($tiers)" 170 "$py" -m pytest $tiers -n "$workers" --dist loadfile \
+    -m "not slow" -p no:cacheprovider -o addopts="" -ra --deselect tests/cli/test_install.py \
+    --junitxml="$out/default.xml"
+# 3. The benchmarks: bsexp's step against a plain loop, on the default run and on ResNet-18.
+device=$("$py" -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")
+step "bench_overhead: default run ($device)" 45 "$py" scripts/bench_overhead.py --rounds 12 "device=$device"
+if [[ $device == cuda ]]; then  # minutes on a CPU
+    step "bench_overhead: resnet18 bf16 batch 256 (cuda)" 45 "$py" scripts/bench_overhead.py --rounds 6 device=cuda \
+        data=synthetic "data.shape=[3,32,32]" data.num_samples=4096 model=resnet18 precision=bf16 batch.size=256
+fi
+
+# Each test's outcome, and the benchmarks' figures, from what the steps wrote.
+"$py" - "$out" "$log" >>"$report" 2>>"$log" <<'PY'
+import re
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+out, log = Path(sys.argv[1]), Path(sys.argv[2]).read_text(errors="replace")
+for name, title in (("gpu.xml", "tests/gpu"), ("default.xml", "default tiers")):
+    path = out / name
+    if not path.exists():
+        print(f"\n## {title}: no result (the step did not finish)")
+        continue
+    cases = ET.parse(path).getroot().iter("testcase")
+    rows, counts, skipped = [], {"passed": 0, "failed": 0, "skipped": 0}, {}
+    for case in cases:
+        bad = case.find("failure") if case.find("failure") is not None else case.find("error")
+        outcome = "failed" if bad is not None else "skipped" if case.find("skipped") is not None else "passed"
+        counts[outcome] += 1
+        if outcome == "skipped":
+            why = " ".join((case.find("skipped").get("message") or "").split())
+            skipped[why] = skipped.get(why, 0) + 1
+        elif title == "tests/gpu" or outcome == "failed":
+            why = (bad.get("message") or "")[:300] if bad is not None else ""
+            rows.append(f"| {case.get('name')} | {outcome} | {float(case.get('time', 0)):.1f} s | "
+                        f"{' '.join(why.split()).replace('|', '/')} |")
+    print(f"\n## {title}: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped\n")
+    if rows:
+        print("| test | outcome | time | message |\n| --- | --- | --- | --- |")
+        print("\n".join(rows))
+    for why, n in skipped.items():
+        print(f"\n{n} skipped: {why}")
+print("\n## Benchmarks (bsexp / plain loop, lower is better; the lines as they were printed)\n")
+lines = [line for line in log.splitlines() if re.search(r"ratio|samples/s|bsexp/plain|median", line)]
+print("```\n" + ("\n".join(lines[-40:]) or "(none printed)") + "\n```")
+PY
+say ""
+say "total: $((SECONDS - started)) s"
