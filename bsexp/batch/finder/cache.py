@@ -35,7 +35,7 @@ def cache_key(cfg: DictConfig, world: World, splits: Splits, keep_size: int | No
         "eval_batch_size": cfg.trainer.eval_batch_size, "sync_batchnorm": cfg.distributed.sync_batchnorm,
         # What training's oneDNN kernel cache will keep, left out of the trials' room since
         # version 2 (answers stored before left no room for it).
-        "kernel_cache": os.environ.get(CACHE_CAPACITY), "version": 2,
+        "kernel_cache": os.environ.get(CACHE_CAPACITY), "version": 3,
     }
     parts["finder"].pop("cache", None)
     parts["finder"].pop("cache_dir", None)
