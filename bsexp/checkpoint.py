@@ -80,8 +80,8 @@ def find(resume: str | None, run_dir: Path, restarted: bool = False) -> tuple[Pa
         return None
     if resume is None or resume == "auto":
         found = newest_readable(run_dir)
-        if found is None:
-            log.info("resume: no readable checkpoint in %s; starting from the beginning", Path(run_dir) / DIR)
+        if found is None:  # killed before its first checkpoint: the run's own config, from step 0
+            log.warning("resume: no checkpoint in %s yet; starting the run from step 0", Path(run_dir) / DIR)
         return found
     path = Path(resume).expanduser()
     if path.is_dir():  # a run directory, or its checkpoints/

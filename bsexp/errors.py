@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import difflib
 import sys
 
 
@@ -59,7 +60,8 @@ def _omegaconf_line(exc) -> str:
         parent = key.rpartition(".")[0]
         known = _known_keys(exc)
         where = f"a key of {parent}" if parent else "a top-level key"
-        return f"{key}: not {where}" + _elsewhere(key) + (f"; valid: {', '.join(known)}" if known else "")
+        hint = _elsewhere(key) or did_you_mean(key, known)
+        return f"{key}: not {where}" + hint + (f"; valid: {', '.join(known)}" if known else "")
     return f"{key}: {message}"
 
 
@@ -75,6 +77,13 @@ def add_key_hint(hint) -> None:
 
 def _elsewhere(key: str) -> str:
     return next((text for hint in _KEY_HINTS if (text := hint(key))), "")
+
+
+def did_you_mean(key: str, valid: list[str]) -> str:
+    """" (did you mean batch.size?)" for a key one typo away from a valid one of its node; else ""."""
+    parent, _, name = key.rpartition(".")
+    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.75)
+    return f" (did you mean {parent + '.' if parent else ''}{close[0]}?)" if close else ""
 
 
 def _known_keys(exc) -> list[str]:

@@ -71,8 +71,8 @@ class JsonlSink:
         """A new file; or, resuming (`keep` records were logged before the checkpoint), the first
         `keep` lines of the existing one continued, so no record is missing or doubled."""
         self.path = path
-        if keep is None:
-            self.file = open(path, "x", encoding="utf-8")  # never appends to an earlier run's records
+        if keep is None:  # never appends to, or overwrites, an earlier run's records; an empty file holds none
+            self.file = open(path, "w" if path.exists() and not path.stat().st_size else "x", encoding="utf-8")
             return
         lines = path.read_text(encoding="utf-8").splitlines(keepends=True)[:keep] if path.exists() else []
         atomic_write_text(path, "".join(line if line.endswith("\n") else line + "\n" for line in lines))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from bsexp.batch.plan import BatchPlan
 from bsexp.batch.policy import policy_for
 from bsexp.config.checks import check
 from bsexp.config.env import env_rank, launches_workers, restarted, under_torchrun
-from bsexp.errors import ConfigError, exit_on_config_error
+from bsexp.errors import ConfigError, exit_on_config_error, one_line
 
 RESULTS = ("summary.json", "metrics.jsonl")
 LOCK = ".bsexp.lock"
@@ -37,8 +38,8 @@ def check_output_dir(key: str, path: str) -> None:
     directory = Path(path)
     if _held_elsewhere(directory):
         raise ConfigError(key, path, "is in use by another run right now; choose a new directory")
-    for name in RESULTS:
-        found = next(iter(directory.glob(f"**/{name}")), None) if directory.is_dir() else None
+    for name in RESULTS:  # an empty file (a run killed before its first record) holds no results
+        found = next((p for p in directory.glob(f"**/{name}") if p.stat().st_size), None) if directory.is_dir() else None
         if found is not None:
             raise ConfigError(key, path, f"already holds a run's results ({found.relative_to(directory)}); "
                                          f"choose a new directory")
@@ -126,16 +127,58 @@ class Preflight(Callback):
             claim("hydra.run.dir", config.hydra.run.dir)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        # The config without the swept values: what is wrong here is wrong for every job, unless
-        # it is a swept key (branch.at_samples=0,4096 is unset here): each job checks its own.
         with exit_on_config_error():
             if under_torchrun():
                 raise ConfigError("--multirun", True, "under torchrun every rank would run the sweep; sweep "
                                   "with distributed=ddp distributed.nproc_per_node=N instead")
+            # The config without the swept values: what is wrong here is wrong for every point, said
+            # as for a single run; then each point, as it will run (a sweeper that chooses its points
+            # as it goes, Optuna's, leaves them to each job).
             try:
                 check_all(config)
             except ConfigError as exc:
                 if exc.key not in swept_keys(config):
                     raise
+            points = sweep_points(config)
+            if points is not None:
+                check_points(config, points)
             check_output_dir("hydra.sweep.dir", config.hydra.sweep.dir)
             claim("hydra.sweep.dir", config.hydra.sweep.dir)
+
+
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+
+
+def sweep_points(config: DictConfig) -> list[list[str]] | None:
+    """Every point of a sweep as Hydra's basic sweeper will run them (the sweeper's `params`, an
+    experiment's, then the command line's overrides), each as its list of overrides; None for a
+    sweeper that decides its points while it runs (Optuna's)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if config.hydra.sweeper.get("_target_") != BASIC_SWEEPER:
+        return None
+    params = [f"{key}={value}" for key, value in (config.hydra.sweeper.get("params") or {}).items()]
+    parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
+    overrides = parser.parse_overrides([*params, *config.hydra.overrides.task])
+    return [point for batch in BasicSweeper.split_arguments(overrides, None) for point in batch]
+
+
+def check_points(config: DictConfig, points: list[list[str]]) -> None:
+    """Compose every point of the sweep and check it, before the first one trains: a bad value
+    in the last point would otherwise be found when its turn came, hours in. Exits with one
+    line naming the point, its key and value (code 2)."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    loader = GlobalHydra.instance().config_loader()
+    for num, overrides in enumerate(points):
+        try:
+            check_all(loader.load_sweep_config(config, list(overrides)))
+        except (ConfigError, HydraException, OmegaConfBaseException) as exc:
+            swept = swept_keys(config)
+            told = " ".join(o for o in overrides if o.partition("=")[0].lstrip("+~") in swept) or " ".join(overrides)
+            print(f"error: sweep point {num} ({told}): {one_line(exc)}; no point has run", file=sys.stderr, flush=True)
+            sys.exit(2)

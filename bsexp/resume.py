@@ -65,9 +65,10 @@ def prepare_argv(argv: list[str]) -> list[str]:
     source = source_dir(resume, run_dir)
     if resume != "auto" and not Path(resume).expanduser().exists():  # refused before Hydra writes anything
         raise ConfigError("resume", resume, NO_SUCH_CHECKPOINT)
-    if resume == "auto" and not any((source / CHECKPOINTS).glob("step-*.pt")):
-        raise ConfigError("resume", "auto", f"{source} holds no checkpoint to continue from "
-                                            f"({CHECKPOINTS}/step-*.pt); nothing to resume")
+    if resume == "auto" and not any((source / CHECKPOINTS).glob("step-*.pt")) \
+            and not (source / ".hydra" / "config.yaml").is_file():  # a run killed before its first checkpoint starts over
+        raise ConfigError("resume", "auto", f"{source} holds no run to continue: no checkpoint "
+                                            f"({CHECKPOINTS}/step-*.pt) and no run's config (.hydra/config.yaml)")
     if run_dir is None:  # resume=PATH alone: continue in the run's own directory
         run_dir = str(source)
         args.append(f"hydra.run.dir={source}")

@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import torch
 from omegaconf import DictConfig
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from bsexp import branch, memory, resume
+from bsexp import branch, cores, memory, resume
 from bsexp import checkpoint as ckpt
 from bsexp.build import build_sinks
 from bsexp.config.env import restarted
@@ -59,6 +61,21 @@ def _completed(world: World, run_dir: Path, step: int) -> dict[str, Any] | None:
     return summary if done else None
 
 
+def _share_cores(cfg: DictConfig, world: World) -> None:
+    """Say where this run and others on the machine ask for more threads than it has cores, and
+    the share that would let each run near its speed alone (bsexp.cores). Only where the threads
+    are torch's default: a run told its threads (trainer.threads, OMP_NUM_THREADS, a sweep's
+    joblib share, DDP's workers) is counted, not told."""
+    sharing = cores.register(torch.get_num_threads())
+    told = cfg.trainer.threads is not None or "OMP_NUM_THREADS" in os.environ or world.distributed
+    if sharing.oversubscribed and not told:
+        others = len(sharing.others)
+        log.warning("%d other bsexp run%s train%s on this machine's %d cores beside this one (%d threads here, %d "
+                    "there): each runs slower than alone (about 3x for two runs on 2 cores); give each its share "
+                    "with trainer.threads=%d", others, "s" if others > 1 else "", "" if others > 1 else "s",
+                    sharing.cores, sharing.threads, sum(sharing.others), sharing.share)
+
+
 def _run_on(world: World, cfg: DictConfig, run_dir: Path, started: float) -> dict[str, Any]:
     resumed = ckpt.find(cfg.resume, run_dir, restarted())
     changed = resume.changes(cfg, str(cfg.resume), str(run_dir)) if cfg.resume is not None else []
@@ -82,8 +99,9 @@ def _run_on(world: World, cfg: DictConfig, run_dir: Path, started: float) -> dic
         for key, was, now in changed:  # taken with checkpoint.allow_mismatch=true, and recorded
             log.warning("resume: %s changed from %s to %s (checkpoint.allow_mismatch=true)", key, was, now)
         announce(cfg, loop, hparams)
-        loop.sinks.attach(build_sinks(cfg, run_dir, hparams, keep_records=len(state.records) if resumed else None,
-                                      wandb_id=wandb_id))
+        # Resumed: the records up to the checkpoint; started over by a resume: none of the earlier ones.
+        keep = len(state.records) if resumed else (0 if cfg.resume is not None else None)
+        loop.sinks.attach(build_sinks(cfg, run_dir, hparams, keep_records=keep, wandb_id=wandb_id))
         found = loop.policy.found
         if found is not None:
             log.info(found.table())
@@ -91,6 +109,8 @@ def _run_on(world: World, cfg: DictConfig, run_dir: Path, started: float) -> dic
             loop.sinks.table("finder/trials", [asdict(t) for t in found.trials])
     if trunk is not None:  # where the branch starts: the trunk's model, at the branch's batch
         loop.evaluator.log(loop, state, loop.policy.epochs_done(state))
+    if world.device.type == "cpu":
+        _share_cores(cfg, world)
     if cfg.trainer.memory_limit_gb is not None:
         limit_memory(world.device, int(cfg.trainer.memory_limit_gb * 2**30))
     status, test, error = "failed", None, None

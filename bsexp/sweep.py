@@ -87,9 +87,15 @@ def apply_wandb_identity(cfg: DictConfig) -> None:
     node.tags = list(node.tags) + [t for t in experiment + arms if t not in node.tags]
 
 
+_STARTED: list[Path] = []  # the sweep directory of this process's multirun, once it has started
+
+
 class SweepIndex(Callback):
     """Appends each point's outcome to `jobs.jsonl` in the sweep directory, and says at the end
     of the sweep how many points completed, failed or diverged."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _STARTED[:] = [Path(str(config.hydra.sweep.dir))]
 
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
         if config.hydra.mode != RunMode.MULTIRUN:
@@ -109,13 +115,27 @@ class SweepIndex(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir))
-        entries = read_index(sweep_dir)
-        counts: dict[str, int] = {}
-        for entry in entries.values():
-            counts[entry["status"]] = counts.get(entry["status"], 0) + 1
-        told = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
-        log.info("sweep: %d points (%s); index %s; report: python -m bsexp.report %s", len(entries), told,
-                 sweep_dir / INDEX, sweep_dir)
+        log.info("sweep: %s; index %s; report: python -m bsexp.report %s", outcomes(sweep_dir), sweep_dir / INDEX,
+                 sweep_dir)
+
+
+def outcomes(sweep_dir: Path) -> str:
+    """What the sweep's points came to, from its index: "3 points (2 completed, 1 failed: 1)" (the
+    numbers of those that did not complete after the colon)."""
+    entries = read_index(sweep_dir)
+    if not entries:
+        return "no point ran"
+    by_status: dict[str, list[int]] = {}
+    for entry in entries.values():
+        by_status.setdefault(entry["status"], []).append(entry["num"])
+    told = ", ".join(f"{len(nums)} {status}" + ("" if status == "completed" else f": {', '.join(map(str, sorted(nums)))}")
+                     for status, nums in sorted(by_status.items()))
+    return f"{len(entries)} point{'s' if len(entries) != 1 else ''} ({told})"
+
+
+def started_sweep() -> Path | None:
+    """The directory of the sweep this process started, if it started one."""
+    return _STARTED[0] if _STARTED else None
 
 
 def read_index(sweep_dir: Path) -> dict[str, dict[str, Any]]:

@@ -21,7 +21,7 @@ from bsexp import resume
 from bsexp.config.env import env_rank, launches_workers, remember_torchrun_dir, torchrun_first_dir, under_torchrun
 from bsexp.config.schema import register_configs
 from bsexp.errors import ConfigError, exit_on_config_error, one_line
-from bsexp.sweep import apply_wandb_identity
+from bsexp.sweep import INDEX, apply_wandb_identity, outcomes, started_sweep
 
 register_configs()
 log = logging.getLogger(__name__)
@@ -104,6 +104,8 @@ def main() -> None:
     if not _multirun_requested():
         with exit_on_config_error():  # a resume continues the run's own config
             sys.argv = resume.prepare_argv(sys.argv)
+    if under_torchrun() and not any(a.partition("=")[0].lstrip("+~") == "distributed" for a in sys.argv[1:]):
+        sys.argv.append("distributed=ddp")  # torchrun started the ranks: data parallel is what it asks for
     if env_rank() != 0:
         # Ranks of a torchrun job share rank 0's output directory (run() hands it round) and write
         # nothing themselves: no directory of their own, no .hydra/, no log file.
@@ -117,8 +119,10 @@ def main() -> None:
             if not _multirun_requested():
                 raise
             # Hydra re-raises the first failed point's error after running every point.
-            print(f"error: a sweep point failed ({one_line(exc)}); the others ran: each point's outcome is in "
-                  f"jobs.jsonl in the sweep directory", file=sys.stderr, flush=True)
+            sweep_dir = started_sweep()
+            ran = "the sweep did not start" if sweep_dir is None else \
+                f"ran: {outcomes(sweep_dir)}; each point's outcome is in {sweep_dir / INDEX}"
+            print(f"error: a sweep point failed ({one_line(exc)}); {ran}", file=sys.stderr, flush=True)
             sys.exit(2 if isinstance(exc, ConfigError) else 1)
 
 

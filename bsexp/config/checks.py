@@ -16,7 +16,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from bsexp.config import schema
-from bsexp.errors import ConfigError
+from bsexp.errors import ConfigError, did_you_mean
 
 
 def check(cfg: DictConfig) -> None:
@@ -120,8 +120,9 @@ def _check_known_keys(cfg: DictConfig, prefix: str = "") -> None:
         cls = OmegaConf.get_type(cfg)
         if dataclasses.is_dataclass(cls) and key not in {f.name for f in dataclasses.fields(cls)}:
             full = f"{prefix}{key}"
-            valid = ", ".join(f.name for f in dataclasses.fields(cls))
-            raise ConfigError(full, cfg[key], f"not a key of {prefix.rstrip('.') or 'the config'}; valid: {valid}")
+            names = [f.name for f in dataclasses.fields(cls)]
+            raise ConfigError(full, cfg[key], f"not a key of {prefix.rstrip('.') or 'the config'}"
+                                              f"{did_you_mean(full, names)}; valid: {', '.join(names)}")
         if isinstance(node, DictConfig) and dataclasses.is_dataclass(OmegaConf.get_type(node)):
             _check_known_keys(node, f"{prefix}{key}.")
 

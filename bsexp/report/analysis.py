@@ -33,6 +33,8 @@ TRAINED_ABOVE = 0.1
 # means. One standard error calls a difference real about a third of the time when there is
 # none; two, about one time in twenty (normal errors).
 TOLERANCE_SE = 2.0
+# Train accuracy this far below the best of its family: the row did not fit the training set.
+UNDER_TRAINED = 0.05
 # Classes of the built-in data, for the chance level when summary.json does not say.
 KNOWN_CLASSES = {"mnist1d": 10, "digits": 10, "mnist": 10, "fashion_mnist": 10, "cifar10": 10, "cifar100": 100}
 
@@ -139,6 +141,13 @@ class Row:
         """Its mean `metric` stayed near chance (below TRAINED_ABOVE of the way to 100 %)."""
         mean, chance = self.mean(metric), self.chance
         return mean is not None and chance is not None and mean < chance + TRAINED_ABOVE * (1 - chance)
+
+    def under_trained(self, family: Sequence["Row"]) -> bool:
+        """Its mean train accuracy lies UNDER_TRAINED or more below the best of its family: its gap
+        is small because it did not fit the training set, not because it generalises better."""
+        own = self.mean("train_acc")
+        best = max((r.mean("train_acc") for r in family if r.mean("train_acc") is not None), default=None)
+        return own is not None and best is not None and best - own >= UNDER_TRAINED
 
     @property
     def status(self) -> str:
@@ -313,6 +322,12 @@ class Target:
     value: float | None
     rule: str  # how it was chosen
     refused: str | None = None
+    doubt: str | None = None  # why the value may not be what the sweep can reach (a failed seed set it)
+
+
+# A seed whose early best lies this far (in the metric's units) below every other seed of its
+# batch has failed, not trained more slowly: a target it sets says little about the others.
+FAILED_SEED_BY = 0.1
 
 
 def target_rule(metric: str) -> str:
@@ -323,18 +338,26 @@ def choose_target(rows: Sequence[Row], metric: str) -> Target:
     """The highest `metric` that every completed point had reached by TARGET_BY of its training
     samples: every point reaches it well before its end."""
     rule = target_rule(metric)
-    reached = []
-    for point in (p for r in rows for p in r.done):
-        total = point.final_samples
-        early = [rec[metric] for rec in point.records
-                 if _number(rec.get(metric)) and total and rec.get("samples_seen", math.inf) <= TARGET_BY * total]
-        if not early:
-            return Target(None, rule, f"`{point.name}` has no evaluation within the first {_share(TARGET_BY)} of its "
-                                      f"training samples (evaluate more often: trainer.eval_every_steps)")
-        reached.append(max(early))
+    reached: list[tuple[float, Point, Row]] = []
+    for row in rows:
+        for point in row.done:
+            total = point.final_samples
+            early = [rec[metric] for rec in point.records
+                     if _number(rec.get(metric)) and total and rec.get("samples_seen", math.inf) <= TARGET_BY * total]
+            if not early:
+                return Target(None, rule, f"`{point.name}` has no evaluation within the first {_share(TARGET_BY)} of "
+                                          f"its training samples (evaluate more often: trainer.eval_every_steps)")
+            reached.append((max(early), point, row))
     if not reached:
         return Target(None, rule, "no completed point has metrics records")
-    return Target(min(reached), rule)
+    value, setter, row = min(reached, key=lambda item: item[0])
+    siblings = [v for v, p, r in reached if r is row and p is not setter]
+    doubt = None
+    if siblings and min(siblings) - value >= FAILED_SEED_BY:
+        doubt = (f"the target was set by `{setter.name}` ({100 * value:.1f} %), far below the other seeds of batch "
+                 f"{row.batch} ({100 * min(siblings):.1f}-{100 * max(siblings):.1f} %): a failed seed sets it low, and "
+                 f"every batch reaches a low target early; give --target, or leave that seed out")
+    return Target(value, rule, doubt=doubt)
 
 
 # ----------------------------------------------------------------------------- the critical batch
@@ -485,15 +508,36 @@ def critical_batch(members: Sequence[Row], metric: str, target: float | None = N
                             f"({100 * chance:.2f} %): the points "
                             f"had not trained within the first {_share(TARGET_BY)} of their samples (train longer)")
         return critical
+    bounds = []  # reached by the first evaluation: steps and samples only bounded from above
     for row in trained:
         got = reach_row(row, metric, chosen.value)
         if got is None:
             critical.left_out.append(f"batch {row.batch}: a seed never reached the target")
+        elif got.at_first_eval:
+            bounds.append((row, got))
+            critical.left_out.append(f"batch {row.batch}: reached the target by its first evaluation (step "
+                                     f"{got.steps:,.0f}), so its steps to target are only an upper bound")
         else:
             critical.reached.append((row, got))
+    if bounds and len({row.batch for row, _ in critical.reached}) < 3:
+        critical.refused = first_evaluation_bounds(bounds)
+        return critical
     critical.fit = fit_steps_samples([r.steps for _, r in critical.reached], [r.samples for _, r in critical.reached])
     critical.refused = critical.fit.refused
     return critical
+
+
+def first_evaluation_bounds(bounds: Sequence[tuple[Row, Reach]]) -> str:
+    """Why steps to target that are first-evaluation bounds cannot be fitted, and the evaluation
+    interval that would resolve them: a tenth of the fewest steps any of them took, so that each
+    is read to about 10 % (interpolated between evaluations, to better)."""
+    batches = ", ".join(str(row.batch) for row, _ in bounds)
+    fewest = min(got.steps for _, got in bounds)
+    every = max(1, int(fewest // 10))
+    return (f"the steps to the target of batch{'es' if len(bounds) > 1 else ''} {batches} are upper bounds: each "
+            f"reached it by its first evaluation (step {fewest:,.0f} for the earliest), so a fit would be forced by "
+            f"when the runs were evaluated, not by when they got there; evaluate every {every} step"
+            f"{'s' if every > 1 else ''} or fewer (trainer.eval_every_steps={every}) to resolve them")
 
 
 # ----------------------------------------------------------------------------- the gradient noise scale

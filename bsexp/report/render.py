@@ -61,7 +61,9 @@ COLUMNS: dict[str, Callable[[Row], Any]] = {
     "gen_gap_std_pct": lambda r: _pct(r.std("gen_gap")),
     "steps": lambda r: r.mean("steps"),
     "wall_time_s": lambda r: r.mean("wall_time_s"),
+    "wall_time_std_s": lambda r: r.std("wall_time_s"),
     "samples_per_s": lambda r: r.mean("samples_per_s"),
+    "samples_per_s_std": lambda r: r.std("samples_per_s"),
     "peak_memory_mb": _peak,
     "seeds": lambda r: f"{len(r.done)}/{len(r.points)}",
     "status": lambda r: r.status,
@@ -99,6 +101,10 @@ def write_csv(analysis: Analysis, path: Path) -> None:
 
 def _num(value: float | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
+
+
+def _spread(mean: float | None, std: float | None, fmt: str) -> str:
+    return _num(mean, fmt) + (f" ± {format(std, fmt)}" if std is not None else "")
 
 
 def _mean_std(mean: float | None, std: float | None) -> str:
@@ -151,19 +157,33 @@ def markdown(analysis: Analysis, dirs: list[Path], figures: list[str]) -> str:
                  _num(v["weight_decay"], ".3g"), _mean_std(v["val_acc_pct"], v["val_acc_std_pct"]),
                  _mean_std(v["test_acc_pct"], v["test_acc_std_pct"]), _num(v["train_acc_pct"], ".2f"),
                  _mean_std(v["gen_gap_pct"], v["gen_gap_std_pct"]), _num(v["steps"], ".0f"),
-                 _num(v["wall_time_s"], ".1f"), _num(v["samples_per_s"], ",.0f"), _num(v["peak_memory_mb"], ",.0f"),
+                 _spread(v["wall_time_s"], v["wall_time_std_s"], ".1f"),
+                 _spread(v["samples_per_s"], v["samples_per_s_std"], ",.0f"), _num(v["peak_memory_mb"], ",.0f"),
                  v["seeds"], status]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     if any(v["final_batch"] for v in values):
         lines += [("Batch a → b: the batch changed in training, from a to b (over the seeds); micro-batch, lr and "
                    "wd are the first batch's."), ""]
+    if all(len(r.values("wall_time_s")) <= 1 for r in rows):
+        lines += ["Wall time and samples/s: one measurement a point (one seed each), with no spread to tell a real "
+                  "difference from the machine's load; sweep seed=0,1,2 for one.", ""]
+    else:
+        lines += ["Wall time and samples/s: mean ± std over the seeds of a row.", ""]
     untrained = [r for r in rows if r.did_not_train(metric)]
     if untrained:
         chance = untrained[0].chance
         lines.append(f"**Did not train**: {', '.join(_row_name(r) for r in untrained)}: mean {metric} below "
                      f"{100 * (chance + TRAINED_ABOVE * (1 - chance)):.2f} % (chance, {100 * chance:.2f} %, plus "
                      f"{TRAINED_ABOVE:g} of the way from chance to 100 %).")
+    for fam, members in _by_family(analysis):
+        low = [r for r in members if not r.did_not_train(metric) and r.under_trained(members)]
+        top = max(members, key=lambda r: r.mean("train_acc") if r.mean("train_acc") is not None else -1.0)
+        for row in low:
+            lines.append(f"**Under-trained**: {_row_name(row)}, train acc {_pct(row.mean('train_acc')):.2f} %, "
+                         f"{100 * (top.mean('train_acc') - row.mean('train_acc')):.1f} points below "
+                         f"{_row_name(top)}'s: its gap is small because it did not fit the training set, not "
+                         f"because it generalises better (train longer, or raise its LR).")
     best = analysis.best
     if best is not None:
         n = len(best.values(metric))
@@ -216,8 +236,9 @@ def _breaking_line(b: Breaking, analysis: Analysis) -> str:
 def _critical_lines(c: Critical, analysis: Analysis) -> list[str]:
     metric, head = analysis.metric, f"**Critical batch**{_family(c.family, analysis)}"
     left = f" Left out: {'; '.join(c.left_out)}." if c.left_out else ""
+    doubt = f" Caution: {c.target.doubt}." if c.target.doubt else ""
     if c.refused:
-        return [f"{head}: not fitted: {c.refused}.{left}"]
+        return [f"{head}: not fitted: {c.refused}.{left}{doubt}"]
     fit, target = c.fit, c.target
     low, high = min(c.batches), max(c.batches)
     where = ("" if low <= fit.b_crit <= high else
@@ -226,12 +247,11 @@ def _critical_lines(c: Critical, analysis: Analysis) -> list[str]:
              f"{fit.e_min:,.0f} samples), the fit of (S/S_min - 1)(E/E_min - 1) = 1 (McCandlish et al. 2018) to the "
              f"steps S and samples E each batch took to reach {metric} >= {100 * target.value:.2f} % ({target.rule}), "
              f"read from the metrics records and interpolated between evaluations; relative residual "
-             f"{100 * fit.rms:.1f} %.{where}{left}", "",
+             f"{100 * fit.rms:.1f} %.{where}{left}{doubt}", "",
              "| batch | samples per step | steps to target | samples to target | steps fitted |",
              "| --- | --- | --- | --- | --- |"]
-    for row, got in c.reached:
-        first = " (first evaluation: an upper bound)" if got.at_first_eval else ""
-        lines.append(f"| {row.batch} | {got.batch:,.1f} | {got.steps:,.1f}{first} | {got.samples:,.0f} | "
+    for row, got in c.reached:  # first-evaluation bounds are left out (analysis.critical_batch)
+        lines.append(f"| {row.batch} | {got.batch:,.1f} | {got.steps:,.1f} | {got.samples:,.0f} | "
                      f"{fit.s_min + fit.e_min / got.batch:,.1f} |")
     lines.append("")
     return lines
@@ -302,10 +322,19 @@ def accuracy_figure(analysis: Analysis):
             gap_ax.errorbar(xs, [100 * r.mean("gen_gap") for r in members],
                             yerr=[100 * (r.std("gen_gap") or 0) for r in members], fmt="-o", color=color, capsize=3,
                             label=_label("train_acc - val_acc", fam, analysis))
+            low = [r for r in members if r.under_trained(members) and not r.did_not_train(metric)]
+            if low:  # a small gap there is a training set not fitted, not better generalisation
+                gap_ax.plot([r.batch for r in low], [100 * r.mean("gen_gap") for r in low], "o", markersize=13,
+                            markerfacecolor="none", markeredgecolor="red", zorder=4,
+                            label=_label("under-trained (train acc far below the best)", fam, analysis))
+                for r in low:
+                    gap_ax.annotate(f"train acc {100 * r.mean('train_acc'):.0f} %", (r.batch, 100 * r.mean("gen_gap")),
+                                    textcoords="offset points", xytext=(0, -16), ha="center", fontsize=7, color="red")
     best = analysis.best
-    if best is not None:
-        acc_ax.plot([best.batch], [100 * best.mean(metric)], marker="*", markersize=18, color="gold",
-                    markeredgecolor="black", linestyle="none", zorder=5, label=f"best: batch {best.batch}")
+    if best is not None:  # an outline around the point, which stays visible inside it
+        acc_ax.plot([best.batch], [100 * best.mean(metric)], marker="*", markersize=22, markerfacecolor="none",
+                    markeredgecolor="goldenrod", markeredgewidth=1.5, linestyle="none", zorder=5,
+                    label=f"best: batch {best.batch}")
     colors = {fam: f"C{i}" for i, (fam, _) in enumerate(_by_family(analysis))}
     for breaking in analysis.breaking:
         if breaking.row is not None:  # red where the sweep has one family, else the family's colour
@@ -315,18 +344,34 @@ def accuracy_figure(analysis: Analysis):
         elif not breaking.refused:
             acc_ax.plot([], [], " ", label=_label("breaking point: none within the swept range", breaking.family,
                                                   analysis))
+    low, high = _accuracy_range(analysis, (metric, other))
+    acc_ax.set_ylim(low, high)  # the trained rows' range: their differences of a point or less stay visible
     for row in analysis.rows:
-        if row.batch and row.did_not_train(metric):
-            acc_ax.annotate("did not train", (row.batch, 100 * row.mean(metric)), textcoords="offset points",
-                            xytext=(0, 10), ha="center", fontsize=7, color="dimgrey")
+        if row.batch and row.did_not_train(metric):  # below the axis: marked at its foot
+            acc_ax.annotate(f"did not train ({100 * row.mean(metric):.0f} %)", (row.batch, low),
+                            textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7, color="dimgrey",
+                            arrowprops={"arrowstyle": "->", "color": "dimgrey"})
     chance = next((r.chance for r in analysis.rows if r.chance is not None), None)
-    if chance is not None:
+    if chance is not None and low <= 100 * chance <= high:
         acc_ax.axhline(100 * chance, color="grey", linestyle=":", label=f"chance ({100 * chance:.0f} %)")
     bars = f"mean ± std over {_seeds(analysis.labels)}"
     _style(acc_ax, title=f"accuracy (%), {bars}", ylabel="accuracy (%)")
     _style(gap_ax, title=f"generalisation gap, train - val (%), {bars}", ylabel="points of accuracy")
     fig.suptitle(f"Accuracy against batch size: {title(analysis.labels)}", fontsize=10)
     return fig
+
+
+def _accuracy_range(analysis: Analysis, keys: tuple[str, ...]) -> tuple[float, float]:
+    """The accuracy axis (in %) over the rows that trained, each mean ± std, with a margin; the
+    whole 0-100 only where no row trained."""
+    values = [100 * (r.mean(k) + sign * (r.std(k) or 0)) for r in analysis.rows
+              if r.batch and r.done and not r.did_not_train(analysis.metric)
+              for k in keys if r.mean(k) is not None for sign in (-1, 1)]
+    if not values:
+        return 0.0, 100.0
+    low, high = min(values), max(values)
+    margin = max(0.5, 0.15 * (high - low))
+    return max(0.0, low - margin), min(100.0, high + margin)
 
 
 def _varies_batch(analysis: Analysis) -> bool:
@@ -406,15 +451,21 @@ def throughput_memory_figure(analysis: Analysis):
         members = [r for r in members if r.mean("samples_per_s") is not None]
         if members:
             xs = [r.batch for r in members]
-            rate_ax.plot(xs, [r.mean("samples_per_s") for r in members], "-o", color=f"C{i}",
-                         label=_label("samples/s, mean over seeds", fam, analysis))
+            one = all(len(r.values("samples_per_s")) == 1 for r in members)
+            rate_ax.errorbar(xs, [r.mean("samples_per_s") for r in members],
+                             yerr=[r.std("samples_per_s") or 0 for r in members], fmt="-o", color=f"C{i}", capsize=3,
+                             label=_label("samples/s, one measurement a point" if one else
+                                          "samples/s, mean ± std over seeds", fam, analysis))
             mem_ax.plot(xs, [_peak(r) or math.nan for r in members], "-o", color=f"C{i}",
                         label=_label("peak MB, largest over seeds", fam, analysis))
     _style(rate_ax, title="training throughput (samples/s)", ylabel="samples/s")
     _style(mem_ax, title="peak memory (MB)", ylabel="MB")
-    for ax in (rate_ax, mem_ax):  # from zero, with room above the highest point
-        top = max((y for line in ax.get_lines() for y in line.get_ydata() if math.isfinite(y)), default=1.0)
-        ax.set_ylim(0, 1.15 * top)
+    for ax, rows in ((rate_ax, "samples_per_s"), (mem_ax, None)):  # from zero, room above the highest point
+        tops = [y for line in ax.get_lines() for y in line.get_ydata() if math.isfinite(y)]
+        if rows:
+            tops += [r.mean(rows) + (r.std(rows) or 0) for _, ms in _by_family(analysis) for r in ms
+                     if r.mean(rows) is not None]
+        ax.set_ylim(0, 1.15 * max(tops, default=1.0))
     fig.suptitle(f"Throughput and memory: {title(analysis.labels)}", fontsize=10)
     return fig
 

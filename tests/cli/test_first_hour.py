@@ -71,7 +71,7 @@ def test_resume_auto_with_nothing_to_resume_says_so(data_root, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     one_line(command(data_root, tmp_path, "resume=auto", f"hydra.run.dir={empty}"), "resume=auto",
-             "holds no checkpoint")
+             "holds no run to continue")
     assert not (tmp_path / "outputs").exists() and list(empty.iterdir()) == []
 
 

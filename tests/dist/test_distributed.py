@@ -136,12 +136,23 @@ def test_torchrun_job_shares_one_output_directory_written_by_rank_0(data_root, t
     assert out.stdout.count("status") == 1  # one final table, from rank 0
 
 
-def test_torchrun_without_distributed_ddp_is_a_clear_error(data_root, tmp_path):
-    out = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", "-m", "bsexp.train", *TINY_CLI],
-        cwd=tmp_path, env=cli_env(data_root), capture_output=True, text=True, timeout=120)
+def test_torchrun_without_a_distributed_option_trains_data_parallel_and_an_explicit_none_is_a_clear_error(
+        data_root, tmp_path):
+    def torchrun(*args):
+        return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
+                               "-m", "bsexp.train", *TINY_CLI, "logger=none", *args], cwd=tmp_path, env=cli_env(data_root),
+                              capture_output=True, text=True, timeout=300)
+
+    # torchrun started the ranks: distributed=ddp is implied, so there is no error (and none of
+    # torchrun's own tracebacks, which follow any worker's failure).
+    out = torchrun(f"hydra.run.dir={tmp_path / 'implied'}")
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    summary = json.loads((tmp_path / "implied" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["world_size"] == 2
+    assert "distributed=ddp" in (tmp_path / "implied" / ".hydra" / "overrides.yaml").read_text()
+    out = torchrun("distributed=none", f"hydra.run.dir={tmp_path / 'none'}")
     assert out.returncode != 0
-    assert "error: distributed=none: torchrun started 1 ranks; add distributed=ddp" in out.stderr
+    assert "error: distributed=none: torchrun started 2 ranks; add distributed=ddp" in out.stderr
 
 
 def test_a_self_launched_sweep_runs_each_job_as_its_own_worker_group(run_cli, tmp_path):

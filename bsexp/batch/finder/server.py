@@ -14,9 +14,11 @@ import os
 import signal
 
 # What a probe process needs imported before it starts: torch and bsexp's finder, torch._dynamo
-# (an optimizer's first parameter group imports it, ~1 s), and the entry point, which
-# multiprocessing runs again in every child as `__mp_main__` (Hydra's imports, ~0.25 s).
-PRELOAD = ["bsexp.batch.finder.probe", "torch._dynamo", "bsexp.train"]
+# (an optimizer's first parameter group imports it, ~1 s), and what the entry point imports
+# (Hydra's, ~0.25 s): multiprocessing runs the entry point again in every child as `__mp_main__`.
+# Not the entry point itself: runpy warns when the module it runs was imported already.
+PRELOAD = ["bsexp.batch.finder.probe", "torch._dynamo", "hydra.main", "hydra.core.hydra_config", "bsexp.config.env",
+           "bsexp.resume", "bsexp.sweep"]
 
 CACHE_CAPACITY = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"  # kernels oneDNN keeps (1,024 unless set; 0: none)
 
