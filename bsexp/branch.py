@@ -22,9 +22,9 @@ from typing import Any
 from omegaconf import DictConfig
 
 from bsexp import resume
+from bsexp.errors import ConfigError
 from bsexp.resume import CHECKPOINTS as DIR
 from bsexp.resume import pinned
-from bsexp.errors import ConfigError
 
 # Keys a branch may set to other values than its trunk: its batch, itself, its checkpoints and
 # logging, how often it evaluates, and what only says how a run is run or shown.

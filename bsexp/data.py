@@ -10,9 +10,9 @@ between epochs.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence, Union
 
 import numpy as np
 import torch
@@ -47,15 +47,15 @@ class TensorSplit:
             x = (x.float() / 255.0 - self.mean) / self.std
         return x, self.y[idx]
 
-    def subset(self, idx: torch.Tensor) -> "TensorSplit":
+    def subset(self, idx: torch.Tensor) -> TensorSplit:
         return TensorSplit(self.x[idx], self.y[idx], self.mean, self.std)
 
-    def to(self, device: torch.device) -> "TensorSplit":
+    def to(self, device: torch.device) -> TensorSplit:
         move = (lambda t: None if t is None else t.to(device))  # noqa: E731
         return TensorSplit(move(self.x), move(self.y), move(self.mean), move(self.std))
 
 
-Split = Union[TensorSplit, Dataset]
+Split = TensorSplit | Dataset
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ class Splits:
     def in_memory(self) -> bool:
         return isinstance(self.train, TensorSplit)
 
-    def to(self, device: torch.device) -> "Splits":
+    def to(self, device: torch.device) -> Splits:
         if not self.in_memory:
             return self
         move = (lambda s: None if s is None else s.to(device))  # noqa: E731

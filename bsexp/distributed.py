@@ -57,7 +57,7 @@ class World:
         dist.gather_object(obj, gathered, dst=0)
         return gathered
 
-    def all_reduce_gradients(self, parameters, grad_sync: "GradSync | None" = None) -> None:
+    def all_reduce_gradients(self, parameters, grad_sync: GradSync | None = None) -> None:
         """Sum every parameter's gradient over the ranks, in one flat buffer (see
         `sum_gradients_hook` for why a sum). In a world of one (the finder's trial of a DDP run)
         the buffer is still made, so the trial holds what training holds."""

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO, Callable
+from typing import Any, BinaryIO
 
 
 def atomic_write(path: Path, write: Callable[[BinaryIO], None], durable: bool = False) -> Path:

@@ -159,7 +159,7 @@ class Sinks:
     def __init__(self, *sinks: MetricsSink) -> None:
         self.sinks = sinks
 
-    def attach(self, other: "Sinks") -> None:
+    def attach(self, other: Sinks) -> None:
         """Add another fan-out's sinks (the job's outputs, to a loop built before them)."""
         self.sinks = (*self.sinks, *other.sinks)
 

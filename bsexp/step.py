@@ -12,8 +12,9 @@ agreeing under DDP), through the batch policy (`Step.on_oom`).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F

@@ -18,9 +18,10 @@ import bisect
 import dataclasses
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from omegaconf import DictConfig
 
@@ -141,7 +142,7 @@ class BatchPolicy:
         to come. Open-loop policies decided everything in `resolve`."""
         return None
 
-    def epoch_sizes(self, epoch: int) -> "EpochSizes":
+    def epoch_sizes(self, epoch: int) -> EpochSizes:
         """The global batch of each step of `epoch`, read as the epoch goes (a policy may change
         the steps ahead between two steps)."""
         return EpochSizes(self, epoch)

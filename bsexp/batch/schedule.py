@@ -65,7 +65,7 @@ class BatchSchedule:
             found |= {self.size_at(0, math.ceil(m)) for m in self.milestones}
         return sorted(found)
 
-    def run_steps(self, epochs: int, n: int, drop_last: bool, max_steps: int | None = None) -> "RunSteps":
+    def run_steps(self, epochs: int, n: int, drop_last: bool, max_steps: int | None = None) -> RunSteps:
         """The global batch of every step of the run, and the step each epoch starts at."""
         sizes: list[int] = []
         taken_by_step: list[int] = []
@@ -136,7 +136,7 @@ class RunSteps:
         rate = per_epoch[0] if len(per_epoch) > 1 and per_epoch[1] else self.n
         return max(round(epochs * rate), sum(per_epoch[:whole]) if whole <= len(per_epoch) else 0)
 
-    def cut(self, samples: int, min_last: int = 1) -> "RunSteps":
+    def cut(self, samples: int, min_last: int = 1) -> RunSteps:
         """The run stopped once `samples` samples are seen: the last step kept takes only what is
         left of them, unless fewer than `min_last` are (then the run ends a step earlier)."""
         sizes, taken, seen = [], [], 0
@@ -149,7 +149,7 @@ class RunSteps:
         total = len(sizes)
         return RunSteps(tuple(sizes), tuple(min(s, total) for s in self.epoch_starts), self.n, tuple(taken))
 
-    def first(self, steps: int) -> "RunSteps":
+    def first(self, steps: int) -> RunSteps:
         """The run's first `steps` steps (the epochs that start within them)."""
         starts = tuple(s for s in self.epoch_starts if s < steps) or self.epoch_starts[:1]
         whole = self.epoch_steps(len(starts) - 1)

@@ -494,7 +494,8 @@ def where_defined(name: str, parent: str) -> tuple[list[str], list[str]]:
     """For a key `parent.name` the config does not have: the full keys of that name elsewhere in
     the top-level schema (`lr` -> optimizer.lr; from the top level only), and the group options
     whose schema defines `name` under `parent` (`batch.micro_size` -> batch=accumulation)."""
-    from dataclasses import MISSING as NO_DEFAULT, fields, is_dataclass
+    from dataclasses import MISSING as NO_DEFAULT
+    from dataclasses import fields, is_dataclass
 
     full: list[str] = []
     if not parent:

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 METRICS = ("val_acc", "test_acc")
 
@@ -142,7 +143,7 @@ class Row:
         mean, chance = self.mean(metric), self.chance
         return mean is not None and chance is not None and mean < chance + TRAINED_ABOVE * (1 - chance)
 
-    def under_trained(self, family: Sequence["Row"]) -> bool:
+    def under_trained(self, family: Sequence[Row]) -> bool:
         """Its mean train accuracy lies UNDER_TRAINED or more below the best of its family: its gap
         is small because it did not fit the training set, not because it generalises better."""
         own = self.mean("train_acc")

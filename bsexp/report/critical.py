@@ -28,9 +28,10 @@ import json
 import math
 import statistics
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from bsexp.metrics import read_jsonl
 
@@ -177,7 +178,7 @@ def stages(branches: Sequence[Branch], epsilon: float = EPSILON) -> list[Stage]:
         group = by_at[at]
         length = group[0].length
 
-        def mean_losses(fraction: float) -> dict[int, float | None]:
+        def mean_losses(fraction: float, group=group) -> dict[int, float | None]:
             per_batch: dict[int, list[float | None]] = defaultdict(list)
             for b in group:
                 per_batch[b.batch].append(b.loss(fraction))
@@ -249,7 +250,7 @@ def add_b_crit(found: list[Stage], points: Sequence) -> None:
             stage.b_crit_note = "no trunk accuracy at the branch's end"
             continue
         steps, samples = [], []
-        for batch, by_lr in sorted(by_batch.items()):
+        for _batch, by_lr in sorted(by_batch.items()):
             best = None
             for seeds in by_lr.values():
                 reached = [reach(p, "val_acc", stage.target) for p in seeds]

@@ -10,11 +10,11 @@ import csv
 import math
 import os
 import statistics
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from bsexp.report.analysis import (TOLERANCE_SE, TRAINED_ABOVE, Analysis, Breaking, Critical, Labels,
-                                   Reach, Row, grid)
+from bsexp.report.analysis import TOLERANCE_SE, TRAINED_ABOVE, Analysis, Breaking, Critical, Labels, Reach, Row, grid
 
 # ----------------------------------------------------------------------------- the table
 
@@ -176,7 +176,7 @@ def markdown(analysis: Analysis, dirs: list[Path], figures: list[str]) -> str:
         lines.append(f"**Did not train**: {', '.join(_row_name(r) for r in untrained)}: mean {metric} below "
                      f"{100 * (chance + TRAINED_ABOVE * (1 - chance)):.2f} % (chance, {100 * chance:.2f} %, plus "
                      f"{TRAINED_ABOVE:g} of the way from chance to 100 %).")
-    for fam, members in _by_family(analysis):
+    for _, members in _by_family(analysis):
         low = [r for r in members if not r.did_not_train(metric) and r.under_trained(members)]
         top = max(members, key=lambda r: r.mean("train_acc") if r.mean("train_acc") is not None else -1.0)
         for row in low:
@@ -542,9 +542,7 @@ def _style(ax, title: str | None = None, xlabel: str = "batch size", ylabel: str
 
 def _log_y(ax) -> None:
     """A log y axis labelled 1.2, 1.4, ... rather than 1.2 x 10^0; minor labels only within a decade."""
-    from matplotlib.ticker import FuncFormatter, NullFormatter
-
-    from matplotlib.ticker import LogLocator
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     ax.set_yscale("log")
     plain = FuncFormatter(lambda v, _: f"{v:g}")

@@ -163,7 +163,7 @@ def test_a_batch_that_grows_at_an_epochs_last_step_waits_for_the_next_epoch(make
     assert run.sizes[20] == 32 and run.taken[20] == 20 and run.sizes[21] == 64
     for step, (size, taken) in enumerate(zip(run.sizes, run.taken)):  # no step of less than half its batch
         assert taken >= size / 2, (step, size, taken)
-    for step, ((lr, wd), size) in enumerate(zip(seen, run.sizes)):  # the LR and WD of the batch it takes
+    for step, ((_lr, wd), size) in enumerate(zip(seen, run.sizes)):  # the LR and WD of the batch it takes
         assert wd == pytest.approx(hp.weight_decay * math.sqrt(size / 32), rel=1e-9), step
     assert loop.policy.points[:2] == [(0, 32), (21, 64)]
 

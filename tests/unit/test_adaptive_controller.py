@@ -65,7 +65,9 @@ def test_an_unknown_or_non_finite_noise_scale_keeps_the_batch():
 def test_goodput_picks_the_batch_with_the_most_progress_per_second():
     # Throughput grows linearly up to 256 samples then saturates; B_noise = 200 from b0 = 32:
     # goodput(b) = min(b, 256) x (232 / (200 + b)) is largest at b = 256 among the reachable sizes.
-    throughput = lambda b: float(min(b, 256))
+    def throughput(b):
+        return float(min(b, 256))
+
     controller = Controller(start=32, min_size=32, max_size=2048, quantum=32, max_growth=100.0, objective="goodput")
     decision = controller.next_size(32, 200.0, throughput)
     assert decision.size == 256

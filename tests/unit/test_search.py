@@ -108,8 +108,8 @@ def test_every_search_returns_a_size_it_tried_that_fit_and_never_more_than_max_s
         boundary, max_size = rng.randint(10, 20_000), rng.randint(10, 30_000)
         attempt, tried, budget = oracle(boundary, per_sample=rng.uniform(1e3, 1e6), noise_below=rng.choice([0, 100]))
         searcher = Searcher(attempt, rng.randint(3, 14), max_size)
-        found = {"power": lambda: searcher.power(8), "binsearch": lambda: searcher.binsearch(8),
-                 "fit": lambda: searcher.fit(8, budget)}[mode]()
+        found = {"power": lambda s=searcher: s.power(8), "binsearch": lambda s=searcher: s.binsearch(8),
+                 "fit": lambda s=searcher, b=budget: s.fit(8, b)}[mode]()
         assert all(size <= max_size for size in tried)
         assert found is None or (found in tried and found <= min(boundary, max_size))
 

@@ -7,8 +7,8 @@ returns a size it did not try, never exceeds `max_size`, and stops after `max_tr
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
 STRAIGHT = 0.1  # probes lie on one line: the per-sample cost between the last two within 10 % of that before
 SHORT = 0.8  # of the line's way past the last probe: the furthest fit probes where the probes' slope still rises
