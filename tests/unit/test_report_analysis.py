@@ -225,7 +225,7 @@ def test_the_analysis_imports_no_plotting_no_wandb_no_torch_and_reads_no_files()
             imported |= {a.name.split(".")[0] for a in node.names}
         elif isinstance(node, ast.ImportFrom):
             imported.add((node.module or "").split(".")[0])
-    assert imported <= {"__future__", "math", "statistics", "dataclasses", "pathlib", "typing"}, imported
+    assert imported <= {"__future__", "collections", "math", "statistics", "dataclasses", "pathlib", "typing"}, imported
     assert "open(" not in source and "read_text" not in source
 
 
