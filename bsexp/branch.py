@@ -28,8 +28,15 @@ from bsexp.resume import pinned
 
 # Keys a branch may set to other values than its trunk: its batch, itself, its checkpoints and
 # logging, how often it evaluates, and what only says how a run is run or shown.
-DIFFERS = ("batch", "branch", "checkpoint", "logger", "trainer.eval_every_steps", "trainer.eval_batch_size",
-           *resume.RUN_ONLY)
+DIFFERS = (
+    "batch",
+    "branch",
+    "checkpoint",
+    "logger",
+    "trainer.eval_every_steps",
+    "trainer.eval_batch_size",
+    *resume.RUN_ONLY,
+)
 SAME = ("batch.drop_last",)  # of batch.*, what a branch must still share: the trunk's epochs
 TRUNK_POLICIES = ("fixed", "accumulation")
 
@@ -40,16 +47,23 @@ def trunk_run(cfg: DictConfig) -> Path:
     given = str(cfg.branch.trunk)
     path = Path(given).expanduser()
     if not path.is_dir():
-        raise ConfigError("branch.trunk", given, "no such directory; valid: a trunk's run directory, or a sweep "
-                                                 "directory of trunks (the job with this seed is taken)")
+        raise ConfigError(
+            "branch.trunk",
+            given,
+            "no such directory; valid: a trunk's run directory, or a sweep "
+            "directory of trunks (the job with this seed is taken)",
+        )
     if (path / DIR).is_dir():
         return path
     runs = sorted(p for p in path.iterdir() if (p / DIR).is_dir())
     mine = [p for p in runs if resume.saved_config(p).get("seed") == cfg.seed]
     if len(mine) != 1:
         seeds = sorted({resume.saved_config(p).get("seed") for p in runs}, key=str)
-        what = (f"holds no run with checkpoints ({DIR}/)" if not runs else
-                f"holds {len(mine)} trunk runs of seed {cfg.seed} (seeds there: {seeds})")
+        what = (
+            f"holds no run with checkpoints ({DIR}/)"
+            if not runs
+            else f"holds {len(mine)} trunk runs of seed {cfg.seed} (seeds there: {seeds})"
+        )
         raise ConfigError("branch.trunk", given, f"{what}; give the trunk's own run directory")
     return mine[0]
 
@@ -60,9 +74,13 @@ def trunk_checkpoint(cfg: DictConfig, run: Path) -> Path:
     path = pinned(run, at)
     if not path.is_file():
         marks = sorted(int(p.stem.split("-")[1]) for p in (run / DIR).glob("samples-*.pt"))
-        raise ConfigError("branch.at_samples", at, f"the trunk {run} has no checkpoint there; it has "
-                                                   f"{marks or 'none'} (run the trunk with "
-                                                   f"checkpoint.at_samples=[...] to keep them)")
+        raise ConfigError(
+            "branch.at_samples",
+            at,
+            f"the trunk {run} has no checkpoint there; it has "
+            f"{marks or 'none'} (run the trunk with "
+            f"checkpoint.at_samples=[...] to keep them)",
+        )
     return path
 
 
@@ -74,14 +92,24 @@ def check(cfg: DictConfig) -> Path:
     theirs = resume.saved_config(run)
     policy = theirs.get("batch.policy")
     if policy is not None and policy not in TRUNK_POLICIES:
-        raise ConfigError("branch.trunk", str(cfg.branch.trunk), f"ran batch={policy}; a trunk trains at one fixed "
-                                                                 f"batch ({' or '.join(TRUNK_POLICIES)})")
+        raise ConfigError(
+            "branch.trunk",
+            str(cfg.branch.trunk),
+            f"ran batch={policy}; a trunk trains at one fixed batch ({' or '.join(TRUNK_POLICIES)})",
+        )
     if theirs.get("branch.trunk") is not None:
-        raise ConfigError("branch.trunk", str(cfg.branch.trunk), f"{run} is itself a branch; branch from its trunk, "
-                                                                 f"{theirs['branch.trunk']}")
+        raise ConfigError(
+            "branch.trunk",
+            str(cfg.branch.trunk),
+            f"{run} is itself a branch; branch from its trunk, {theirs['branch.trunk']}",
+        )
     for key, was, now in resume.differences(cfg, theirs, DIFFERS, bound=SAME)[:1]:
-        raise ConfigError(key, now, f"differs from the trunk's ({key}={was} in {run}); a branch continues the "
-                                    f"trunk's run and changes only its batch (batch.*): leave {key} out")
+        raise ConfigError(
+            key,
+            now,
+            f"differs from the trunk's ({key}={was} in {run}); a branch continues the "
+            f"trunk's run and changes only its batch (batch.*): leave {key} out",
+        )
     return path
 
 
@@ -94,8 +122,14 @@ def find(cfg: DictConfig) -> tuple[Path, dict[str, Any], dict[str, Any]]:
     try:
         state = load(path)
     except Exception as exc:  # noqa: BLE001
-        raise ConfigError("branch.at_samples", cfg.branch.at_samples, f"the trunk's checkpoint {path} is "
-                                                                      f"unreadable ({exc})") from None
-    start = {"batch": state["identity"]["batch_size"], "step": state["step"], "samples": state["samples_seen"],
-             "checkpoint": str(path), "run_dir": str(path.parent.parent)}
+        raise ConfigError(
+            "branch.at_samples", cfg.branch.at_samples, f"the trunk's checkpoint {path} is unreadable ({exc})"
+        ) from None
+    start = {
+        "batch": state["identity"]["batch_size"],
+        "step": state["step"],
+        "samples": state["samples_seen"],
+        "checkpoint": str(path),
+        "run_dir": str(path.parent.parent),
+    }
     return path, state, start

@@ -32,36 +32,54 @@ from bsexp.syncbn import convert_sync_batchnorm
 log = logging.getLogger(__name__)
 
 # The name of DDP's switch changed in torch 2.15 (buffers still synchronised once, at wrapping).
-_NO_FORWARD_BUFFER_SYNC = ({"forward_sync_buffers": False}
-                           if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
-                           else {"broadcast_buffers": False})
+_NO_FORWARD_BUFFER_SYNC = (
+    {"forward_sync_buffers": False}
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+    else {"broadcast_buffers": False}
+)
 
 
 def build_data(cfg: DictConfig) -> Splits:
     splits = call_target("data", cfg.data)
     if not isinstance(splits, Splits):
-        raise ConfigError("data._target_", cfg.data._target_, f"must return bsexp.data.Splits, got {type(splits).__name__}")
+        raise ConfigError(
+            "data._target_", cfg.data._target_, f"must return bsexp.data.Splits, got {type(splits).__name__}"
+        )
     return splits
 
 
 def build_model(cfg: DictConfig, splits: Splits) -> nn.Module:
-    model = call_target("model", cfg.model, input_shape=splits.input_shape, num_classes=splits.num_classes,
-                        exclude=("activation_checkpointing", "ghost_batch"))
+    model = call_target(
+        "model",
+        cfg.model,
+        input_shape=splits.input_shape,
+        num_classes=splits.num_classes,
+        exclude=("activation_checkpointing", "ghost_batch"),
+    )
     if not isinstance(model, nn.Module):
-        raise ConfigError("model._target_", cfg.model._target_, f"must return a torch.nn.Module, got {type(model).__name__}")
+        raise ConfigError(
+            "model._target_", cfg.model._target_, f"must return a torch.nn.Module, got {type(model).__name__}"
+        )
     ghost = cfg.model.get("ghost_batch")
     if ghost is not None:
         model, converted = ghost_batchnorm(model, ghost)
         if not converted:
-            raise ConfigError("model.ghost_batch", ghost, "the model has no BatchNorm layer to normalise over ghost "
-                                                          "batches; valid: null, or a model with model.norm=batch")
+            raise ConfigError(
+                "model.ghost_batch",
+                ghost,
+                "the model has no BatchNorm layer to normalise over ghost "
+                "batches; valid: null, or a model with model.norm=batch",
+            )
     # A user's model node may lack the key (no schema): +model.activation_checkpointing=true adds it.
     if cfg.model.get("activation_checkpointing", False):
         try:
             model = checkpoint_blocks(model)
         except ValueError as exc:
-            raise ConfigError("model.activation_checkpointing", "true",
-                              f"{exc}; valid for mlp, cnn, cnn1d, resnet18 and any nn.Sequential") from None
+            raise ConfigError(
+                "model.activation_checkpointing",
+                "true",
+                f"{exc}; valid for mlp, cnn, cnn1d, resnet18 and any nn.Sequential",
+            ) from None
     return model
 
 
@@ -69,32 +87,48 @@ def sync_batchnorm(cfg: DictConfig, distributed: bool) -> bool:
     """BatchNorm over the ranks: by default whenever there are several (per-rank statistics, Goyal
     et al.'s recipe, only when asked for with distributed.sync_batchnorm=false), never over ghost
     batches (`model.ghost_batch`: each rank normalises its own chunks)."""
-    return (distributed and cfg.distributed.sync_batchnorm is not False
-            and cfg.model.get("ghost_batch") is None)
+    return distributed and cfg.distributed.sync_batchnorm is not False and cfg.model.get("ghost_batch") is None
 
 
-def wrap_model(cfg: DictConfig, model: nn.Module, device: torch.device, distributed: bool,
-               process_group: Any = None) -> tuple[nn.Module, GradSync | None]:
+def wrap_model(
+    cfg: DictConfig, model: nn.Module, device: torch.device, distributed: bool, process_group: Any = None
+) -> tuple[nn.Module, GradSync | None]:
     """The model as it trains: on the device; when distributed, with synchronised BatchNorm (as
     configured) inside DDP, whose gradients are summed (not averaged) by bsexp's communication
     hook. `process_group`: a group of its own (the finder's trials); None: the default one."""
     if not distributed:
         return model.to(device), None
     if sync_batchnorm(cfg, True):
-        model = (nn.SyncBatchNorm.convert_sync_batchnorm(model, process_group) if device.type == "cuda"
-                 else convert_sync_batchnorm(model, device))
+        model = (
+            nn.SyncBatchNorm.convert_sync_batchnorm(model, process_group)
+            if device.type == "cuda"
+            else convert_sync_batchnorm(model, device)
+        )
     # Buffers are not broadcast at every forward (ranks may do different numbers of forwards in an
     # epoch's last step); evaluation takes rank 0's (World.sync_buffers).
-    ddp = DistributedDataParallel(model.to(device), device_ids=[device.index] if device.type == "cuda" else None,
-                                  process_group=process_group, **_NO_FORWARD_BUFFER_SYNC)
+    ddp = DistributedDataParallel(
+        model.to(device),
+        device_ids=[device.index] if device.type == "cuda" else None,
+        process_group=process_group,
+        **_NO_FORWARD_BUFFER_SYNC,
+    )
     grad_sync = GradSync(measure=cfg.trainer.noise_scale != NoiseMode.off)
     ddp.register_comm_hook(grad_sync, sum_gradients_hook)
     return ddp, grad_sync
 
 
-def make_step(cfg: DictConfig, model: nn.Module, world: World, distributed: bool, hp: ScaledHparams,
-              factors: LRFactors | None, grad_sync: GradSync | None, on_oom=None, measure_noise: bool = False,
-              n_train: int | None = None) -> Step:
+def make_step(
+    cfg: DictConfig,
+    model: nn.Module,
+    world: World,
+    distributed: bool,
+    hp: ScaledHparams,
+    factors: LRFactors | None,
+    grad_sync: GradSync | None,
+    on_oom=None,
+    measure_noise: bool = False,
+    n_train: int | None = None,
+) -> Step:
     """The training step's parts for a wrapped model. `distributed`: whether the run has several
     ranks (a trial of a DDP run has a world of one, and still reduces as training does).
     `measure_noise`: the batch policy steers by B_simple, so `auto` measures it on every step
@@ -107,27 +141,52 @@ def make_step(cfg: DictConfig, model: nn.Module, world: World, distributed: bool
         noise_mode = "always"
     batchnorm = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
     if noise_mode == "always" and not distributed and batchnorm:
-        log.info("B_simple is measured on half of each step's batch normalised with the whole batch's statistics "
-                 "(BatchNorm): the halves share them, so it is the noise scale of this model at this batch, not of "
-                 "independent samples (README: The gradient noise scale)")
-    noise = None if noise_mode == "off" else NoiseMeter(NoiseScale(decay=cfg.trainer.noise_decay, population=n_train),
-                                                        side_half=noise_mode == "always", grad_sync=grad_sync,
-                                                        whole_batch=batchnorm)
+        log.info(
+            "B_simple is measured on half of each step's batch normalised with the whole batch's statistics "
+            "(BatchNorm): the halves share them, so it is the noise scale of this model at this batch, not of "
+            "independent samples (README: The gradient noise scale)"
+        )
+    noise = (
+        None
+        if noise_mode == "off"
+        else NoiseMeter(
+            NoiseScale(decay=cfg.trainer.noise_decay, population=n_train),
+            side_half=noise_mode == "always",
+            grad_sync=grad_sync,
+            whole_batch=batchnorm,
+        )
+    )
     reduce = "none" if not distributed else ("flat" if cfg.trainer.oom_recovery else "hook")
-    return Step(model=model, optimizer=optimizer, scaler=grad_scaler(world.device, precision),
-                autocast=autocast(world.device, precision), world=world, reduce=reduce,
-                scheduler=build_scheduler(optimizer, factors) if factors is not None else None,
-                clip_grad_norm=cfg.trainer.clip_grad_norm, grad_sync=grad_sync, noise=noise, on_oom=on_oom)
+    return Step(
+        model=model,
+        optimizer=optimizer,
+        scaler=grad_scaler(world.device, precision),
+        autocast=autocast(world.device, precision),
+        world=world,
+        reduce=reduce,
+        scheduler=build_scheduler(optimizer, factors) if factors is not None else None,
+        clip_grad_norm=cfg.trainer.clip_grad_norm,
+        grad_sync=grad_sync,
+        noise=noise,
+        on_oom=on_oom,
+    )
 
 
-def build_sinks(cfg: DictConfig, run_dir: Path, hparams: dict[str, Any], keep_records: int | None = None,
-                wandb_id: str | None = None) -> Sinks:
+def build_sinks(
+    cfg: DictConfig,
+    run_dir: Path,
+    hparams: dict[str, Any],
+    keep_records: int | None = None,
+    wandb_id: str | None = None,
+) -> Sinks:
     """metrics.jsonl (continued after its first `keep_records` lines when resuming) and W&B
     (continuing run `wandb_id` when resuming)."""
     try:
         sinks: list = [JsonlSink(run_dir / "metrics.jsonl", keep=keep_records)]
     except FileExistsError:
-        raise ConfigError("hydra.run.dir", str(run_dir), "already holds metrics.jsonl; choose a new directory") from None
+        raise ConfigError(
+            "hydra.run.dir", str(run_dir), "already holds metrics.jsonl; choose a new directory"
+        ) from None
     if cfg.logger.kind == LoggerKind.wandb:
         config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
         config["derived"] = hparams

@@ -48,8 +48,11 @@ def checkpoints(run_dir: Path) -> list[Path]:
 
 
 def save(run_dir: Path, state: dict[str, Any], keep: int) -> Path:
-    path = atomic_write(Path(run_dir) / DIR / f"step-{state['step']:09d}.pt",
-                        lambda out: torch.save({"format": FORMAT, **state}, out), durable=True)
+    path = atomic_write(
+        Path(run_dir) / DIR / f"step-{state['step']:09d}.pt",
+        lambda out: torch.save({"format": FORMAT, **state}, out),
+        durable=True,
+    )
     for old in checkpoints(run_dir)[keep:]:
         old.unlink(missing_ok=True)
     return path
@@ -68,8 +71,11 @@ def newest_readable(run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
         try:
             return path, load(path)
         except Exception as exc:  # noqa: BLE001 - whatever broke the file, the previous one may do
-            log.warning("checkpoint %s is unreadable (%s); trying the one before it",
-                        path, one_line(exc)[:160] or type(exc).__name__)
+            log.warning(
+                "checkpoint %s is unreadable (%s); trying the one before it",
+                path,
+                one_line(exc)[:160] or type(exc).__name__,
+            )
     return None
 
 
@@ -102,8 +108,12 @@ def find(resume: str | None, run_dir: Path, restarted: bool = False) -> tuple[Pa
 
 def identity(cfg: DictConfig, loop) -> dict[str, Any]:
     """What a checkpoint must share with the run that resumes from it."""
-    return {"model": cfg.model._target_, "batch_size": loop.policy.first_batch(), "world_size": loop.world.size,
-            "shapes": {k: list(v.shape) for k, v in loop.step.net.state_dict().items()}}
+    return {
+        "model": cfg.model._target_,
+        "batch_size": loop.policy.first_batch(),
+        "world_size": loop.world.size,
+        "shapes": {k: list(v.shape) for k, v in loop.step.net.state_dict().items()},
+    }
 
 
 def mismatches(state: dict[str, Any], identity: dict[str, Any]) -> list[str]:
@@ -111,8 +121,12 @@ def mismatches(state: dict[str, Any], identity: dict[str, Any]) -> list[str]:
     resuming meaningless: the model, its parameters' shapes, the global batch, the world size."""
     theirs = state.get("identity", {})
     found = []
-    for key, what in (("model", "model"), ("batch_size", "global batch"), ("world_size", "world size"),
-                      ("shapes", "parameter shapes")):
+    for key, what in (
+        ("model", "model"),
+        ("batch_size", "global batch"),
+        ("world_size", "world size"),
+        ("shapes", "parameter shapes"),
+    ):
         if theirs.get(key) != identity.get(key):
             shown = "differ" if key == "shapes" else f"{theirs.get(key)} there, {identity.get(key)} here"
             found.append(f"{what} ({shown})")
@@ -125,9 +139,22 @@ class Checkpointer:
     samples seen, kept for good as `samples-<mark>.pt` (a trunk's branch points). Every rank hands
     its random generators and running sums to rank 0, which writes."""
 
-    def __init__(self, run_dir: Path, every_steps: int, every_epoch: bool, keep: int, cfg: DictConfig,
-                 at_samples: tuple[int, ...] = ()) -> None:
-        self.run_dir, self.every_steps, self.every_epoch, self.keep, self.cfg = run_dir, every_steps, every_epoch, keep, cfg
+    def __init__(
+        self,
+        run_dir: Path,
+        every_steps: int,
+        every_epoch: bool,
+        keep: int,
+        cfg: DictConfig,
+        at_samples: tuple[int, ...] = (),
+    ) -> None:
+        self.run_dir, self.every_steps, self.every_epoch, self.keep, self.cfg = (
+            run_dir,
+            every_steps,
+            every_epoch,
+            keep,
+            cfg,
+        )
         self.marks = sorted(m for m in set(at_samples) if not pinned(run_dir, m).exists())  # not yet saved
 
     def start(self, loop, state) -> None:
@@ -142,8 +169,12 @@ class Checkpointer:
         return [m for m in self.marks if m <= samples_seen]
 
     def due(self, step: int, at_epoch_end: bool, total: int, samples_seen: int = 0) -> bool:
-        return bool((self.every_steps and step % self.every_steps == 0) or (at_epoch_end and self.every_epoch)
-                    or step >= total or self.pins_due(samples_seen))
+        return bool(
+            (self.every_steps and step % self.every_steps == 0)
+            or (at_epoch_end and self.every_epoch)
+            or step >= total
+            or self.pins_due(samples_seen)
+        )
 
     def save(self, loop, state) -> None:
         mine = {"rng": rng_state(), "running": (float(state.loss_sum), float(state.correct), state.running_samples)}
@@ -154,15 +185,25 @@ class Checkpointer:
             return
         step, noise = loop.step, loop.step.noise
         saved = {
-            "step": state.step, "epoch": state.epoch, "in_epoch": state.in_epoch,
-            "samples_seen": state.samples_seen, "train_time_s": state.train_time_s, "wall_time_s": state.wall_time_s,
-            "best_val_acc": state.best_val_acc, "records": state.records, "lr": state.lr,
+            "step": state.step,
+            "epoch": state.epoch,
+            "in_epoch": state.in_epoch,
+            "samples_seen": state.samples_seen,
+            "train_time_s": state.train_time_s,
+            "wall_time_s": state.wall_time_s,
+            "best_val_acc": state.best_val_acc,
+            "records": state.records,
+            "lr": state.lr,
             "last_finite_loss": state.last_finite_loss,
-            "model": step.net.state_dict(), "optimizer": step.optimizer.state_dict(),
-            "scheduler": step.scheduler.state_dict(), "scaler": step.scaler.state_dict(),
+            "model": step.net.state_dict(),
+            "optimizer": step.optimizer.state_dict(),
+            "scheduler": step.scheduler.state_dict(),
+            "scaler": step.scaler.state_dict(),
             "policy": loop.policy.state_dict(),
             "noise": asdict(noise.scale) if noise is not None else None,
-            "ranks": ranks, "identity": identity(self.cfg, loop), "wandb_id": loop.sinks.wandb_id(),
+            "ranks": ranks,
+            "identity": identity(self.cfg, loop),
+            "wandb_id": loop.sinks.wandb_id(),
         }
         path = save(self.run_dir, saved, self.keep)
         for mark in pins:  # a second name for the same file: rotation leaves it be
@@ -170,8 +211,17 @@ class Checkpointer:
         log.debug("checkpoint %s%s", path, f" (kept as samples {pins})" if pins else "")
 
 
-_STATE_KEYS = ("step", "epoch", "in_epoch", "samples_seen", "train_time_s", "best_val_acc", "records", "lr",
-               "last_finite_loss")
+_STATE_KEYS = (
+    "step",
+    "epoch",
+    "in_epoch",
+    "samples_seen",
+    "train_time_s",
+    "best_val_acc",
+    "records",
+    "lr",
+    "last_finite_loss",
+)
 
 
 def restore(cfg: DictConfig, loop, state, path: Path, saved: dict[str, Any], branch: bool = False) -> str | None:
@@ -181,8 +231,11 @@ def restore(cfg: DictConfig, loop, state, path: Path, saved: dict[str, Any], bra
     its own records, clock and W&B run."""
     different = mismatches(saved, identity(cfg, loop))
     if different and not cfg.checkpoint.allow_mismatch:
-        raise ConfigError("resume", str(path), f"was written by another run: {'; '.join(different)}; set "
-                                               f"checkpoint.allow_mismatch=true to load it anyway")
+        raise ConfigError(
+            "resume",
+            str(path),
+            f"was written by another run: {'; '.join(different)}; set checkpoint.allow_mismatch=true to load it anyway",
+        )
     ranks = saved["ranks"]
     if len(ranks) != loop.world.size:
         raise ConfigError("resume", str(path), f"holds {len(ranks)} rank(s), this run has {loop.world.size}")
@@ -203,8 +256,14 @@ def restore(cfg: DictConfig, loop, state, path: Path, saved: dict[str, Any], bra
     if branch:
         state.records, state.best_val_acc, state.train_time_s, state.wall_time_before = [], 0.0, 0.0, 0.0
         state.samples_before = state.samples_seen
-        log.info("branched from %s: epoch %d, step %d, %d samples seen; %d steps to go", path, state.epoch,
-                 state.step, state.samples_seen, loop.policy.run_steps.total - state.step)
+        log.info(
+            "branched from %s: epoch %d, step %d, %d samples seen; %d steps to go",
+            path,
+            state.epoch,
+            state.step,
+            state.samples_seen,
+            loop.policy.run_steps.total - state.step,
+        )
         return None
     log.info("resumed from %s: epoch %d, step %d of %d", path, state.epoch, state.step, loop.policy.run_steps.total)
     return saved["wandb_id"]

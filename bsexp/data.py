@@ -51,7 +51,7 @@ class TensorSplit:
         return TensorSplit(self.x[idx], self.y[idx], self.mean, self.std)
 
     def to(self, device: torch.device) -> TensorSplit:
-        move = (lambda t: None if t is None else t.to(device))  # noqa: E731
+        move = lambda t: None if t is None else t.to(device)  # noqa: E731
         return TensorSplit(move(self.x), move(self.y), move(self.mean), move(self.std))
 
 
@@ -85,10 +85,17 @@ class Splits:
     def to(self, device: torch.device) -> Splits:
         if not self.in_memory:
             return self
-        move = (lambda s: None if s is None else s.to(device))  # noqa: E731
+        move = lambda s: None if s is None else s.to(device)  # noqa: E731
         return Splits(
-            self.name, move(self.train), move(self.train_eval), move(self.val), move(self.test),
-            self.input_shape, self.num_classes, self.augment, self.num_workers,
+            self.name,
+            move(self.train),
+            move(self.train_eval),
+            move(self.val),
+            move(self.test),
+            self.input_shape,
+            self.num_classes,
+            self.augment,
+            self.num_workers,
         )
 
 
@@ -152,8 +159,9 @@ class TensorBatches:
             yield x, y, stop - start
 
 
-def augment_batch(x: torch.Tensor, augment: Augment, generator: torch.Generator,
-                  fill: float | torch.Tensor = 0.0) -> torch.Tensor:
+def augment_batch(
+    x: torch.Tensor, augment: Augment, generator: torch.Generator, fill: float | torch.Tensor = 0.0
+) -> torch.Tensor:
     """Random crop (padding with `fill`, per channel) and random horizontal flip of an NCHW batch."""
     n, _, height, width = x.shape
     if augment.crop_padding:
@@ -234,11 +242,9 @@ def eval_batches(
     """The whole split in order, in batches of `batch_size`."""
     if isinstance(split, TensorSplit):
         for start in range(0, len(split), batch_size):
-            yield split.batch(torch.arange(start, min(start + batch_size, len(split)),
-                                           device=split.x.device))
+            yield split.batch(torch.arange(start, min(start + batch_size, len(split)), device=split.x.device))
         return
-    loader = DataLoader(split, batch_size=batch_size, num_workers=num_workers,
-                        pin_memory=device.type == "cuda")
+    loader = DataLoader(split, batch_size=batch_size, num_workers=num_workers, pin_memory=device.type == "cuda")
     for x, y in loader:
         yield x.to(device, non_blocking=True), y.to(device)
 
@@ -250,8 +256,9 @@ def _split_train(n: int, val_size: int, seed: int) -> tuple[torch.Tensor, torch.
     """Deterministic (train, val) index split of n samples, seeded by the data seed. Val may
     take at most half, so that train accuracy is measured on as many samples as val accuracy."""
     if not 0 < val_size <= n // 2:
-        raise ConfigError("data.val_size", val_size,
-                          f"must be between 1 and {n // 2}, half of the {n} training samples")
+        raise ConfigError(
+            "data.val_size", val_size, f"must be between 1 and {n // 2}, half of the {n} training samples"
+        )
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     return order[val_size:], order[:val_size]
 
@@ -306,9 +313,7 @@ def mnist1d(root: str, val_size: int, seed: int, num_samples: int, train_split: 
     else:
         data = _generate_mnist1d(num_samples, seed, train_split)
         atomic_write(cache, lambda out: torch.save(data, out))  # concurrent jobs never see half of it
-    return _tensor_splits(
-        "mnist1d", data["x"], data["y"], (data["x_test"], data["y_test"]), val_size, seed, 10
-    )
+    return _tensor_splits("mnist1d", data["x"], data["y"], (data["x_test"], data["y_test"]), val_size, seed, 10)
 
 
 def _generate_mnist1d(num_samples: int, seed: int, train_split: float) -> dict[str, torch.Tensor]:
@@ -325,8 +330,10 @@ def _generate_mnist1d(num_samples: int, seed: int, train_split: float) -> dict[s
         random.setstate(py_state)
     as_x = lambda a: torch.tensor(a, dtype=torch.float32).unsqueeze(1)  # noqa: E731  (N, 1, 40)
     return {
-        "x": as_x(raw["x"]), "y": torch.tensor(raw["y"], dtype=torch.long),
-        "x_test": as_x(raw["x_test"]), "y_test": torch.tensor(raw["y_test"], dtype=torch.long),
+        "x": as_x(raw["x"]),
+        "y": torch.tensor(raw["y"], dtype=torch.long),
+        "x_test": as_x(raw["x_test"]),
+        "y_test": torch.tensor(raw["y_test"], dtype=torch.long),
     }
 
 
@@ -343,9 +350,18 @@ def digits(val_size: int, seed: int) -> Splits:
     return _tensor_splits("digits", (x - train.mean()) / train.std(), y, None, val_size, seed, 10)
 
 
-
-def torchvision_dataset(name: str, root: str, download: bool, val_size: int, seed: int, augment: bool,
-                        crop_padding: int, hflip: bool, in_memory: bool, num_workers: int) -> Splits:
+def torchvision_dataset(
+    name: str,
+    root: str,
+    download: bool,
+    val_size: int,
+    seed: int,
+    augment: bool,
+    crop_padding: int,
+    hflip: bool,
+    in_memory: bool,
+    num_workers: int,
+) -> Splits:
     """A torchvision image set. Files are read from `root`; fetched only with `download=True`."""
     if name not in VISION_SETS:
         raise ConfigError("data.name", name, f"valid: {', '.join(VISION_SETS)}")
@@ -359,7 +375,8 @@ def torchvision_dataset(name: str, root: str, download: bool, val_size: int, see
     except RuntimeError as exc:
         if not download and "download=True" in str(exc):
             raise ConfigError(
-                "data.download", False,
+                "data.download",
+                False,
                 f"{name} files are missing under {folder}; set data.download=true to fetch them "
                 f"(needs the network) or point data.root at a copy",
             ) from None
@@ -373,10 +390,20 @@ def torchvision_dataset(name: str, root: str, download: bool, val_size: int, see
     mean, std = train.mean(dim=(0, 2, 3)).view(1, -1, 1, 1), train.std(dim=(0, 2, 3)).view(1, -1, 1, 1)
     aug = Augment(crop_padding, hflip) if augment else None
     if in_memory:
-        return _tensor_splits(name, x, y, (x_test, y_test), val_size, seed,
-                              VISION_SETS[name][1], mean, std, aug)
-    return _dataset_splits(name, train_set, test_set, x.shape[1:], VISION_SETS[name][1],
-                           val_size, seed, mean.flatten(), std.flatten(), aug, num_workers)
+        return _tensor_splits(name, x, y, (x_test, y_test), val_size, seed, VISION_SETS[name][1], mean, std, aug)
+    return _dataset_splits(
+        name,
+        train_set,
+        test_set,
+        x.shape[1:],
+        VISION_SETS[name][1],
+        val_size,
+        seed,
+        mean.flatten(),
+        std.flatten(),
+        aug,
+        num_workers,
+    )
 
 
 def _download_error(name: str, folder: Path, exc: BaseException) -> ConfigError:
@@ -390,19 +417,28 @@ def _image_tensor(data) -> torch.Tensor:
     return x.unsqueeze(1) if x.ndim == 3 else x.permute(0, 3, 1, 2).contiguous()
 
 
-def _dataset_splits(name, train_set, test_set, input_shape, num_classes, val_size, seed,
-                    mean, std, augment: Augment | None, num_workers: int) -> Splits:
+def _dataset_splits(
+    name,
+    train_set,
+    test_set,
+    input_shape,
+    num_classes,
+    val_size,
+    seed,
+    mean,
+    std,
+    augment: Augment | None,
+    num_workers: int,
+) -> Splits:
     from torchvision.transforms import v2
 
-    plain = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True),
-                        v2.Normalize(mean.tolist(), std.tolist())])
+    plain = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean.tolist(), std.tolist())])
     steps = [v2.ToImage()]
     if augment is not None and augment.crop_padding:
         steps.append(v2.RandomCrop(input_shape[-1], padding=augment.crop_padding))
     if augment is not None and augment.hflip:
         steps.append(v2.RandomHorizontalFlip())
-    train_tf = v2.Compose(steps + [v2.ToDtype(torch.float32, scale=True),
-                                   v2.Normalize(mean.tolist(), std.tolist())])
+    train_tf = v2.Compose(steps + [v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean.tolist(), std.tolist())])
     y = torch.as_tensor(train_set.targets)
     train_idx, val_idx = _split_train(len(y), val_size, seed)
     eval_idx = torch.randperm(len(train_idx), generator=torch.Generator().manual_seed(seed + 1))
@@ -434,8 +470,17 @@ class _Transformed(Dataset):
         return self.transform(image), label
 
 
-def synthetic(shape: Sequence[int], num_classes: int, num_samples: int, val_size: int, test_size: int, noise: float,
-              seed: int, in_memory: bool, num_workers: int) -> Splits:
+def synthetic(
+    shape: Sequence[int],
+    num_classes: int,
+    num_samples: int,
+    val_size: int,
+    test_size: int,
+    noise: float,
+    seed: int,
+    in_memory: bool,
+    num_workers: int,
+) -> Splits:
     """Gaussian classes of any input shape: x = mean[y] + noise·N(0, 1). For probing and benchmarks."""
     shape = tuple(int(s) for s in shape)
     if not shape or min(shape) < 1:
@@ -450,12 +495,17 @@ def synthetic(shape: Sequence[int], num_classes: int, num_samples: int, val_size
     y = torch.randint(0, num_classes, (total,), generator=generator)
     x = means[y] + noise * torch.randn((total, *shape), generator=generator)
     test = (x[num_samples:], y[num_samples:]) if test_size else None
-    splits = _tensor_splits("synthetic", x[:num_samples], y[:num_samples], test, val_size, seed,
-                            num_classes)
+    splits = _tensor_splits("synthetic", x[:num_samples], y[:num_samples], test, val_size, seed, num_classes)
     if in_memory:
         return splits
     as_dataset = lambda s: None if s is None else torch.utils.data.TensorDataset(s.x, s.y)  # noqa: E731
     return Splits(
-        "synthetic", as_dataset(splits.train), as_dataset(splits.train_eval), as_dataset(splits.val),
-        as_dataset(splits.test), splits.input_shape, num_classes, num_workers=num_workers,
+        "synthetic",
+        as_dataset(splits.train),
+        as_dataset(splits.train_eval),
+        as_dataset(splits.val),
+        as_dataset(splits.test),
+        splits.input_shape,
+        num_classes,
+        num_workers=num_workers,
     )

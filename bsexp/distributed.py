@@ -100,8 +100,9 @@ def init_world(device_choice: str, backend: str, timeout_s: float) -> World:
     if not dist.is_initialized():
         timeout = datetime.timedelta(seconds=timeout_s)
         if "TORCHELASTIC_RESTART_COUNT" in os.environ:
-            dist.init_process_group(backend, store=_attempt_store(rank, size, timeout), rank=rank, world_size=size,
-                                    timeout=timeout)
+            dist.init_process_group(
+                backend, store=_attempt_store(rank, size, timeout), rank=rank, world_size=size, timeout=timeout
+            )
         else:
             dist.init_process_group(backend, timeout=timeout)
     return World(rank=rank, local_rank=local_rank, size=size, device=device)
@@ -112,8 +113,13 @@ def _attempt_store(rank: int, size: int, timeout: datetime.timedelta):
     outlives a restart (--max-restarts), and gloo would otherwise read the previous attempt's
     addresses from it and fail to connect ("Gloo connectFullMesh failed ... Connection refused")."""
     agent_hosts_it = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), size,
-                          is_master=not agent_hosts_it and rank == 0, timeout=timeout)
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        size,
+        is_master=not agent_hosts_it and rank == 0,
+        timeout=timeout,
+    )
     attempt = os.environ.get("BSEXP_ATTEMPT", os.environ["TORCHELASTIC_RESTART_COUNT"])  # see agree_on_attempt
     return dist.PrefixStore(f"/bsexp/attempt_{attempt}", store)
 
@@ -135,8 +141,13 @@ def agree_on_attempt() -> None:
         return  # the store is new each attempt (rank 0 hosts it): nothing stale, nothing to count in
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     own = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or "0"
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), size, is_master=False,
-                          timeout=datetime.timedelta(seconds=AGREE_TIMEOUT_S))
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        size,
+        is_master=False,
+        timeout=datetime.timedelta(seconds=AGREE_TIMEOUT_S),
+    )
     if rank == 0:
         name, deadline = uuid.uuid4().hex, time.monotonic() + AGREE_TIMEOUT_S
         counts, waiting = [int(own), store.add("/bsexp/rounds", 1) - 1], set(range(1, size))

@@ -80,7 +80,7 @@ def _elsewhere(key: str) -> str:
 
 
 def did_you_mean(key: str, valid: list[str]) -> str:
-    """" (did you mean batch.size?)" for a key one typo away from a valid one of its node; else ""."""
+    """ " (did you mean batch.size?)" for a key one typo away from a valid one of its node; else ""."""
     parent, _, name = key.rpartition(".")
     close = difflib.get_close_matches(name, valid, n=1, cutoff=0.75)
     return f" (did you mean {parent + '.' if parent else ''}{close[0]}?)" if close else ""

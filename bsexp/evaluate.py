@@ -16,8 +16,9 @@ log = logging.getLogger(__name__)
 
 
 @torch.no_grad()
-def evaluate(net: torch.nn.Module, split: Split, world: World, autocast, batch_size: int,
-             num_workers: int = 0) -> tuple[float, float]:
+def evaluate(
+    net: torch.nn.Module, split: Split, world: World, autocast, batch_size: int, num_workers: int = 0
+) -> tuple[float, float]:
     """Mean loss and accuracy over a whole split, in eval mode; each rank evaluates its shard
     and the sums are all-reduced, so every sample counts once, whatever the world size."""
     was_training = net.training

@@ -39,8 +39,14 @@ def launch_workers(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     nproc = cfg.distributed.nproc_per_node
     log.info("launching %d workers (torch elastic launch)", nproc)
     config = LaunchConfig(
-        min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
-        rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.5,
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=str(uuid.uuid4()),
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=0,
+        monitor_interval=0.5,
     )
     # SIGUSR1 (SLURM's warning, sent to every process of the job) makes the workers checkpoint and
     # stop; a handler here before (submitit's, which requeues the job) runs once they have.
@@ -53,8 +59,11 @@ def launch_workers(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         # The cause, in rank 0's summary (its own error may be a peer's hang-up), or in one of its
         # own where rank 0 was stopped before it could write one.
         path = run_dir / "summary.json"
-        summary = json.loads(path.read_text()) if path.exists() else {"status": "failed", "world_size": nproc,
-                                                                        "seed": cfg.seed}
+        summary = (
+            json.loads(path.read_text())
+            if path.exists()
+            else {"status": "failed", "world_size": nproc, "seed": cfg.seed}
+        )
         write_json(path, {**summary, "error": f"rank {rank}: {reason}"})
         raise WorkersFailed(f"rank {rank} failed: {reason}") from None
     return results[0]
@@ -63,6 +72,7 @@ def launch_workers(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
 def _root_cause(exc: ChildFailedError) -> tuple[int, str]:
     """The rank that raised, and its error: a rank that reported an exception comes before one
     that was killed (its peers are stopped, or abort, when it dies)."""
+
     def key(item):
         rank, failure = item
         return (not failure.error_file_data.get("message"), failure.timestamp, rank)

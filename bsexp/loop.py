@@ -76,8 +76,13 @@ class TrainState:
 
     def take_running(self, world: World) -> tuple[float, float]:
         """Mean training loss and accuracy over every micro-batch of every rank since the last call."""
-        sums = world.all_reduce(torch.tensor([float(self.loss_sum), float(self.correct), self.running_samples],
-                                             dtype=torch.float64, device=world.device))
+        sums = world.all_reduce(
+            torch.tensor(
+                [float(self.loss_sum), float(self.correct), self.running_samples],
+                dtype=torch.float64,
+                device=world.device,
+            )
+        )
         n = max(sums[2].item(), 1)
         self.loss_sum, self.correct, self.running_samples = 0.0, 0.0, 0
         return sums[0].item() / n, sums[1].item() / n
@@ -107,8 +112,12 @@ class Watch:
         first_bad = next((i for i, v in enumerate(losses) if not math.isfinite(v)), len(losses))
         diverged, stop = first_bad < len(losses), bool(self.stop_signal)
         if world.distributed:
-            flags = world.all_reduce(torch.tensor([float(diverged), float(stop), -float(first_bad)],
-                                                  dtype=torch.float64, device=world.device), op="max")
+            flags = world.all_reduce(
+                torch.tensor(
+                    [float(diverged), float(stop), -float(first_bad)], dtype=torch.float64, device=world.device
+                ),
+                op="max",
+            )
             diverged, stop, first_bad = bool(flags[0]), bool(flags[1]), int(-flags[2].item())
         finite = means[:first_bad]
         if finite:
@@ -152,8 +161,13 @@ class Loop:
         return plan.micro_size * (plan.world_size if self.sync_batchnorm else 1)
 
 
-def build_loop(cfg: DictConfig, world: World | None = None, run_dir: Path | None = None,
-               resumed: dict | None = None, trunk: dict | None = None) -> Loop:
+def build_loop(
+    cfg: DictConfig,
+    world: World | None = None,
+    run_dir: Path | None = None,
+    resumed: dict | None = None,
+    trunk: dict | None = None,
+) -> Loop:
     """Check the config, seed, build data and model, let the batch policy resolve the run (the
     finder measures here, leaving every random generator as it was), then the step's parts.
     Every rank builds the same model from the same seed. `run_dir`: checkpoints go there.
@@ -178,20 +192,39 @@ def build_loop(cfg: DictConfig, world: World | None = None, run_dir: Path | None
         policy.resolve(Probe(splits, model, world, measure), None if resumed is None else resumed["policy"])
     model, grad_sync = wrap_model(cfg, model, world.device, world.distributed)
     hp, factors = policy.hparams()
-    step = make_step(cfg, model, world, world.distributed, hp, factors, grad_sync,
-                     on_oom=policy.after_oom if cfg.trainer.oom_recovery else None, measure_noise=policy.measures_noise,
-                     n_train=len(splits.train))
+    step = make_step(
+        cfg,
+        model,
+        world,
+        world.distributed,
+        hp,
+        factors,
+        grad_sync,
+        on_oom=policy.after_oom if cfg.trainer.oom_recovery else None,
+        measure_noise=policy.measures_noise,
+        n_train=len(splits.train),
+    )
     sinks = Sinks()
     node = cfg.checkpoint
     return Loop(
-        step=step, policy=policy, splits=splits, batches=train_batches(splits, cfg.seed, world.device), hp=hp,
+        step=step,
+        policy=policy,
+        splits=splits,
+        batches=train_batches(splits, cfg.seed, world.device),
+        hp=hp,
         drop_last=cfg.batch.drop_last,
         evaluator=Evaluator(cfg.trainer.eval_every_steps, cfg.trainer.eval_batch_size, sinks, policy.eval_steps()),
-        watch=Watch(every=1 if world.device.type == "cpu" else 16), sinks=sinks,
-        sync_batchnorm=sync_batchnorm(cfg, world.distributed), ghost_batch=cfg.model.get("ghost_batch"),
-        checkpointer=None if run_dir is None else Checkpointer(run_dir, node.every_steps, node.every_epoch, node.keep,
-                                                               cfg, tuple(node.get("at_samples") or ())),
-        show_progress=cfg.trainer.progress)
+        watch=Watch(every=1 if world.device.type == "cpu" else 16),
+        sinks=sinks,
+        sync_batchnorm=sync_batchnorm(cfg, world.distributed),
+        ghost_batch=cfg.model.get("ghost_batch"),
+        checkpointer=None
+        if run_dir is None
+        else Checkpointer(
+            run_dir, node.every_steps, node.every_epoch, node.keep, cfg, tuple(node.get("at_samples") or ())
+        ),
+        show_progress=cfg.trainer.progress,
+    )
 
 
 def _measure_noise(cfg: DictConfig, world: World, n_train: int, batch: int, steps: int) -> float | None:
@@ -223,9 +256,15 @@ def train(loop: Loop, state: TrainState) -> str:
         if not len(sizes):
             break
         skip = state.in_epoch if epoch == state.epoch else 0
-        bar = EpochBar(total=len(sizes), initial=skip, desc=f"epoch {epoch + 1}/{len(policy.run_steps.epoch_starts)}",
-                       unit="step", leave=False, dynamic_ncols=True,
-                       disable=None if loop.show_progress and world.is_main else True)
+        bar = EpochBar(
+            total=len(sizes),
+            initial=skip,
+            desc=f"epoch {epoch + 1}/{len(policy.run_steps.epoch_starts)}",
+            unit="step",
+            leave=False,
+            dynamic_ncols=True,
+            disable=None if loop.show_progress and world.is_main else True,
+        )
         clock = _Clock(state)
         batches = loop.batches.steps(epoch, sizes, world.rank, world.size, loop.drop_last, skip=skip)
         for in_epoch, (x, y, samples) in enumerate(batches, start=skip + 1):
@@ -241,16 +280,20 @@ def train(loop: Loop, state: TrainState) -> str:
             loop.watch.add(loss_sum, len(y))
             total = policy.run_steps.total
             eval_due = loop.evaluator.due(state.step, at_epoch_end, total)
-            save_due = loop.checkpointer is not None and loop.checkpointer.due(state.step, at_epoch_end, total,
-                                                                               state.samples_seen)
+            save_due = loop.checkpointer is not None and loop.checkpointer.due(
+                state.step, at_epoch_end, total, state.samples_seen
+            )
             diverged = stop = False
             if eval_due or save_due or loop.watch.ready:
                 diverged, stop = loop.watch.look(world, state)
             if diverged:  # no evaluation, no checkpoint: the last good one stays as it was
                 clock.stop()
                 bar.close()
-                log.error("the training loss is not finite at step %d (last finite: %s): stopping, status diverged",
-                          state.diverged_at_step, state.last_finite_loss)
+                log.error(
+                    "the training loss is not finite at step %d (last finite: %s): stopping, status diverged",
+                    state.diverged_at_step,
+                    state.last_finite_loss,
+                )
                 return "diverged"
             if not bar.disable and (state.step % 10 == 0 or bar.n == bar.total):
                 _show_postfix(bar, state, clock.seconds())
@@ -263,8 +306,11 @@ def train(loop: Loop, state: TrainState) -> str:
             if stop:
                 clock.stop()
                 bar.close()
-                log.warning("signal %d: checkpoint saved at step %d; stopping, status preempted",
-                            loop.watch.stop_signal, state.step)
+                log.warning(
+                    "signal %d: checkpoint saved at step %d; stopping, status preempted",
+                    loop.watch.stop_signal,
+                    state.step,
+                )
                 return "preempted"
         clock.stop()
         bar.close()
@@ -303,6 +349,10 @@ class _Clock:
 
 def _show_postfix(bar: tqdm, state: TrainState, train_seconds: float) -> None:
     n = max(state.running_samples, 1)
-    bar.set_postfix(loss=f"{float(state.loss_sum) / n:.4f}", acc=f"{float(state.correct) / n:.3f}",
-                    lr=f"{state.lr:.3g}", samples_s=f"{state.samples_seen / max(train_seconds, 1e-9):.0f}",
-                    refresh=False)
+    bar.set_postfix(
+        loss=f"{float(state.loss_sum) / n:.4f}",
+        acc=f"{float(state.correct) / n:.3f}",
+        lr=f"{state.lr:.3g}",
+        samples_s=f"{state.samples_seen / max(train_seconds, 1e-9):.0f}",
+        refresh=False,
+    )

@@ -135,8 +135,10 @@ class CapBelowUse(ValueError):
     """A memory cap below what the process holds already."""
 
     def __init__(self, held: int, limit: int) -> None:
-        super().__init__(f"{limit / GIB:.2f} GB is less than the {held / GIB:.2f} GB the process holds already "
-                         f"(torch, the model and the data)")
+        super().__init__(
+            f"{limit / GIB:.2f} GB is less than the {held / GIB:.2f} GB the process holds already "
+            f"(torch, the model and the data)"
+        )
         self.held, self.limit = held, limit
 
 

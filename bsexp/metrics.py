@@ -173,8 +173,11 @@ class Sinks:
         except Exception as exc:
             if isinstance(sink, JsonlSink):
                 raise
-            log.warning("%s failed (%s); going on with the local logs (metrics.jsonl, summary.json) only",
-                        type(sink).__name__, one_line(exc)[:200])
+            log.warning(
+                "%s failed (%s); going on with the local logs (metrics.jsonl, summary.json) only",
+                type(sink).__name__,
+                one_line(exc)[:200],
+            )
             self.sinks = tuple(s for s in self.sinks if s is not sink)
 
     def log(self, record: dict[str, Any]) -> None:

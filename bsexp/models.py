@@ -74,8 +74,10 @@ class _ConvNet(nn.Module):
         c = input_shape[0]
         blocks: list[nn.Module] = []
         for stage, w in enumerate((width, 2 * width, 4 * width)):
-            blocks += [_conv_block(conv, dims, c, w, 1 if stage == 0 else 2, norm),
-                       _conv_block(conv, dims, w, w, 1, norm)]
+            blocks += [
+                _conv_block(conv, dims, c, w, 1 if stage == 0 else 2, norm),
+                _conv_block(conv, dims, w, w, 1, norm),
+            ]
             c = w
         self.features = nn.Sequential(*blocks)
         self.head = nn.Sequential(pool(1), nn.Flatten(), nn.Linear(c, num_classes))
@@ -151,8 +153,14 @@ def ghost_batchnorm(module: nn.Module, ghost_size: int) -> tuple[nn.Module, int]
     """Every BatchNorm in `module` made a GhostBatchNorm of `ghost_size` (same parameters and
     buffers, so the same state_dict keys); returns the module and how many were converted."""
     if isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(module, GhostBatchNorm):
-        ghost = GhostBatchNorm(module.num_features, ghost_size, eps=module.eps, momentum=module.momentum,
-                               affine=module.affine, track_running_stats=module.track_running_stats)
+        ghost = GhostBatchNorm(
+            module.num_features,
+            ghost_size,
+            eps=module.eps,
+            momentum=module.momentum,
+            affine=module.affine,
+            track_running_stats=module.track_running_stats,
+        )
         ghost.load_state_dict(module.state_dict())
         ghost.train(module.training)
         return ghost, 1
@@ -209,7 +217,7 @@ def checkpoint_blocks(model: nn.Module) -> nn.Module:
             model.features[i] = Checkpointed(block)
     elif isinstance(model, MLP):  # Flatten, (Linear, norm, ReLU, Dropout) per hidden layer, Linear
         layers = list(model.net)
-        hidden = [Checkpointed(nn.Sequential(*layers[i:i + 4])) for i in range(1, len(layers) - 1, 4)]
+        hidden = [Checkpointed(nn.Sequential(*layers[i : i + 4])) for i in range(1, len(layers) - 1, 4)]
         model.net = nn.Sequential(layers[0], *hidden, layers[-1])
     elif isinstance(model, ResNet):
         for stage in (model.layer1, model.layer2, model.layer3, model.layer4):
@@ -218,11 +226,13 @@ def checkpoint_blocks(model: nn.Module) -> nn.Module:
     elif isinstance(model, nn.Sequential):
         children = list(model)
         size = max(1, math.ceil(math.sqrt(len(children))))
-        model = nn.Sequential(*(Checkpointed(nn.Sequential(*children[i:i + size]))
-                                for i in range(0, len(children), size)))
+        model = nn.Sequential(
+            *(Checkpointed(nn.Sequential(*children[i : i + size])) for i in range(0, len(children), size))
+        )
     else:
-        raise ValueError(f"{type(model).__name__} is neither a built-in model nor an nn.Sequential: bsexp does not "
-                         f"know its blocks")
+        raise ValueError(
+            f"{type(model).__name__} is neither a built-in model nor an nn.Sequential: bsexp does not know its blocks"
+        )
     return model
 
 

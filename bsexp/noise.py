@@ -82,8 +82,10 @@ class NoiseScale:
         grad_sq, trace = torch.where(ok, grad_sq, zero), torch.where(ok, trace, zero)
         d, w = self.decay, ok.double()
         # A skipped measurement leaves the moving averages as they were (weight 0).
-        self._ema = [self._ema[0] + w * (1 - d) * (grad_sq - self._ema[0]),
-                     self._ema[1] + w * (1 - d) * (trace - self._ema[1])]
+        self._ema = [
+            self._ema[0] + w * (1 - d) * (grad_sq - self._ema[0]),
+            self._ema[1] + w * (1 - d) * (trace - self._ema[1]),
+        ]
         self._run = [self._run[0] + grad_sq, self._run[1] + trace]
         self._recent = [self._recent[0] + grad_sq, self._recent[1] + trace, self._recent[2] + w]
         self.measurements = self.measurements + w
@@ -115,8 +117,11 @@ class NoiseScale:
     def _warn_skipped(self) -> None:
         skipped = int(self.skipped)
         if skipped > self._warned:
-            log.warning("gradient noise scale: %d measurement(s) with non-finite gradients (an fp16 overflow, a "
-                        "step the loss scaler skipped) left out of the estimates", skipped - self._warned)
+            log.warning(
+                "gradient noise scale: %d measurement(s) with non-finite gradients (an fp16 overflow, a "
+                "step the loss scaler skipped) left out of the estimates",
+                skipped - self._warned,
+            )
             self._warned = skipped
 
     def record(self) -> dict[str, Any]:
@@ -128,9 +133,14 @@ class NoiseScale:
             return {}
         grad_sq, trace = averaged
         n = max(float(self._recent[2]), 1.0)
-        out = {"noise/b_simple": _ratio(trace, grad_sq), "noise/grad_sq": grad_sq, "noise/trace_sigma": trace,
-               "noise/grad_sq_raw": float(self._recent[0]) / n, "noise/trace_sigma_raw": float(self._recent[1]) / n,
-               "noise/skipped": int(self.skipped)}
+        out = {
+            "noise/b_simple": _ratio(trace, grad_sq),
+            "noise/grad_sq": grad_sq,
+            "noise/trace_sigma": trace,
+            "noise/grad_sq_raw": float(self._recent[0]) / n,
+            "noise/trace_sigma_raw": float(self._recent[1]) / n,
+            "noise/skipped": int(self.skipped),
+        }
         self._recent = [0.0, 0.0, 0]
         return out
 
@@ -140,8 +150,13 @@ class NoiseScale:
         if not count:
             return {"noise_b_simple": None, "noise_b_simple_mean": None, **counts}
         grad_sq, trace = (float(v) / count for v in self._run)
-        return {"noise_b_simple": _ratio(*reversed(self.averaged())), "noise_b_simple_mean": _ratio(trace, grad_sq),
-                "noise_grad_sq_mean": grad_sq, "noise_trace_sigma_mean": trace, **counts}
+        return {
+            "noise_b_simple": _ratio(*reversed(self.averaged())),
+            "noise_b_simple_mean": _ratio(trace, grad_sq),
+            "noise_grad_sq_mean": grad_sq,
+            "noise_trace_sigma_mean": trace,
+            **counts,
+        }
 
 
 def _ratio(trace: float, grad_sq: float) -> float | None:
@@ -205,8 +220,11 @@ class NoiseMeter:
         small_sq, b_small = small
         world = step.world
         if world.distributed:  # the small figure, averaged over the ranks
-            both = world.all_reduce(torch.stack([small_sq.double(), torch.tensor(float(b_small), dtype=torch.float64,
-                                                                                  device=small_sq.device)]))
+            both = world.all_reduce(
+                torch.stack(
+                    [small_sq.double(), torch.tensor(float(b_small), dtype=torch.float64, device=small_sq.device)]
+                )
+            )
             small_sq, b_small = both[0] / world.size, both[1].item() / world.size
         self.scale.update(small_sq, b_small, grad_sq(step.model, step.scaler), step_samples)
 

@@ -39,10 +39,13 @@ def check_output_dir(key: str, path: str) -> None:
     if _held_elsewhere(directory):
         raise ConfigError(key, path, "is in use by another run right now; choose a new directory")
     for name in RESULTS:  # an empty file (a run killed before its first record) holds no results
-        found = next((p for p in directory.glob(f"**/{name}") if p.stat().st_size), None) if directory.is_dir() else None
+        found = (
+            next((p for p in directory.glob(f"**/{name}") if p.stat().st_size), None) if directory.is_dir() else None
+        )
         if found is not None:
-            raise ConfigError(key, path, f"already holds a run's results ({found.relative_to(directory)}); "
-                                         f"choose a new directory")
+            raise ConfigError(
+                key, path, f"already holds a run's results ({found.relative_to(directory)}); choose a new directory"
+            )
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -99,8 +102,12 @@ def _searches_on_cpu(cfg: DictConfig) -> bool:
     """Whether this process will likely run the CPU batch finder (bsexp.loop decides, and stops
     the probe server whichever way it goes): a search not resumed, in a process that trains."""
     try:
-        return (cfg.get("resume") is None and str(cfg.device) in ("cpu", "auto") and not launches_workers(cfg)
-                and policy_for(cfg).searches())
+        return (
+            cfg.get("resume") is None
+            and str(cfg.device) in ("cpu", "auto")
+            and not launches_workers(cfg)
+            and policy_for(cfg).searches()
+        )
     except ConfigError:  # reported by the checks
         return False
 
@@ -129,8 +136,12 @@ class Preflight(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         with exit_on_config_error():
             if under_torchrun():
-                raise ConfigError("--multirun", True, "under torchrun every rank would run the sweep; sweep "
-                                  "with distributed=ddp distributed.nproc_per_node=N instead")
+                raise ConfigError(
+                    "--multirun",
+                    True,
+                    "under torchrun every rank would run the sweep; sweep "
+                    "with distributed=ddp distributed.nproc_per_node=N instead",
+                )
             # The config without the swept values: what is wrong here is wrong for every point, said
             # as for a single run; then each point, as it will run (a sweeper that chooses its points
             # as it goes, Optuna's, leaves them to each job).

@@ -22,9 +22,17 @@ from bsexp.errors import ConfigError
 CHECKPOINTS = "checkpoints"
 NO_SUCH_CHECKPOINT = "no such checkpoint file; valid: auto, or a path to checkpoints/step-*.pt"
 # Keys that say how a run is run or shown, not what it computes: a resume may set them freely.
-RUN_ONLY = ("resume", "checkpoint.allow_mismatch", "checkpoint.keep", "checkpoint.every_steps",
-            "checkpoint.every_epoch", "trainer.progress", "trainer.threads", "distributed.timeout_s",
-            "logger.wandb.mode")
+RUN_ONLY = (
+    "resume",
+    "checkpoint.allow_mismatch",
+    "checkpoint.keep",
+    "checkpoint.every_steps",
+    "checkpoint.every_epoch",
+    "trainer.progress",
+    "trainer.threads",
+    "distributed.timeout_s",
+    "logger.wandb.mode",
+)
 
 
 def pinned(run_dir: Path, samples: int) -> Path:
@@ -60,15 +68,26 @@ def prepare_argv(argv: list[str]) -> list[str]:
         return argv
     run_dir = _last(args, "hydra.run.dir")
     if resume == "auto" and run_dir is None:
-        raise ConfigError("resume", "auto", "needs the run to continue: add hydra.run.dir=<its directory> "
-                                            "(e.g. hydra.run.dir=outputs/2026-11-23/10-00-00-1234)")
+        raise ConfigError(
+            "resume",
+            "auto",
+            "needs the run to continue: add hydra.run.dir=<its directory> "
+            "(e.g. hydra.run.dir=outputs/2026-11-23/10-00-00-1234)",
+        )
     source = source_dir(resume, run_dir)
     if resume != "auto" and not Path(resume).expanduser().exists():  # refused before Hydra writes anything
         raise ConfigError("resume", resume, NO_SUCH_CHECKPOINT)
-    if resume == "auto" and not any((source / CHECKPOINTS).glob("step-*.pt")) \
-            and not (source / ".hydra" / "config.yaml").is_file():  # a run killed before its first checkpoint starts over
-        raise ConfigError("resume", "auto", f"{source} holds no run to continue: no checkpoint "
-                                            f"({CHECKPOINTS}/step-*.pt) and no run's config (.hydra/config.yaml)")
+    if (
+        resume == "auto"
+        and not any((source / CHECKPOINTS).glob("step-*.pt"))
+        and not (source / ".hydra" / "config.yaml").is_file()
+    ):  # a run killed before its first checkpoint starts over
+        raise ConfigError(
+            "resume",
+            "auto",
+            f"{source} holds no run to continue: no checkpoint "
+            f"({CHECKPOINTS}/step-*.pt) and no run's config (.hydra/config.yaml)",
+        )
     if run_dir is None:  # resume=PATH alone: continue in the run's own directory
         run_dir = str(source)
         args.append(f"hydra.run.dir={source}")
@@ -96,8 +115,9 @@ def saved_config(run_dir: Path) -> dict[str, Any]:
     return _flat(yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
 
 
-def differences(cfg: DictConfig, saved: dict[str, Any], free: tuple[str, ...],
-                bound: tuple[str, ...] = ()) -> list[tuple[str, Any, Any]]:
+def differences(
+    cfg: DictConfig, saved: dict[str, Any], free: tuple[str, ...], bound: tuple[str, ...] = ()
+) -> list[tuple[str, Any, Any]]:
     """(key, the saved value, this config's value) for every key where `cfg` differs from the flat
     `saved` config, but keys under `free` (other than those in `bound`)."""
     container = OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)
@@ -128,7 +148,11 @@ def check(cfg: DictConfig, run_dir: str) -> list[tuple[str, Any, Any]]:
     if found and not cfg.checkpoint.allow_mismatch:
         key, theirs, ours = found[0]
         more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
-        raise ConfigError(key, ours, f"differs from the run being resumed, which has {key}={theirs}{more}; a resume "
-                                     f"continues the run's own config: leave it out, or set "
-                                     f"checkpoint.allow_mismatch=true to change it")
+        raise ConfigError(
+            key,
+            ours,
+            f"differs from the run being resumed, which has {key}={theirs}{more}; a resume "
+            f"continues the run's own config: leave it out, or set "
+            f"checkpoint.allow_mismatch=true to change it",
+        )
     return found

@@ -70,10 +70,18 @@ def _share_cores(cfg: DictConfig, world: World) -> None:
     told = cfg.trainer.threads is not None or "OMP_NUM_THREADS" in os.environ or world.distributed
     if sharing.oversubscribed and not told:
         others = len(sharing.others)
-        log.warning("%d other bsexp run%s train%s on this machine's %d cores beside this one (%d threads here, %d "
-                    "there): each runs slower than alone (about 3x for two runs on 2 cores); give each its share "
-                    "with trainer.threads=%d", others, "s" if others > 1 else "", "" if others > 1 else "s",
-                    sharing.cores, sharing.threads, sum(sharing.others), sharing.share)
+        log.warning(
+            "%d other bsexp run%s train%s on this machine's %d cores beside this one (%d threads here, %d "
+            "there): each runs slower than alone (about 3x for two runs on 2 cores); give each its share "
+            "with trainer.threads=%d",
+            others,
+            "s" if others > 1 else "",
+            "" if others > 1 else "s",
+            sharing.cores,
+            sharing.threads,
+            sum(sharing.others),
+            sharing.share,
+        )
 
 
 def _run_on(world: World, cfg: DictConfig, run_dir: Path, started: float) -> dict[str, Any]:
@@ -82,13 +90,17 @@ def _run_on(world: World, cfg: DictConfig, run_dir: Path, started: float) -> dic
     done = _completed(world, run_dir, resumed[1]["step"]) if resumed is not None and not changed else None
     if done is not None:  # before the run's parts are built: nothing of it will train
         if world.is_main:
-            log.info("%s completed at step %d (summary.json): nothing left to resume, nothing rewritten", run_dir,
-                     done["steps"])
+            log.info(
+                "%s completed at step %d (summary.json): nothing left to resume, nothing rewritten",
+                run_dir,
+                done["steps"],
+            )
             print_summary(done, run_dir)
         return done
     trunk = branch.find(cfg) if resumed is None and cfg.branch.trunk is not None else None
-    loop = build_loop(cfg, world, run_dir, None if resumed is None else resumed[1],
-                      trunk=None if trunk is None else trunk[2])
+    loop = build_loop(
+        cfg, world, run_dir, None if resumed is None else resumed[1], trunk=None if trunk is None else trunk[2]
+    )
     state = TrainState(started=started)
     wandb_id = None if resumed is None else ckpt.restore(cfg, loop, state, *resumed)
     if trunk is not None:  # a new run from the trunk's checkpoint, its batch (LR, weight decay) its own

@@ -30,8 +30,12 @@ def resolve_device(choice: str, local_rank: int = 0, cuda_devices: int | None = 
     if cuda_devices == 0:
         raise ConfigError("device", choice, "CUDA is not available here; valid: auto, cpu")
     if local_rank >= cuda_devices:
-        raise ConfigError("device", choice, f"local rank {local_rank} has no GPU of its own ({gpus(cuda_devices)} "
-                                            f"visible); valid: at most {cuda_devices} ranks per node, or device=cpu")
+        raise ConfigError(
+            "device",
+            choice,
+            f"local rank {local_rank} has no GPU of its own ({gpus(cuda_devices)} "
+            f"visible); valid: at most {cuda_devices} ranks per node, or device=cpu",
+        )
     return torch.device("cuda", local_rank)
 
 
@@ -84,7 +88,10 @@ def provenance() -> dict[str, str]:
     try:  # no index lock: a job killed meanwhile (a SLURM requeue) would leave a stale .git/index.lock
         rev = subprocess.run(
             ["git", "--no-optional-locks", "-C", str(root), "describe", "--always", "--dirty"],
-            capture_output=True, text=True, timeout=5, check=True,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         rev = "unknown"
@@ -100,8 +107,12 @@ def rng_state() -> dict:
     """Every random generator's state: python, numpy, torch, CUDA."""
     # CUDA's only once this process uses it: asking would start CUDA, whose context maps gigabytes
     # of address space (a CPU run, or the finder's probe under an address-space cap, on a GPU machine).
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None}
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None,
+    }
 
 
 def set_rng_state(state: dict) -> None:

@@ -26,8 +26,11 @@ def stop_on_signals(watch):
             if watch.stop_signal == signal.SIGINT:
                 raise KeyboardInterrupt
             if os.environ.get("RANK", "0") == "0":  # once, not from every rank
-                print("\nCtrl-C: saving a checkpoint at the next step, then stopping (Ctrl-C again to stop at once)",
-                      file=sys.stderr, flush=True)
+                print(
+                    "\nCtrl-C: saving a checkpoint at the next step, then stopping (Ctrl-C again to stop at once)",
+                    file=sys.stderr,
+                    flush=True,
+                )
         watch.stop_signal = signum
 
     for s in wanted:

@@ -122,6 +122,7 @@ def _shrink(step: Step, plan: BatchPlan) -> BatchPlan:
     step.optimizer.zero_grad(set_to_none=True)
     release(step.device)
     if plan.micro_size == 1:
-        raise torch.OutOfMemoryError(f"even a micro-batch of 1 sample per rank does not fit (global batch "
-                                     f"{plan.size}): nothing left to halve")
+        raise torch.OutOfMemoryError(
+            f"even a micro-batch of 1 sample per rank does not fit (global batch {plan.size}): nothing left to halve"
+        )
     return step.on_oom(plan)

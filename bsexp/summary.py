@@ -23,12 +23,21 @@ def hyperparameters(cfg: DictConfig, loop) -> dict[str, Any]:
     (the plan the run starts with; `final_*` in the summary say where it ended)."""
     plan, hp = loop.policy.current, loop.policy.described(loop.hp)
     return {
-        "batch_size": plan.size, "micro_size": plan.micro_size, "accum_steps": plan.accum_steps,
-        "world_size": plan.world_size, "ref_batch": cfg.scaling.ref_batch, "k": hp.k,
-        "lr_rule": str(cfg.scaling.lr_rule), "wd_rule": str(cfg.scaling.wd_rule),
-        "base_lr": cfg.optimizer.lr, "base_weight_decay": cfg.optimizer.weight_decay,
-        "lr": hp.lr, "lr_peak": hp.lr_peak, "weight_decay": hp.weight_decay,
-        "warmup_steps": hp.warmup_steps, "total_steps": hp.total_steps,
+        "batch_size": plan.size,
+        "micro_size": plan.micro_size,
+        "accum_steps": plan.accum_steps,
+        "world_size": plan.world_size,
+        "ref_batch": cfg.scaling.ref_batch,
+        "k": hp.k,
+        "lr_rule": str(cfg.scaling.lr_rule),
+        "wd_rule": str(cfg.scaling.wd_rule),
+        "base_lr": cfg.optimizer.lr,
+        "base_weight_decay": cfg.optimizer.weight_decay,
+        "lr": hp.lr,
+        "lr_peak": hp.lr_peak,
+        "weight_decay": hp.weight_decay,
+        "warmup_steps": hp.warmup_steps,
+        "total_steps": hp.total_steps,
     }
 
 
@@ -36,26 +45,61 @@ def announce(cfg: DictConfig, loop, hparams: dict[str, Any]) -> None:
     """The run's set-up, logged before it trains."""
     splits, h = loop.splits, hparams
     params = sum(p.numel() for p in loop.step.net.parameters())
-    log.info("data %s: %d train / %d val / %s test, input %s, %d classes", splits.name, len(splits.train),
-             len(splits.val), len(splits.test) if splits.test is not None else "no", splits.input_shape,
-             splits.num_classes)
+    log.info(
+        "data %s: %d train / %d val / %s test, input %s, %d classes",
+        splits.name,
+        len(splits.train),
+        len(splits.val),
+        len(splits.test) if splits.test is not None else "no",
+        splits.input_shape,
+        splits.num_classes,
+    )
     log.info("model %s: %s parameters, on %s, %s", cfg.model._target_, f"{params:,}", loop.world.device, cfg.precision)
-    log.info("batch %d = micro %d x accum %d x world %d; k = %d/%d = %g", h["batch_size"], h["micro_size"],
-             h["accum_steps"], h["world_size"], h["batch_size"], h["ref_batch"], h["k"])
-    log.info("lr %.4g (%s rule from %g), weight decay %.4g (%s rule from %g), warmup %d of %d steps",
-             h["lr"], h["lr_rule"], h["base_lr"], h["weight_decay"], h["wd_rule"], h["base_weight_decay"],
-             h["warmup_steps"], h["total_steps"])
+    log.info(
+        "batch %d = micro %d x accum %d x world %d; k = %d/%d = %g",
+        h["batch_size"],
+        h["micro_size"],
+        h["accum_steps"],
+        h["world_size"],
+        h["batch_size"],
+        h["ref_batch"],
+        h["k"],
+    )
+    log.info(
+        "lr %.4g (%s rule from %g), weight decay %.4g (%s rule from %g), warmup %d of %d steps",
+        h["lr"],
+        h["lr_rule"],
+        h["base_lr"],
+        h["weight_decay"],
+        h["wd_rule"],
+        h["base_weight_decay"],
+        h["warmup_steps"],
+        h["total_steps"],
+    )
     if not loop.policy.own_setup:  # the trunk's set-up was cautioned about; a branch only continues it
         return
     run = loop.policy.run_steps
     per_epoch = run.epoch_steps(0) if run.epoch_starts else run.total  # a whole epoch's, where max_steps cut it
-    for key, what in cautions(h["lr"] / h["base_lr"], str(cfg.schedule.warmup_shape), h["warmup_steps"],
-                              h["total_steps"], per_epoch, h["lr_peak"] / h["lr"]):
+    for key, what in cautions(
+        h["lr"] / h["base_lr"],
+        str(cfg.schedule.warmup_shape),
+        h["warmup_steps"],
+        h["total_steps"],
+        per_epoch,
+        h["lr_peak"] / h["lr"],
+    ):
         log.warning("%s: %s", key, what)
 
 
-def make_summary(cfg: DictConfig, status: str, loop, hparams: dict[str, Any], state,
-                 test: tuple[float, float] | None, wall_time_s: float) -> dict[str, Any]:
+def make_summary(
+    cfg: DictConfig,
+    status: str,
+    loop,
+    hparams: dict[str, Any],
+    state,
+    test: tuple[float, float] | None,
+    wall_time_s: float,
+) -> dict[str, Any]:
     """summary.json: the run's final figures (DESIGN.md's contract), with what it used."""
     last = state.records[-1] if state.records else {}
     plan, device, noise = loop.policy.current, loop.world.device, loop.step.noise
@@ -76,11 +120,15 @@ def make_summary(cfg: DictConfig, status: str, loop, hparams: dict[str, Any], st
         "test_acc": test[1] if test else None,
         "wall_time_s": wall_time_s,
         "train_time_s": state.train_time_s,
-        "samples_per_s": ((state.samples_seen - state.samples_before) / state.train_time_s
-                          if state.train_time_s else None),
+        "samples_per_s": (
+            (state.samples_seen - state.samples_before) / state.train_time_s if state.train_time_s else None
+        ),
         # After a failure a collective could meet a peer stuck in another one: this rank's figure.
-        "peak_memory_mb": (peak_memory_mb(device) if status in ("failed", "preempted")
-                           else _max_over_ranks(loop.world, peak_memory_mb(device))),
+        "peak_memory_mb": (
+            peak_memory_mb(device)
+            if status in ("failed", "preempted")
+            else _max_over_ranks(loop.world, peak_memory_mb(device))
+        ),
         "seed": cfg.seed,
         "data": loop.splits.name,
         "model": cfg.model._target_,
@@ -115,12 +163,20 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
     pct = lambda v: "-" if v is None else f"{100 * v:.2f} %"  # noqa: E731
     rows = [
         ("status", summary["status"]),
-        ("data / model", f"{summary['data']} / {summary['model'].rsplit('.', 1)[-1]} "
-                         f"({summary['parameters']:,} parameters)"),
-        ("batch", f"{summary['batch_size']} = {summary['micro_size']} micro x {summary['accum_steps']} "
-                  f"accum x {summary['world_size']} ranks" + _changes(summary)),
-        ("lr / weight decay", f"{summary['lr']:.4g} ({summary['lr_rule']}, k={summary['k']:g}) / "
-                              f"{summary['weight_decay']:.4g} ({summary['wd_rule']})"),
+        (
+            "data / model",
+            f"{summary['data']} / {summary['model'].rsplit('.', 1)[-1]} ({summary['parameters']:,} parameters)",
+        ),
+        (
+            "batch",
+            f"{summary['batch_size']} = {summary['micro_size']} micro x {summary['accum_steps']} "
+            f"accum x {summary['world_size']} ranks" + _changes(summary),
+        ),
+        (
+            "lr / weight decay",
+            f"{summary['lr']:.4g} ({summary['lr_rule']}, k={summary['k']:g}) / "
+            f"{summary['weight_decay']:.4g} ({summary['wd_rule']})",
+        ),
         ("epochs / steps", f"{summary['epochs']:g} / {summary['steps']}"),
         ("train acc", pct(summary["train_acc"])),
         ("val acc (best)", f"{pct(summary['val_acc'])} ({pct(summary['best_val_acc'])})"),

@@ -67,7 +67,7 @@ def sweep_name(sweep_dir: str | Path) -> str:
     """A sweep's name for W&B groups: its directory below outputs/multirun/ (or its last parts)."""
     parts = Path(sweep_dir).parts
     if "multirun" in parts:
-        return "/".join(parts[parts.index("multirun") + 1:])
+        return "/".join(parts[parts.index("multirun") + 1 :])
     return "/".join(parts[-2:])
 
 
@@ -101,8 +101,7 @@ class SweepIndex(Callback):
         if config.hydra.mode != RunMode.MULTIRUN:
             return
         job_dir = Path(config.hydra.runtime.output_dir)
-        entry = {"num": config.hydra.job.num, "dir": job_dir.name,
-                 "overrides": list(config.hydra.overrides.task)}
+        entry = {"num": config.hydra.job.num, "dir": job_dir.name, "overrides": list(config.hydra.overrides.task)}
         summary_path = job_dir / "summary.json"
         summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
         entry.update({key: summary.get(key) for key in _SUMMARY_KEYS})
@@ -115,8 +114,9 @@ class SweepIndex(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir))
-        log.info("sweep: %s; index %s; report: python -m bsexp.report %s", outcomes(sweep_dir), sweep_dir / INDEX,
-                 sweep_dir)
+        log.info(
+            "sweep: %s; index %s; report: python -m bsexp.report %s", outcomes(sweep_dir), sweep_dir / INDEX, sweep_dir
+        )
 
 
 def outcomes(sweep_dir: Path) -> str:
@@ -128,8 +128,10 @@ def outcomes(sweep_dir: Path) -> str:
     by_status: dict[str, list[int]] = {}
     for entry in entries.values():
         by_status.setdefault(entry["status"], []).append(entry["num"])
-    told = ", ".join(f"{len(nums)} {status}" + ("" if status == "completed" else f": {', '.join(map(str, sorted(nums)))}")
-                     for status, nums in sorted(by_status.items()))
+    told = ", ".join(
+        f"{len(nums)} {status}" + ("" if status == "completed" else f": {', '.join(map(str, sorted(nums)))}")
+        for status, nums in sorted(by_status.items())
+    )
     return f"{len(entries)} point{'s' if len(entries) != 1 else ''} ({told})"
 
 

@@ -81,8 +81,9 @@ def convert_sync_batchnorm(module: nn.Module, device: torch.device) -> nn.Module
     if device.type == "cuda":
         return nn.SyncBatchNorm.convert_sync_batchnorm(module)
     if isinstance(module, _BatchNorm) and not isinstance(module, CPUSyncBatchNorm):
-        sync = CPUSyncBatchNorm(module.num_features, module.eps, module.momentum, module.affine,
-                                module.track_running_stats).to(next(module.buffers(), torch.empty(0)).device)
+        sync = CPUSyncBatchNorm(
+            module.num_features, module.eps, module.momentum, module.affine, module.track_running_stats
+        ).to(next(module.buffers(), torch.empty(0)).device)
         sync.load_state_dict(module.state_dict())
         sync.train(module.training)
         return sync

@@ -48,23 +48,35 @@ def _job(cfg: DictConfig) -> float | None:
             log.error("point %d failed: %s", hydra_cfg.job.num, one_line(exc))
             raise
         if summary.get("preempted_by"):  # the whole sweep was told to stop (SLURM, a signal): not the next point
-            print(f"stopped by {summary['preempted_by']} at point {hydra_cfg.job.num} (step {summary['steps']}, "
-                  f"checkpoint saved in {run_dir}); the points after it did not run", file=sys.stderr, flush=True)
+            print(
+                f"stopped by {summary['preempted_by']} at point {hydra_cfg.job.num} (step {summary['steps']}, "
+                f"checkpoint saved in {run_dir}); the points after it did not run",
+                file=sys.stderr,
+                flush=True,
+            )
             sys.exit(128 + signal.Signals[summary["preempted_by"]].value)
         return summary.get("val_acc")
     try:
         with exit_on_config_error():
             summary = job(cfg, run_dir)
         if summary.get("preempted_by"):  # a checkpoint is saved: resume=auto continues the run
-            launcher = "torchrun <the same torchrun options> -m bsexp.train" if under_torchrun() else \
-                "python -m bsexp.train"
-            print(f"stopped by {summary['preempted_by']} at step {summary['steps']}: checkpoint saved; continue "
-                  f"with:\n  {launcher} resume=auto hydra.run.dir={run_dir}", file=sys.stderr, flush=True)
+            launcher = (
+                "torchrun <the same torchrun options> -m bsexp.train" if under_torchrun() else "python -m bsexp.train"
+            )
+            print(
+                f"stopped by {summary['preempted_by']} at step {summary['steps']}: checkpoint saved; continue "
+                f"with:\n  {launcher} resume=auto hydra.run.dir={run_dir}",
+                file=sys.stderr,
+                flush=True,
+            )
             sys.exit(128 + signal.Signals[summary["preempted_by"]].value)
         return summary.get("val_acc")
     except KeyboardInterrupt:
-        print(f"interrupted: what was measured so far is in {run_dir} (summary.json, metrics.jsonl)",
-              file=sys.stderr, flush=True)
+        print(
+            f"interrupted: what was measured so far is in {run_dir} (summary.json, metrics.jsonl)",
+            file=sys.stderr,
+            flush=True,
+        )
         sys.exit(130)
     except Exception as exc:
         from bsexp.launch import WorkersFailed
@@ -73,9 +85,12 @@ def _job(cfg: DictConfig) -> float | None:
         if isinstance(exc, WorkersFailed):
             print(f"error: {exc} (see above; what was saved is in {run_dir})", file=sys.stderr, flush=True)
         elif is_oom(exc):
-            print(f"error: out of memory ({' '.join(str(exc).split())[:200]}); try batch=finder, a smaller "
-                  f"batch.micro_size with batch=accumulation, or precision=bf16. What was measured is in {run_dir}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"error: out of memory ({' '.join(str(exc).split())[:200]}); try batch=finder, a smaller "
+                f"batch.micro_size with batch=accumulation, or precision=bf16. What was measured is in {run_dir}",
+                file=sys.stderr,
+                flush=True,
+            )
         else:
             raise
         sys.exit(1)
@@ -110,7 +125,9 @@ def main() -> None:
         # Ranks of a torchrun job share rank 0's output directory (run() hands it round) and write
         # nothing themselves: no directory of their own, no .hydra/, no log file.
         sys.argv += ["hydra.run.dir=.", "hydra.output_subdir=null", "hydra/job_logging=bsexp_worker"]
-    elif (previous := torchrun_first_dir()) is not None and not any(a.startswith("hydra.run.dir=") for a in sys.argv[1:]):
+    elif (previous := torchrun_first_dir()) is not None and not any(
+        a.startswith("hydra.run.dir=") for a in sys.argv[1:]
+    ):
         sys.argv.append(f"hydra.run.dir={previous}")  # a restarted torchrun job resumes where it was
     with exit_on_config_error():
         try:
@@ -120,8 +137,11 @@ def main() -> None:
                 raise
             # Hydra re-raises the first failed point's error after running every point.
             sweep_dir = started_sweep()
-            ran = "the sweep did not start" if sweep_dir is None else \
-                f"ran: {outcomes(sweep_dir)}; each point's outcome is in {sweep_dir / INDEX}"
+            ran = (
+                "the sweep did not start"
+                if sweep_dir is None
+                else f"ran: {outcomes(sweep_dir)}; each point's outcome is in {sweep_dir / INDEX}"
+            )
             print(f"error: a sweep point failed ({one_line(exc)}); {ran}", file=sys.stderr, flush=True)
             sys.exit(2 if isinstance(exc, ConfigError) else 1)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from bsexp.sweep import read_index
 
-CHANCE = 0.1   # MNIST-1D and digits: 10 classes
+CHANCE = 0.1  # MNIST-1D and digits: 10 classes
 
 
 def percent(value: float | None) -> str:
@@ -28,9 +28,11 @@ def rows(root: Path) -> list[str]:
             point = ",".join(o for o in name.partition("_")[2].split(",") if o and not o.startswith("seed=")) or "-"
             best = summary.get("best_val_acc")
             trained = "no (chance)" if best is None or best < 2 * CHANCE else "yes"
-            out.append(f"| {sweep.name} | {point} | {entry['status']} | {summary.get('batch_size', '-')} | "
-                       f"{summary.get('steps', '-')} | {percent(summary.get('val_acc'))} | {percent(best)} | "
-                       f"{percent(summary.get('test_acc'))} | {trained} |")
+            out.append(
+                f"| {sweep.name} | {point} | {entry['status']} | {summary.get('batch_size', '-')} | "
+                f"{summary.get('steps', '-')} | {percent(summary.get('val_acc'))} | {percent(best)} | "
+                f"{percent(summary.get('test_acc'))} | {trained} |"
+            )
     return out
 
 

@@ -25,9 +25,21 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def start(run_dir: Path, overrides: list[str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "bsexp.train", "logger=none", "trainer.progress=false", *overrides,
-                             f"hydra.run.dir={run_dir}"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "bsexp.train",
+            "logger=none",
+            "trainer.progress=false",
+            *overrides,
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def finish(proc: subprocess.Popen, run_dir: Path) -> tuple[float, str]:
@@ -45,8 +57,12 @@ def main() -> None:
         tmp = Path(tmp)
         alone, _ = finish(start(tmp / "alone", overrides), tmp / "alone")
         print(f"{cores} cores; one run alone: {alone:.2f} s of training (torch's default threads)")
-        for n, (name, extra) in enumerate((("two at once, default threads", []),
-                                           (f"two at once, trainer.threads={share}", [f"trainer.threads={share}"]))):
+        for n, (name, extra) in enumerate(
+            (
+                ("two at once, default threads", []),
+                (f"two at once, trainer.threads={share}", [f"trainer.threads={share}"]),
+            )
+        ):
             first = start(tmp / f"pair{n}-a", [*overrides, *extra])
             second = start(tmp / f"pair{n}-b", [*overrides, *extra])
             (a, _), (b, told) = finish(first, tmp / f"pair{n}-a"), finish(second, tmp / f"pair{n}-b")
@@ -57,9 +73,11 @@ def main() -> None:
         print(f"shared pair / alone: {ratio:.2f} (goal <= 1.3) - {'goal met' if ratio <= 1.3 else 'goal missed'}")
         # What is left is the cores each run gave up, not contention: the same run alone at its share.
         at_share, _ = finish(start(tmp / "alone-share", [*overrides, f"trainer.threads={share}"]), tmp / "alone-share")
-        print(f"one run alone at trainer.threads={share}: {at_share:.2f} s; shared pair / that: "
-              f"{max(a, b) / at_share:.2f} (contention), alone at {share} / alone at the default: "
-              f"{at_share / alone:.2f} (what the cores it gave up were worth)")
+        print(
+            f"one run alone at trainer.threads={share}: {at_share:.2f} s; shared pair / that: "
+            f"{max(a, b) / at_share:.2f} (contention), alone at {share} / alone at the default: "
+            f"{at_share / alone:.2f} (what the cores it gave up were worth)"
+        )
 
 
 if __name__ == "__main__":

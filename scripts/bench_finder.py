@@ -43,12 +43,26 @@ from pathlib import Path
 # did not hold the optimizer state beside its activations as every later step of training does).
 # Evaluation after every step: steps 2 and 3 run beside the kernels oneDNN compiled for the
 # evaluation's shape, as every epoch after the first does.
-SETUP = ["data=synthetic", "data.shape=[3,32,32]", "data.num_samples=8000", "data.val_size=200",
-         "optimizer=adamw", "logger=none", "trainer.progress=false", "epochs=2", "batch.drop_last=true",
-         "trainer.max_steps=3", "trainer.eval_every_steps=1", "trainer.oom_recovery=false"]
+SETUP = [
+    "data=synthetic",
+    "data.shape=[3,32,32]",
+    "data.num_samples=8000",
+    "data.val_size=200",
+    "optimizer=adamw",
+    "logger=none",
+    "trainer.progress=false",
+    "epochs=2",
+    "batch.drop_last=true",
+    "trainer.max_steps=3",
+    "trainer.eval_every_steps=1",
+    "trainer.oom_recovery=false",
+]
 # Small widths and caps, so that one model x cap takes a few minutes on 2 cores.
-MODELS = {"mlp": ["model=mlp", "model.hidden=[1024,1024,1024,1024]"], "cnn": ["model=cnn", "model.width=16"],
-          "resnet18": ["model=resnet18"]}
+MODELS = {
+    "mlp": ["model=mlp", "model.hidden=[1024,1024,1024,1024]"],
+    "cnn": ["model=cnn", "model.width=16"],
+    "resnet18": ["model=resnet18"],
+}
 # The caps count what a process holds, not the ~300 MB of torch's library pages it has resident
 # (memory.held): these leave about the room that 1.1, 1.2, 1.2, 1.5, 2.0 and 2.4 GB left when
 # the caps counted the resident set.
@@ -57,8 +71,12 @@ CASES = "mlp@0.8,mlp@0.9,cnn@0.9,cnn@1.2,resnet18@1.7,resnet18@2.1"
 
 def train(args: list[str], workdir: Path, tag: str) -> tuple[int, str, Path]:
     run_dir = workdir / tag
-    out = subprocess.run([sys.executable, "-m", "bsexp.train", *args, f"hydra.run.dir={run_dir}"],
-                         cwd=workdir, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "bsexp.train", *args, f"hydra.run.dir={run_dir}"],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+    )
     return out.returncode, out.stderr, run_dir
 
 
@@ -119,30 +137,53 @@ def main() -> None:
                 print(f"{model} @ {limit} GB: truth {truth} (measured before)", flush=True)
             else:
                 truth, runs = ground_truth(setup, limit, workdir, largest=7800)
-                print(f"{model} @ {limit} GB: truth {truth} ({runs} fresh processes, "
-                      f"{time.perf_counter() - started:.0f} s)", flush=True)
+                print(
+                    f"{model} @ {limit} GB: truth {truth} ({runs} fresh processes, "
+                    f"{time.perf_counter() - started:.0f} s)",
+                    flush=True,
+                )
             for repeat, mode in [(r, m) for r in range(args.repeat) for m in args.modes.split(",")]:
                 # The data fraction bound off: memory alone decides.
-                code, err, run_dir = train([*setup, "batch=finder", f"batch.finder.mode={mode}",
-                                            "batch.finder.data_fraction=null",
-                                            f"batch.finder.max_trials={args.max_trials}",
-                                            f"batch.finder.memory_limit_gb={limit}",
-                                            f"trainer.memory_limit_gb={limit}"], workdir,
-                                           f"finder-{model}-{limit}-{mode}-{repeat}")
+                code, err, run_dir = train(
+                    [
+                        *setup,
+                        "batch=finder",
+                        f"batch.finder.mode={mode}",
+                        "batch.finder.data_fraction=null",
+                        f"batch.finder.max_trials={args.max_trials}",
+                        f"batch.finder.memory_limit_gb={limit}",
+                        f"trainer.memory_limit_gb={limit}",
+                    ],
+                    workdir,
+                    f"finder-{model}-{limit}-{mode}-{repeat}",
+                )
                 if not (run_dir / "finder.json").exists():  # the finder itself failed: say how, and go on
                     log = run_dir / "train.log"
                     trials = [line for line in log.read_text().splitlines() if "finder" in line] if log.exists() else []
-                    print(f"{model} @ {limit} GB, {mode}: the finder's run failed (exit {code}):\n{err[-3000:]}\n"
-                          + "\n".join(trials[-40:]), flush=True)
+                    print(
+                        f"{model} @ {limit} GB, {mode}: the finder's run failed (exit {code}):\n{err[-3000:]}\n"
+                        + "\n".join(trials[-40:]),
+                        flush=True,
+                    )
                     continue
                 finder = json.loads((run_dir / "finder.json").read_text())
                 trials = finder["trials"]
-                row = {"model": model, "limit_gb": limit, "truth": truth, "mode": mode, "repeat": repeat,
-                       "found": finder["micro_size"],
-                       "verified": max(t["size"] for t in trials if t["ok"]), "trials": len(trials),
-                       "large_trials": sum(t["size"] > truth / 4 for t in trials), "seconds": finder["seconds"],
-                       "trains": code == 0, "per_sample_mb": finder.get("per_sample_mb"),
-                       "fixed_mb": finder.get("fixed_mb"), "fixed_analytic_mb": finder.get("fixed_analytic_mb")}
+                row = {
+                    "model": model,
+                    "limit_gb": limit,
+                    "truth": truth,
+                    "mode": mode,
+                    "repeat": repeat,
+                    "found": finder["micro_size"],
+                    "verified": max(t["size"] for t in trials if t["ok"]),
+                    "trials": len(trials),
+                    "large_trials": sum(t["size"] > truth / 4 for t in trials),
+                    "seconds": finder["seconds"],
+                    "trains": code == 0,
+                    "per_sample_mb": finder.get("per_sample_mb"),
+                    "fixed_mb": finder.get("fixed_mb"),
+                    "fixed_analytic_mb": finder.get("fixed_analytic_mb"),
+                }
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 if args.out:
@@ -159,19 +200,25 @@ def print_table(rows: list[dict]) -> None:
         seconds = [r["seconds"] for r in rows if r["mode"] == mode and case(r) == of]
         return statistics.median(seconds) if seconds else None
 
-    print("\n| model | cap GB | truth | mode | found | found/truth | verified/truth | trials (> truth/4) | seconds "
-          "| vs binsearch's median | trains at found |")
+    print(
+        "\n| model | cap GB | truth | mode | found | found/truth | verified/truth | trials (> truth/4) | seconds "
+        "| vs binsearch's median | trains at found |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for row in rows:
         bis = median_seconds("binsearch", case(row))
         vs = f"{row['seconds'] / bis:.2f}" if bis else "-"
-        print(f"| {row['model']} | {row['limit_gb']:g} | {row['truth']:,} | {row['mode']} | {row['found']:,} | "
-              f"{row['found'] / row['truth']:.3f} | {row['verified'] / row['truth']:.3f} | {row['trials']} "
-              f"({row['large_trials']}) | {row['seconds']:.1f} | {vs} | {'yes' if row['trains'] else 'NO'} |")
+        print(
+            f"| {row['model']} | {row['limit_gb']:g} | {row['truth']:,} | {row['mode']} | {row['found']:,} | "
+            f"{row['found'] / row['truth']:.3f} | {row['verified'] / row['truth']:.3f} | {row['trials']} "
+            f"({row['large_trials']}) | {row['seconds']:.1f} | {vs} | {'yes' if row['trains'] else 'NO'} |"
+        )
     # Per case and mode over the repeats (the README's table): the ranges of the sizes, the
     # median seconds with each run's, and that median against binsearch's.
-    print("\n| model | cap GB | truth | mode | found/truth | verified/truth | trials (> truth/4) "
-          "| seconds: median (runs) | vs binsearch | trains at found |")
+    print(
+        "\n| model | cap GB | truth | mode | found/truth | verified/truth | trials (> truth/4) "
+        "| seconds: median (runs) | vs binsearch | trains at found |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     ratios = []
     for of in dict.fromkeys(case(r) for r in rows):
@@ -183,19 +230,27 @@ def print_table(rows: list[dict]) -> None:
             if mode == "fit" and bis:
                 ratios.append(seconds / bis)
             vs = f"{seconds / bis:.2f}" if bis else "-"
-            print(f"| {of[0]} | {of[1]:g} | {runs[0]['truth']:,} | {mode} | {_span(r['found'] / r['truth'] for r in runs)} "
-                  f"| {_span(r['verified'] / r['truth'] for r in runs)} | {trials} | {seconds:.1f} ({each}) | {vs} "
-                  f"| {'yes' if all(r['trains'] for r in runs) else 'NO'} |")
+            print(
+                f"| {of[0]} | {of[1]:g} | {runs[0]['truth']:,} | {mode} | {_span(r['found'] / r['truth'] for r in runs)} "
+                f"| {_span(r['verified'] / r['truth'] for r in runs)} | {trials} | {seconds:.1f} ({each}) | {vs} "
+                f"| {'yes' if all(r['trains'] for r in runs) else 'NO'} |"
+            )
     fit = [r for r in rows if r["mode"] == "fit"]
     if fit:
+
         def met(ok: bool) -> str:
             return "met" if ok else "NOT met"
-        print(f"\nfit found/truth >= 0.92 and <= 1: {met(all(0.92 <= r['found'] / r['truth'] <= 1 for r in fit))}; "
-              f"verified/truth in [0.97, 1]: {met(all(0.97 <= r['verified'] / r['truth'] <= 1 for r in fit))}; "
-              f"<= 5 trials above truth/4: {met(all(r['large_trials'] <= 5 for r in fit))}; "
-              f"every found size trains: {met(all(r['trains'] for r in rows))}")
+
+        print(
+            f"\nfit found/truth >= 0.92 and <= 1: {met(all(0.92 <= r['found'] / r['truth'] <= 1 for r in fit))}; "
+            f"verified/truth in [0.97, 1]: {met(all(0.97 <= r['verified'] / r['truth'] <= 1 for r in fit))}; "
+            f"<= 5 trials above truth/4: {met(all(r['large_trials'] <= 5 for r in fit))}; "
+            f"every found size trains: {met(all(r['trains'] for r in rows))}"
+        )
         if ratios:
-            print(f"fit / binsearch median seconds: at most {max(ratios):.2f} (goal <= 0.33): {met(max(ratios) <= 1 / 3)}")
+            print(
+                f"fit / binsearch median seconds: at most {max(ratios):.2f} (goal <= 0.33): {met(max(ratios) <= 1 / 3)}"
+            )
 
 
 def _span(values) -> str:

@@ -58,8 +58,9 @@ def compare(overrides: list[str], mode: str, rounds: int) -> tuple[float, int]:
     loops = {}
     for name in ("off", mode):
         with initialize_config_dir(config_dir=str(ROOT / "bsexp" / "conf"), version_base="1.3"):
-            cfg = compose("config", overrides=["logger=none", "trainer.progress=false", *overrides,
-                                               f"trainer.noise_scale={name}"])
+            cfg = compose(
+                "config", overrides=["logger=none", "trainer.progress=false", *overrides, f"trainer.noise_scale={name}"]
+            )
         loops[name] = build_loop(cfg)
         loops[name].step.model.train()
     ratios = []

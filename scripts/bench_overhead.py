@@ -72,8 +72,7 @@ DEFAULTS = ["logger=none", "trainer.progress=false", "data=mnist1d", "model=cnn1
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], epilog="Hydra overrides follow the options.")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="Hydra overrides follow the options.")
     parser.add_argument("--rounds", type=int, default=30, help="timed rounds, one epoch per side each (30)")
     parser.add_argument("--warmup-rounds", type=int, default=1, help="untimed rounds first (1)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=mlp batch.size=256")
@@ -92,8 +91,7 @@ def build(overrides: list[str], epochs: int) -> tuple[Loop, str]:
             cfg = compose("config", overrides=[*DEFAULTS, f"epochs={epochs}", *overrides])
         loop = build_loop(cfg)
     if not isinstance(loop.batches, TensorBatches):
-        sys.exit("error: this benchmark needs in-memory data (the plain loop indexes tensors); "
-                 "set data.in_memory=true")
+        sys.exit("error: this benchmark needs in-memory data (the plain loop indexes tensors); set data.in_memory=true")
     return loop, str(cfg.precision)
 
 
@@ -113,10 +111,14 @@ class Plain:
         # The same optimizer class and param groups (lr, momentum, weight decay, ... per group).
         params = list(self.model.parameters())
         index = {id(p): i for i, p in enumerate(loop.step.model.parameters())}
-        groups = [{**{k: v for k, v in group.items() if k not in ("params", "initial_lr")},
-                   "params": [params[index[id(p)]] for p in group["params"]],
-                   "lr": group.get("initial_lr", group["lr"])}
-                  for group in loop.step.optimizer.param_groups]
+        groups = [
+            {
+                **{k: v for k, v in group.items() if k not in ("params", "initial_lr")},
+                "params": [params[index[id(p)]] for p in group["params"]],
+                "lr": group.get("initial_lr", group["lr"]),
+            }
+            for group in loop.step.optimizer.param_groups
+        ]
         cls = type(loop.step.optimizer)  # its defaults too: some (timm's Lamb) read them in `step`
         accepted = inspect.signature(cls).parameters
         self.opt = cls(groups, **{k: v for k, v in loop.step.optimizer.defaults.items() if k in accepted})
@@ -127,8 +129,7 @@ class Plain:
         self.size, self.micro, self.drop_last = loop.policy.current.size, loop.policy.current.micro_size, loop.drop_last
         self.clip = loop.step.clip_grad_norm
         dtype, device_type = DTYPES.get(precision), self.x.device.type
-        self.autocast = ((lambda: torch.autocast(device_type, dtype=dtype)) if dtype
-                         else contextlib.nullcontext)
+        self.autocast = (lambda: torch.autocast(device_type, dtype=dtype)) if dtype else contextlib.nullcontext
         self.scaler = torch.amp.GradScaler(device_type) if precision == "fp16" else None
         self.simple = dtype is None and self.clip is None and loop.policy.current.accum_steps == 1
 
@@ -139,7 +140,7 @@ class Plain:
         perm = epoch_order(n, self.seed, epoch).to(x_all.device)
         generator = torch.Generator(device=x_all.device)
         for index, start in enumerate(range(0, n, self.size)):
-            idx = perm[start:start + self.size]
+            idx = perm[start : start + self.size]
             if self.drop_last and len(idx) < self.size:
                 return
             x, y = x_all[idx], y_all[idx]
@@ -211,13 +212,18 @@ def main() -> None:
             raise RuntimeError(f"a side did not end after {per_epoch} steps")
         return spent[0], spent[1]
 
-    print(f"data {loop.splits.name}: {n} train samples; model {type(loop.step.model).__name__} "
-          f"({sum(p.numel() for p in loop.step.model.parameters()):,} parameters); batch {plan.size} = "
-          f"micro {plan.micro_size} x accum {plan.accum_steps}; {per_epoch} steps per epoch; "
-          f"{type(loop.step.optimizer).__name__}; {precision}; device {loop.world.device}; "
-          f"{torch.get_num_threads()} threads")
-    print(f"{args.warmup_rounds} warm-up + {args.rounds} timed rounds of one epoch per side, "
-          f"the sides taking turns step by step", flush=True)
+    print(
+        f"data {loop.splits.name}: {n} train samples; model {type(loop.step.model).__name__} "
+        f"({sum(p.numel() for p in loop.step.model.parameters()):,} parameters); batch {plan.size} = "
+        f"micro {plan.micro_size} x accum {plan.accum_steps}; {per_epoch} steps per epoch; "
+        f"{type(loop.step.optimizer).__name__}; {precision}; device {loop.world.device}; "
+        f"{torch.get_num_threads()} threads"
+    )
+    print(
+        f"{args.warmup_rounds} warm-up + {args.rounds} timed rounds of one epoch per side, "
+        f"the sides taking turns step by step",
+        flush=True,
+    )
 
     times: list[tuple[float, float]] = []
     diff = None
@@ -240,15 +246,21 @@ def main() -> None:
     ratios = sorted(b / p for b, p in times)
     ratio = statistics.median(ratios)
     quart = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratio, ratio, ratio]
-    print(f"per-round ratios: quartiles {quart[0]:.3f} / {quart[1]:.3f} / {quart[2]:.3f}, "
-          f"min {ratios[0]:.3f}, max {ratios[-1]:.3f}; "
-          f"ratio of medians {statistics.median(bsexp_s) / statistics.median(plain_s):.3f}; "
-          f"ratio of totals {sum(bsexp_s) / sum(plain_s):.3f}")
-    print(f"largest parameter difference after the first epoch: {diff:.2e}"
-          + ("  WARNING: the two sides did not do the same work" if diff > 1e-3 else ""))
+    print(
+        f"per-round ratios: quartiles {quart[0]:.3f} / {quart[1]:.3f} / {quart[2]:.3f}, "
+        f"min {ratios[0]:.3f}, max {ratios[-1]:.3f}; "
+        f"ratio of medians {statistics.median(bsexp_s) / statistics.median(plain_s):.3f}; "
+        f"ratio of totals {sum(bsexp_s) / sum(plain_s):.3f}"
+    )
+    print(
+        f"largest parameter difference after the first epoch: {diff:.2e}"
+        + ("  WARNING: the two sides did not do the same work" if diff > 1e-3 else "")
+    )
     if max(plain_s) > 1.5 * min(plain_s):
-        print(f"note: epoch times varied {max(plain_s) / min(plain_s):.1f}x between rounds: the "
-              f"machine was busy; the turn-taking keeps the ratio fair but noisier")
+        print(
+            f"note: epoch times varied {max(plain_s) / min(plain_s):.1f}x between rounds: the "
+            f"machine was busy; the turn-taking keeps the ratio fair but noisier"
+        )
     verdict = "goal met" if ratio <= GOAL else "goal NOT met"
     print(f"ratio bsexp/plain: {ratio:.3f} (goal <= {GOAL}) - {verdict}")
 

@@ -68,8 +68,11 @@ def main() -> None:
                 g2, trace = estimates(small, half, big, size)
                 sums[name][0] += g2.item() / args.draws
                 sums[name][1] += trace.item() / args.draws
-        print(f"{size:>6} | {sums['own'][0]:>22.3f} {sums['own'][1]:>8.1f} | {sums['whole'][0]:>19.3f} "
-              f"{sums['whole'][1]:>8.1f}", flush=True)
+        print(
+            f"{size:>6} | {sums['own'][0]:>22.3f} {sums['own'][1]:>8.1f} | {sums['whole'][0]:>19.3f} "
+            f"{sums['whole'][1]:>8.1f}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

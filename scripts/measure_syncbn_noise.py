@@ -48,13 +48,33 @@ def worker(cfg):
 def measure(overrides: list[str], sync: bool) -> dict:
     register_configs()
     with initialize_config_dir(config_dir=str(ROOT / "bsexp" / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=["logger=none", "trainer.progress=false", "distributed=ddp",
-                                           "distributed.nproc_per_node=2", f"distributed.sync_batchnorm={sync}",
-                                           "optimizer.lr=1e-9", "optimizer.weight_decay=0", "optimizer.momentum=0",
-                                           "schedule.warmup_shape=none", "schedule.main=constant",
-                                           "trainer.oom_recovery=false", *overrides])
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id=str(uuid.uuid4()),
-                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.2)
+        cfg = compose(
+            "config",
+            overrides=[
+                "logger=none",
+                "trainer.progress=false",
+                "distributed=ddp",
+                "distributed.nproc_per_node=2",
+                f"distributed.sync_batchnorm={sync}",
+                "optimizer.lr=1e-9",
+                "optimizer.weight_decay=0",
+                "optimizer.momentum=0",
+                "schedule.warmup_shape=none",
+                "schedule.main=constant",
+                "trainer.oom_recovery=false",
+                *overrides,
+            ],
+        )
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=2,
+        run_id=str(uuid.uuid4()),
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=0,
+        monitor_interval=0.2,
+    )
     return elastic_launch(config, worker)(cfg)[0]
 
 
@@ -67,9 +87,11 @@ def main() -> None:
     print(f"2 ranks, {args.steps} steps at the initial parameters; overrides: {' '.join(overrides)}")
     found = {sync: measure(overrides, sync) for sync in (False, True)}
     for sync, summary in found.items():
-        print(f"  sync_batchnorm={str(sync).lower():<5}  B_simple = {summary['noise_b_simple_mean']:8.1f}   "
-              f"|G|^2 = {summary['noise_grad_sq_mean']:.4g}   tr(Sigma) = {summary['noise_trace_sigma_mean']:.4g}   "
-              f"({summary['noise_measurements']} measurements)")
+        print(
+            f"  sync_batchnorm={str(sync).lower():<5}  B_simple = {summary['noise_b_simple_mean']:8.1f}   "
+            f"|G|^2 = {summary['noise_grad_sq_mean']:.4g}   tr(Sigma) = {summary['noise_trace_sigma_mean']:.4g}   "
+            f"({summary['noise_measurements']} measurements)"
+        )
     ratio = found[True]["noise_b_simple_mean"] / found[False]["noise_b_simple_mean"]
     print(f"  SyncBatchNorm moves B_simple by x {ratio:.3f}")
 

@@ -48,8 +48,9 @@ def cli_env(data_root: Path) -> dict[str, str]:
     # bsexp and tests/helpers (user_models.py) first, then what the caller's path holds (packages
     # installed into a folder of their own: scripts/gpu_check.sh).
     path = [str(ROOT), str(HELPERS), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    env.update(BSEXP_DATA=str(data_root), WANDB_SILENT="true", WANDB_DISABLE_GIT="true",
-               PYTHONPATH=os.pathsep.join(path))
+    env.update(
+        BSEXP_DATA=str(data_root), WANDB_SILENT="true", WANDB_DISABLE_GIT="true", PYTHONPATH=os.pathsep.join(path)
+    )
     for name in ("HYDRA_FULL_ERROR", "WANDB_MODE", "WANDB_API_KEY"):  # bsexp's own defaults, offline W&B
         env.pop(name, None)
     return env
@@ -71,10 +72,26 @@ def limit_for_size(data_root: Path, tmp: Path, overrides: list[str], size: float
     measured with the finder under 1 GB, then moved by the measured memory per sample. Not
     guessed: the fixed memory of torch and the model differ between machines."""
     finder = [] if "batch=finder" in overrides else ["batch=finder"]
-    out = subprocess.run([sys.executable, "-m", "bsexp.train", *overrides, *finder, "logger=none",
-                          "batch.finder.margin=0", "batch.finder.data_fraction=null", "batch.finder.memory_limit_gb=1.0", "trainer.max_steps=1",
-                          f"hydra.run.dir={tmp / 'run'}"],
-                         cwd=tmp, env=cli_env(data_root), capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bsexp.train",
+            *overrides,
+            *finder,
+            "logger=none",
+            "batch.finder.margin=0",
+            "batch.finder.data_fraction=null",
+            "batch.finder.memory_limit_gb=1.0",
+            "trainer.max_steps=1",
+            f"hydra.run.dir={tmp / 'run'}",
+        ],
+        cwd=tmp,
+        env=cli_env(data_root),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     finder = json.loads((tmp / "run" / "finder.json").read_text())
     # The finder's own line (bsexp.batch.finder.result.peak_line: sizes far apart), not the two
@@ -102,7 +119,8 @@ def with_defaults(fn, schema_cls):
 
     def call(*args, **kwargs):
         given = signature.bind_partial(*args, **kwargs).arguments
-        return fn(*args, **{k: v for k, v in defaults.items() if k not in given and k in signature.parameters},
-                  **kwargs)
+        return fn(
+            *args, **{k: v for k, v in defaults.items() if k not in given and k in signature.parameters}, **kwargs
+        )
 
     return call

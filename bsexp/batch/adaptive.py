@@ -87,8 +87,9 @@ class Controller:
         low = min(self._up(max(self.min_size, current / self.max_growth)), current) if self.shrink else current
         return low, max(high, current)
 
-    def next_size(self, current: int, b_simple: float | None,
-                  throughput: Callable[[int], float] | None = None, step: int = 0) -> Decision:
+    def next_size(
+        self, current: int, b_simple: float | None, throughput: Callable[[int], float] | None = None, step: int = 0
+    ) -> Decision:
         """The batch for the next interval, given the B_simple measured so far (None or not
         finite: keep the batch) and, for goodput, samples/s at each size."""
         known = b_simple is not None and math.isfinite(b_simple) and b_simple > 0
@@ -102,7 +103,7 @@ class Controller:
             size = max(candidates, key=lambda b: (throughput(b) * efficiency(b_simple, self.start, b), -b))
             target = float(size)
         else:
-            target = self.c * self.start ** (1 - self.power) * b_simple ** self.power
+            target = self.c * self.start ** (1 - self.power) * b_simple**self.power
             size = min(max(self._nearest(target), low), high)
         return Decision(step, b_simple, target, size, current, efficiency(b_simple, self.start, size))
 

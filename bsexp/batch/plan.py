@@ -69,9 +69,7 @@ def make_plan(
     if world_size < 1:
         raise PlanError("distributed.world_size", world_size, "must be an integer >= 1")
     if size % world_size:
-        raise PlanError(
-            "batch.size", size, f"must be divisible by the world size {world_size}"
-        )
+        raise PlanError("batch.size", size, f"must be divisible by the world size {world_size}")
     per_rank = size // world_size
     if micro_size is None and accum_steps is None:
         return BatchPlan(size, per_rank, 1, world_size)
@@ -88,15 +86,13 @@ def make_plan(
             raise PlanError(
                 "batch.micro_size",
                 micro_size,
-                f"must divide batch.size / world_size = {per_rank} "
-                f"(divisors: {_divisors_text(per_rank)})",
+                f"must divide batch.size / world_size = {per_rank} (divisors: {_divisors_text(per_rank)})",
             )
         if accum_steps is not None and accum_steps != per_rank // micro_size:
             raise PlanError(
                 "batch.accum_steps",
                 accum_steps,
-                f"must be batch.size / (micro_size * world_size) = {per_rank // micro_size}, "
-                f"or left unset",
+                f"must be batch.size / (micro_size * world_size) = {per_rank // micro_size}, or left unset",
             )
         return BatchPlan(size, micro_size, per_rank // micro_size, world_size)
     assert accum_steps is not None
@@ -106,8 +102,7 @@ def make_plan(
         raise PlanError(
             "batch.accum_steps",
             accum_steps,
-            f"must divide batch.size / world_size = {per_rank} "
-            f"(divisors: {_divisors_text(per_rank)})",
+            f"must divide batch.size / world_size = {per_rank} (divisors: {_divisors_text(per_rank)})",
         )
     return BatchPlan(size, per_rank // accum_steps, accum_steps, world_size)
 

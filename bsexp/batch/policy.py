@@ -98,8 +98,9 @@ class BatchPolicy:
         sizes = self.schedule(start).sizes(self.cfg.epochs)
         if max(sizes) > n_train:
             key, value = ("batch.size", start) if len(sizes) == 1 else ("batch.schedule", sizes)
-            raise ConfigError(key, value, f"{'grows past' if len(sizes) > 1 else 'exceeds'} the {n_train} "
-                                          f"training samples of {data}")
+            raise ConfigError(
+                key, value, f"{'grows past' if len(sizes) > 1 else 'exceeds'} the {n_train} training samples of {data}"
+            )
 
     def lay_out(self, n_train: int, start: int | None = None, data: str = "the data") -> None:
         """The run step by step for `n_train` training samples, from the global batch `start`
@@ -127,9 +128,15 @@ class BatchPolicy:
         self.micro_cap = plan.micro_size // 2
         self._plan = plan_for(plan.size, plan.world_size, self.micro_cap)
         self.oom_recoveries += 1
-        log.warning("out of memory at micro-batch %d: micro-batch %d x %d accumulation steps x %d ranks from now "
-                    "on (global batch %d, LR and weight decay unchanged)", plan.micro_size, self._plan.micro_size,
-                    self._plan.accum_steps, plan.world_size, plan.size)
+        log.warning(
+            "out of memory at micro-batch %d: micro-batch %d x %d accumulation steps x %d ranks from now "
+            "on (global batch %d, LR and weight decay unchanged)",
+            plan.micro_size,
+            self._plan.micro_size,
+            self._plan.accum_steps,
+            plan.world_size,
+            plan.size,
+        )
         return self._plan
 
     def schedule(self, start: int) -> BatchSchedule:
@@ -184,14 +191,22 @@ class BatchPolicy:
         node = cfg.schedule
         # Counted in samples seen, so that a batch that changes (batch=scheduled) can neither stretch
         # nor cut the warmup or the decay; lengths given in steps are the samples of those steps.
-        in_samples = ((lambda steps: counted.samples_before_step(int(round(steps)))) if node.unit == "steps"
-                      else counted.samples_at)
+        in_samples = (
+            (lambda steps: counted.samples_before_step(int(round(steps))))
+            if node.unit == "steps"
+            else counted.samples_at
+        )
         warmup = 0 if node.warmup_shape == "none" else in_samples(node.warmup)
         lr_schedule = scaling.LRSchedule(
-            total=counted.total_samples, warmup=warmup, warmup_shape=str(node.warmup_shape),
-            start_factor=scaling.warmup_start_factor(node.start_factor, k, rule), main=str(node.main),
-            milestones=tuple(in_samples(m) for m in node.milestones), factor=node.factor,
-            final_factor=node.final_factor)
+            total=counted.total_samples,
+            warmup=warmup,
+            warmup_shape=str(node.warmup_shape),
+            start_factor=scaling.warmup_start_factor(node.start_factor, k, rule),
+            main=str(node.main),
+            milestones=tuple(in_samples(m) for m in node.milestones),
+            factor=node.factor,
+            final_factor=node.final_factor,
+        )
         factors = self.lr_factors(lr_schedule)
         peak = lr * max((factors(step) for step in range(run.total)), default=1.0)
         warmup_steps = sum(1 for position in self.lr_positions() if position < warmup)
@@ -289,8 +304,9 @@ class AccumulationPolicy(BatchPolicy):
     def _given(self) -> BatchPlan:
         batch = self.cfg.batch
         if batch.micro_size is None and batch.accum_steps is None:
-            raise ConfigError("batch.micro_size", None,
-                              "batch=accumulation needs batch.micro_size (per rank) or batch.accum_steps")
+            raise ConfigError(
+                "batch.micro_size", None, "batch=accumulation needs batch.micro_size (per rank) or batch.accum_steps"
+            )
         return self._make_plan(batch.size, self.world, batch.micro_size, batch.accum_steps)
 
     def first_plan(self, start: int) -> BatchPlan:
@@ -346,19 +362,29 @@ class FinderPolicy(BatchPolicy):
         measure = max(quantum * MIN_MICRO, min(node.noise_batch, fits, n_train) // quantum * quantum)
         b_simple = probe.measure_noise(measure, node.noise_steps)
         if b_simple is None:
-            raise ConfigError("batch.finder.noise_steps", node.noise_steps, "too few to estimate the gradient noise "
-                              "scale (|G|^2 not yet positive); measure for more steps")
+            raise ConfigError(
+                "batch.finder.noise_steps",
+                node.noise_steps,
+                "too few to estimate the gradient noise scale (|G|^2 not yet positive); measure for more steps",
+            )
         target = min(max(b_simple, world * MIN_MICRO), fits, n_train)
         size = max(world * MIN_MICRO, round(target / world) * world)
         if size > fits:
             size -= world
         found.noise_b_simple = b_simple
-        found.note = (f"Noise-scale objective: B_simple = {b_simple:,.0f} measured over {node.noise_steps} steps at "
-                      f"batch {measure}; the nearest batch that fits (at most {fits}) and divides over {world} "
-                      f"rank(s) is {size}.")
+        found.note = (
+            f"Noise-scale objective: B_simple = {b_simple:,.0f} measured over {node.noise_steps} steps at "
+            f"batch {measure}; the nearest batch that fits (at most {fits}) and divides over {world} "
+            f"rank(s) is {size}."
+        )
         found.plan = make_plan(size, world)
-        log.info("gradient noise scale B_simple = %.0f (measured over %d steps at batch %d): training at batch %d",
-                 b_simple, node.noise_steps, measure, size)
+        log.info(
+            "gradient noise scale B_simple = %.0f (measured over %d steps at batch %d): training at batch %d",
+            b_simple,
+            node.noise_steps,
+            measure,
+            size,
+        )
         return found.plan
 
 
@@ -374,12 +400,27 @@ class ScheduledPolicy(BatchPolicy):
         node = self.cfg.batch.schedule
         if node.kind == ScheduleKind.seesaw:  # the batch x alpha at the LR schedule's own decay points
             lr = self.cfg.schedule
-            return BatchSchedule(start=start, world_size=self.world, kind="step", unit=str(lr.unit),
-                                 milestones=tuple(lr.milestones), factor=1 / lr.factor, epochs=self.cfg.epochs)
+            return BatchSchedule(
+                start=start,
+                world_size=self.world,
+                kind="step",
+                unit=str(lr.unit),
+                milestones=tuple(lr.milestones),
+                factor=1 / lr.factor,
+                epochs=self.cfg.epochs,
+            )
         return BatchSchedule(
-            start=start, world_size=self.world, kind=str(node.kind), unit=str(node.unit),
-            milestones=tuple(node.milestones), factor=node.factor, end=node.end, epochs=self.cfg.epochs,
-            points=tuple((p[0], p[1]) for p in node.points), round_to=node.round_to)
+            start=start,
+            world_size=self.world,
+            kind=str(node.kind),
+            unit=str(node.unit),
+            milestones=tuple(node.milestones),
+            factor=node.factor,
+            end=node.end,
+            epochs=self.cfg.epochs,
+            points=tuple((p[0], p[1]) for p in node.points),
+            round_to=node.round_to,
+        )
 
     def check(self) -> BatchPlan:
         """Every batch the schedule reaches must split over the ranks."""
@@ -387,12 +428,18 @@ class ScheduledPolicy(BatchPolicy):
         if node.kind == ScheduleKind.seesaw:
             main = cfg.schedule
             if str(main.main) != "step" or not main.milestones:
-                raise ConfigError("batch.schedule.kind", "seesaw", "needs schedule.main=step with schedule.milestones: "
-                                                                   "the batch grows where the LR would decay")
+                raise ConfigError(
+                    "batch.schedule.kind",
+                    "seesaw",
+                    "needs schedule.main=step with schedule.milestones: the batch grows where the LR would decay",
+                )
             alpha = 1 / main.factor
             if main.factor >= 1 or abs(alpha - round(alpha)) > 1e-6:
-                raise ConfigError("schedule.factor", main.factor, "must be 1/alpha for a whole alpha >= 2 under "
-                                                                  "batch.schedule.kind=seesaw (the batch grows x alpha)")
+                raise ConfigError(
+                    "schedule.factor",
+                    main.factor,
+                    "must be 1/alpha for a whole alpha >= 2 under batch.schedule.kind=seesaw (the batch grows x alpha)",
+                )
         milestones = list(node.milestones)
         if milestones != sorted(milestones):
             raise ConfigError("batch.schedule.milestones", milestones, "must be non-negative and increasing")
@@ -400,10 +447,15 @@ class ScheduledPolicy(BatchPolicy):
             raise ConfigError("batch.schedule.end", None, f"batch.schedule.kind={node.kind} needs the final batch")
         if node.kind == ScheduleKind.list:
             points = [list(p) for p in node.points]
-            if not points or any(len(p) != 2 for p in points) or points[0][0] != 0 or \
-                    [p[0] for p in points] != sorted(p[0] for p in points):
-                raise ConfigError("batch.schedule.points", points,
-                                  "must be [[0, batch], [epoch, batch], ...] in epoch order")
+            if (
+                not points
+                or any(len(p) != 2 for p in points)
+                or points[0][0] != 0
+                or [p[0] for p in points] != sorted(p[0] for p in points)
+            ):
+                raise ConfigError(
+                    "batch.schedule.points", points, "must be [[0, batch], [epoch, batch], ...] in epoch order"
+                )
             if points[0][1] != cfg.batch.size:
                 raise ConfigError("batch.schedule.points", points, f"must start at batch.size ([0, {cfg.batch.size}])")
         try:
@@ -413,9 +465,13 @@ class ScheduledPolicy(BatchPolicy):
         for size in sizes:
             if size < world * MIN_MICRO or size % world:
                 key = "batch.schedule" if size != cfg.batch.size else "batch.size"
-                raise ConfigError(key, size, f"every scheduled batch must be a multiple of the world size {world} "
-                                             f"and at least {world * MIN_MICRO} ({MIN_MICRO} samples a rank); the "
-                                             f"schedule reaches {sizes}")
+                raise ConfigError(
+                    key,
+                    size,
+                    f"every scheduled batch must be a multiple of the world size {world} "
+                    f"and at least {world * MIN_MICRO} ({MIN_MICRO} samples a rank); the "
+                    f"schedule reaches {sizes}",
+                )
         try:
             return plan_for(cfg.batch.size, world, cfg.batch.micro_size)
         except PlanError as exc:
@@ -429,8 +485,9 @@ class ScheduledPolicy(BatchPolicy):
 
             largest = max(self.schedule(cfg.batch.size).sizes(cfg.epochs)) // self.world
             if largest * self.world <= n_train:
-                self.found = find_plan(cfg, probe.world, probe.splits, probe.model.to(probe.world.device),
-                                       largest=largest)
+                self.found = find_plan(
+                    cfg, probe.world, probe.splits, probe.model.to(probe.world.device), largest=largest
+                )
                 cap = self.found.micro_size
                 self.micro_cap = cap if self.micro_cap is None else min(self.micro_cap, cap)
         return cfg.batch.size
@@ -442,8 +499,15 @@ class ScheduledPolicy(BatchPolicy):
             # batch grows x alpha and the LR falls by 1/sqrt(alpha) only: x sqrt(batch / start) on it.
             start = self.run_steps.sizes[0]
             return tuple((size / start) ** 0.5 for size in self.run_steps.sizes)
-        return tuple(scaling.lr_coupling(self.run_steps.sizes, self.cfg.scaling.ref_batch,
-                                         str(self.cfg.scaling.lr_rule), node.couple_lr, node.ramp_steps))
+        return tuple(
+            scaling.lr_coupling(
+                self.run_steps.sizes,
+                self.cfg.scaling.ref_batch,
+                str(self.cfg.scaling.lr_rule),
+                node.couple_lr,
+                node.ramp_steps,
+            )
+        )
 
 
 class SteppedPolicy(BatchPolicy):
@@ -461,8 +525,9 @@ class SteppedPolicy(BatchPolicy):
         self._coupling: tuple[float, ...] = ()
 
     def schedule(self, start: int) -> BatchSchedule:
-        return BatchSchedule(start=start, world_size=self.world, kind="by_step",
-                             step_points=tuple(self.points) or ((0, start),))
+        return BatchSchedule(
+            start=start, world_size=self.world, kind="by_step", step_points=tuple(self.points) or ((0, start),)
+        )
 
     def lay_out(self, n_train: int, start: int | None = None, data: str = "the data") -> None:
         super().lay_out(n_train, start, data)
@@ -510,8 +575,10 @@ class SteppedPolicy(BatchPolicy):
         if gains is not None:
             coupling = gains
         else:
-            coupling = [scaling.rule_multiplier(rule, size / ref) / scaling.rule_multiplier(rule, b0 / ref)
-                        for size in run.sizes]
+            coupling = [
+                scaling.rule_multiplier(rule, size / ref) / scaling.rule_multiplier(rule, b0 / ref)
+                for size in run.sizes
+            ]
         self._positions, self._coupling = tuple(self._progress(run, gains)[:-1]), tuple(coupling)
 
     def lr_positions(self) -> tuple[float, ...]:
@@ -522,6 +589,7 @@ class SteppedPolicy(BatchPolicy):
         # attributes of a callable object, which would cut it off from this policy.
         def factor(step: int) -> float:
             return scaling.LRFactors(lr_schedule, self._coupling, self._positions)(step)
+
         return factor
 
     def first_plan(self, start: int) -> BatchPlan:
@@ -549,21 +617,29 @@ class AdaptivePolicy(SteppedPolicy):
         node, world, size = self.cfg.batch.adaptive, self.world, self.cfg.batch.size
         low = node.min_size if node.min_size is not None else size
         if size % world or size < world * MIN_MICRO:
-            raise ConfigError("batch.size", size, f"must be a multiple of the world size {world} and at least "
-                                                  f"{world * MIN_MICRO}")
+            raise ConfigError(
+                "batch.size", size, f"must be a multiple of the world size {world} and at least {world * MIN_MICRO}"
+            )
         if not low <= size:
             raise ConfigError("batch.adaptive.min_size", low, f"must be at most batch.size={size}")
         if node.max_size is not None and node.max_size < size:
             raise ConfigError("batch.adaptive.max_size", node.max_size, f"must be at least batch.size={size}")
         if str(self.cfg.trainer.noise_scale) == "off":
-            raise ConfigError("trainer.noise_scale", "off", "batch=adaptive steers by the measured noise scale: "
-                                                            "use auto or always")
+            raise ConfigError(
+                "trainer.noise_scale", "off", "batch=adaptive steers by the measured noise scale: use auto or always"
+            )
         if not self.cfg.data.get("in_memory", True):
-            raise ConfigError("batch.policy", "adaptive", "needs the data in memory (data.in_memory=true): the "
-                                                          "steps ahead change as the run goes")
+            raise ConfigError(
+                "batch.policy",
+                "adaptive",
+                "needs the data in memory (data.in_memory=true): the steps ahead change as the run goes",
+            )
         if str(node.objective) == "goodput" and not self.cfg.batch.find_micro_size:
-            raise ConfigError("batch.adaptive.objective", "goodput", "needs the finder's throughput at each size: "
-                                                                     "set batch.find_micro_size=true")
+            raise ConfigError(
+                "batch.adaptive.objective",
+                "goodput",
+                "needs the finder's throughput at each size: set batch.find_micro_size=true",
+            )
         try:
             return plan_for(size, world, self.cfg.batch.micro_size)
         except PlanError as exc:
@@ -572,9 +648,17 @@ class AdaptivePolicy(SteppedPolicy):
     def controller(self) -> Controller:
         node, size = self.cfg.batch.adaptive, self.cfg.batch.size
         high = self.n_train if node.max_size is None else min(node.max_size, self.n_train)
-        return Controller(start=size, min_size=node.min_size if node.min_size is not None else size,
-                          max_size=high, quantum=self.world, c=node.c, power=node.power,
-                          max_growth=node.max_growth, shrink=node.shrink, objective=str(node.objective))
+        return Controller(
+            start=size,
+            min_size=node.min_size if node.min_size is not None else size,
+            max_size=high,
+            quantum=self.world,
+            c=node.c,
+            power=node.power,
+            max_growth=node.max_growth,
+            shrink=node.shrink,
+            objective=str(node.objective),
+        )
 
     def _start(self, probe: Probe, state: dict | None, n_train: int) -> int:
         cfg = self.cfg
@@ -609,7 +693,8 @@ class AdaptivePolicy(SteppedPolicy):
         batches grown, would count warmup steps and the cap otherwise than the run it resumes."""
         cfg = self.cfg
         return BatchSchedule(start=self.points[0][1], world_size=self.world).run_steps(
-            cfg.epochs, self.n_train, cfg.batch.drop_last, cfg.trainer.max_steps)
+            cfg.epochs, self.n_train, cfg.batch.drop_last, cfg.trainer.max_steps
+        )
 
     def _run_steps(self, start: int, n_train: int) -> RunSteps:
         """The steps until the schedule's position reaches the end of `lr_layout`, the budget: the
@@ -650,7 +735,7 @@ class AdaptivePolicy(SteppedPolicy):
         cannot share), the next epoch's first (None: no epoch follows, the batch stays)."""
         run = self.run_steps
         epoch = bisect.bisect_right(run.epoch_starts, step) - 1
-        left = run.n - sum(run.taken[run.epoch_starts[epoch]:step])
+        left = run.n - sum(run.taken[run.epoch_starts[epoch] : step])
         if size <= 2 * left or self.cfg.batch.drop_last:
             return step
         return run.epoch_starts[epoch + 1] if epoch + 1 < len(run.epoch_starts) else None
@@ -672,9 +757,18 @@ class AdaptivePolicy(SteppedPolicy):
         at = self._from_step(step, size)
         if at is None:  # the last epoch's last step: the batch stays to the end
             size, gain, at = current, self.gains[-1][1], step
-        self.decisions.append({"step": step, "b_simple": decision.b_simple, "target": decision.target,
-                               "size": size, "previous": current, "gain": gain, "from_step": at,
-                               "efficiency": None if b_simple is None else efficiency(b_simple, self.points[0][1], size)})
+        self.decisions.append(
+            {
+                "step": step,
+                "b_simple": decision.b_simple,
+                "target": decision.target,
+                "size": size,
+                "previous": current,
+                "gain": gain,
+                "from_step": at,
+                "efficiency": None if b_simple is None else efficiency(b_simple, self.points[0][1], size),
+            }
+        )
         if size == current and gain == self.gains[-1][1]:
             return
         # A later decision replaces one still waiting for its epoch (the steps stay in order).
@@ -684,10 +778,15 @@ class AdaptivePolicy(SteppedPolicy):
             self.gains = [g for g in self.gains if g[0] < at] + [(at, gain)]
         self._relay_out()
         self._set_lr(parts, step)  # the scheduler set this step's LR from the layout before the change
-        log.info("adaptive batch at step %d: B_simple %s -> global batch %d (was %d)%s%s", step,
-                 "unknown" if b_simple is None else f"{b_simple:.0f}", size, current,
-                 f", AdaScale gain {gain:.3g}" if str(node.lr) == "adascale" else "",
-                 f", from step {at}, the next epoch's first" if at != step else "")
+        log.info(
+            "adaptive batch at step %d: B_simple %s -> global batch %d (was %d)%s%s",
+            step,
+            "unknown" if b_simple is None else f"{b_simple:.0f}",
+            size,
+            current,
+            f", AdaScale gain {gain:.3g}" if str(node.lr) == "adascale" else "",
+            f", from step {at}, the next epoch's first" if at != step else "",
+        )
 
     def _throughput(self):
         """objective=goodput: samples/s at a global batch, from the finder's trials (a batch above
@@ -705,16 +804,26 @@ class AdaptivePolicy(SteppedPolicy):
                 if micro <= b:
                     return ra + (rb - ra) * (micro - a) / (b - a)
             return timed[-1][1]
+
         return rate
 
     def record(self) -> dict[str, Any]:
         last = self.decisions[-1] if self.decisions else {}
-        return {"adaptive/target": last.get("target"), "adaptive/efficiency": last.get("efficiency"),
-                "adaptive/gain": last.get("gain"), "adaptive/decisions": len(self.decisions)}
+        return {
+            "adaptive/target": last.get("target"),
+            "adaptive/efficiency": last.get("efficiency"),
+            "adaptive/gain": last.get("gain"),
+            "adaptive/decisions": len(self.decisions),
+        }
 
     def summary(self, samples_seen: int) -> dict[str, Any]:
-        return {"adaptive": {"sizes": [list(p) for p in self.points], "gains": [list(g) for g in self.gains],
-                             "decisions": self.decisions}}
+        return {
+            "adaptive": {
+                "sizes": [list(p) for p in self.points],
+                "gains": [list(g) for g in self.gains],
+                "decisions": self.decisions,
+            }
+        }
 
     def figures(self, records: list[dict[str, Any]], run_dir: Path) -> dict[str, str]:
         from bsexp.report.render import batch_figure
@@ -723,9 +832,13 @@ class AdaptivePolicy(SteppedPolicy):
         return {"adaptive/batch": name} if name else {}
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "points": [list(p) for p in self.points],
-                "gains": [list(g) for g in self.gains], "decisions": list(self.decisions),
-                "rates": [list(r) for r in self.rates]}
+        return {
+            **super().state_dict(),
+            "points": [list(p) for p in self.points],
+            "gains": [list(g) for g in self.gains],
+            "decisions": list(self.decisions),
+            "rates": [list(r) for r in self.rates],
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.points = [tuple(p) for p in state["points"]]
@@ -757,14 +870,24 @@ class BranchPolicy(SteppedPolicy):
     def check(self) -> BatchPlan:
         batch = self.cfg.batch
         if str(batch.policy) not in (Policy.fixed.value, Policy.accumulation.value):
-            raise ConfigError("batch.policy", str(batch.policy), "a branch trains at one global batch: use batch=fixed "
-                                                                 "or batch=accumulation")
+            raise ConfigError(
+                "batch.policy",
+                str(batch.policy),
+                "a branch trains at one global batch: use batch=fixed or batch=accumulation",
+            )
         if self.cfg.branch.samples is None:
-            raise ConfigError("branch.samples", None, "a branch needs its length: the samples to train on after the "
-                                                      "branch point (e.g. branch.samples=8192)")
+            raise ConfigError(
+                "branch.samples",
+                None,
+                "a branch needs its length: the samples to train on after the branch point (e.g. branch.samples=8192)",
+            )
         if self.cfg.branch.at_samples is None:
-            raise ConfigError("branch.at_samples", None, "say which of the trunk's checkpoints to branch from: its "
-                                                         "samples seen (checkpoint.at_samples of the trunk)")
+            raise ConfigError(
+                "branch.at_samples",
+                None,
+                "say which of the trunk's checkpoints to branch from: its "
+                "samples seen (checkpoint.at_samples of the trunk)",
+            )
         return self._given()
 
     def _given(self) -> BatchPlan:
@@ -790,13 +913,20 @@ class BranchPolicy(SteppedPolicy):
         full = self.schedule(start).run_steps(cfg.epochs, n_train, cfg.batch.drop_last)
         at, end = trunk["samples"], trunk["samples"] + cfg.branch.samples
         if trunk["step"] > full.total or full.samples_before_step(trunk["step"]) != at:
-            raise ConfigError("branch.trunk", cfg.branch.trunk, f"its checkpoint at step {trunk['step']} has seen {at} "
-                                                                f"samples, which this run's layout does not reproduce "
-                                                                f"(epochs, data or batch.drop_last differ)")
+            raise ConfigError(
+                "branch.trunk",
+                cfg.branch.trunk,
+                f"its checkpoint at step {trunk['step']} has seen {at} "
+                f"samples, which this run's layout does not reproduce "
+                f"(epochs, data or batch.drop_last differ)",
+            )
         last = min(full.total_samples, self.lr_layout().total_samples)  # the trunk's own end (trainer.max_steps)
         if end > last:
-            raise ConfigError("branch.samples", cfg.branch.samples, f"runs past the run's end: the branch starts at "
-                                                                    f"{at} of {last} samples, so at most {last - at}")
+            raise ConfigError(
+                "branch.samples",
+                cfg.branch.samples,
+                f"runs past the run's end: the branch starts at {at} of {last} samples, so at most {last - at}",
+            )
         cut = full.cut(end, min_last=MIN_MICRO * self.world)
         self._cut_short = bool(cut.total) and cut.taken[-1] < (full.taken or full.sizes)[cut.total - 1]
         return cut
@@ -853,27 +983,41 @@ class BranchPolicy(SteppedPolicy):
         per_epoch = layout.epoch_samples()
         if layout.cut_epoch:
             per_epoch[-1] = layout.n
-        whole = sum(per_epoch[:state.epoch])
-        return state.epoch + ((state.samples_seen - whole) / per_epoch[state.epoch]
-                              if state.epoch < len(per_epoch) and per_epoch[state.epoch] else 0.0)
+        whole = sum(per_epoch[: state.epoch])
+        return state.epoch + (
+            (state.samples_seen - whole) / per_epoch[state.epoch]
+            if state.epoch < len(per_epoch) and per_epoch[state.epoch]
+            else 0.0
+        )
 
     def described(self, hp: scaling.ScaledHparams) -> scaling.ScaledHparams:
         """The branch's own: the LR and weight decay at its batch by the rules, its steps."""
         cfg, trunk, run = self.cfg, self.trunk, self.run_steps
         k = scaling.scale_factor(cfg.batch.size, cfg.scaling.ref_batch)
         return scaling.ScaledHparams(
-            k=k, lr=scaling.scaled_lr(cfg.optimizer.lr, k, str(cfg.scaling.lr_rule)), lr_peak=hp.lr_peak,
+            k=k,
+            lr=scaling.scaled_lr(cfg.optimizer.lr, k, str(cfg.scaling.lr_rule)),
+            lr_peak=hp.lr_peak,
             weight_decay=scaling.scaled_weight_decay(cfg.optimizer.weight_decay, k, str(cfg.scaling.wd_rule)),
             warmup_steps=0 if hp.warmup_steps <= trunk["step"] else hp.warmup_steps - trunk["step"],
-            total_steps=run.total - trunk["step"])
+            total_steps=run.total - trunk["step"],
+        )
 
     def summary(self, samples_seen: int) -> dict[str, Any]:
-        return {"branch": {"trunk": self.trunk.get("run_dir"), "checkpoint": self.trunk.get("checkpoint"),
-                           "trunk_batch": self.trunk["batch"], "at_step": self.trunk["step"],
-                           "at_samples": self.trunk["samples"], "samples": self.cfg.branch.samples,
-                           "samples_trained": samples_seen - self.trunk["samples"],
-                           "batch": self.cfg.batch.size, "lr": self.trunk.get("lr"),
-                           "weight_decay": self.trunk.get("weight_decay")}}
+        return {
+            "branch": {
+                "trunk": self.trunk.get("run_dir"),
+                "checkpoint": self.trunk.get("checkpoint"),
+                "trunk_batch": self.trunk["batch"],
+                "at_step": self.trunk["step"],
+                "at_samples": self.trunk["samples"],
+                "samples": self.cfg.branch.samples,
+                "samples_trained": samples_seen - self.trunk["samples"],
+                "batch": self.cfg.batch.size,
+                "lr": self.trunk.get("lr"),
+                "weight_decay": self.trunk.get("weight_decay"),
+            }
+        }
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "trunk": dict(self.trunk)}
@@ -897,8 +1041,10 @@ class EpochSizes:
 
 
 POLICIES: dict[str, type[BatchPolicy]] = {
-    Policy.fixed.value: FixedPolicy, Policy.accumulation.value: AccumulationPolicy,
-    Policy.finder.value: FinderPolicy, Policy.scheduled.value: ScheduledPolicy,
+    Policy.fixed.value: FixedPolicy,
+    Policy.accumulation.value: AccumulationPolicy,
+    Policy.finder.value: FinderPolicy,
+    Policy.scheduled.value: ScheduledPolicy,
     Policy.adaptive.value: AdaptivePolicy,
 }
 

@@ -142,26 +142,51 @@ FEW_STEPS = 8  # optimizer steps an epoch below which a batch is called large fo
 LARGEST_VERIFIED_K = 32  # Goyal et al. 2017 trained up to 8k = 32 x 256 with no loss of accuracy
 
 
-def cautions(lr_multiplier: float, warmup_shape: str, warmup_steps: int, total_steps: int,
-             steps_per_epoch: int, peak_fraction: float = 1.0) -> list[tuple[str, str]]:
+def cautions(
+    lr_multiplier: float,
+    warmup_shape: str,
+    warmup_steps: int,
+    total_steps: int,
+    steps_per_epoch: int,
+    peak_fraction: float = 1.0,
+) -> list[tuple[str, str]]:
     """(key, what) for each way the run's set-up is likely to train badly: a batch that leaves
     few steps an epoch, an LR scaled past what the warmup can carry (or past what Goyal et al.
     verified), a warmup that takes the whole run."""
     found = []
     if steps_per_epoch < FEW_STEPS:
-        found.append(("batch.size", f"the batch leaves {steps_per_epoch} optimizer step(s) an epoch (fewer than "
-                                    f"{FEW_STEPS}): few updates, and a batch near the training set's size is far "
-                                    f"above the useful (critical) batch"))
+        found.append(
+            (
+                "batch.size",
+                f"the batch leaves {steps_per_epoch} optimizer step(s) an epoch (fewer than "
+                f"{FEW_STEPS}): few updates, and a batch near the training set's size is far "
+                f"above the useful (critical) batch",
+            )
+        )
     if lr_multiplier > LARGEST_VERIFIED_K:
-        found.append(("scaling.lr_rule", f"the LR is scaled x{lr_multiplier:.3g}, beyond the largest factor Goyal et "
-                                         f"al. trained without loss (x{LARGEST_VERIFIED_K})"))
+        found.append(
+            (
+                "scaling.lr_rule",
+                f"the LR is scaled x{lr_multiplier:.3g}, beyond the largest factor Goyal et "
+                f"al. trained without loss (x{LARGEST_VERIFIED_K})",
+            )
+        )
     if warmup_shape == "linear" and lr_multiplier > 1 and warmup_steps < lr_multiplier - 1:
-        found.append(("schedule.warmup", f"a warmup of {warmup_steps} step(s) raises the LR x{lr_multiplier:.3g}, "
-                                         f"more than the reference LR in each step; lengthen it"))
+        found.append(
+            (
+                "schedule.warmup",
+                f"a warmup of {warmup_steps} step(s) raises the LR x{lr_multiplier:.3g}, "
+                f"more than the reference LR in each step; lengthen it",
+            )
+        )
     if warmup_shape != "none" and warmup_steps and warmup_steps >= total_steps:
-        peak = (f"; the LR peaks at {100 * peak_fraction:.0f} % of its target" if peak_fraction < 1 - 1e-9
-                else "")
-        found.append(("schedule.warmup", f"the warmup ({warmup_steps} steps) takes the whole run ({total_steps} "
-                                         f"steps): the LR never follows schedule.main{peak}; shorten the warmup "
-                                         f"or train longer"))
+        peak = f"; the LR peaks at {100 * peak_fraction:.0f} % of its target" if peak_fraction < 1 - 1e-9 else ""
+        found.append(
+            (
+                "schedule.warmup",
+                f"the warmup ({warmup_steps} steps) takes the whole run ({total_steps} "
+                f"steps): the LR never follows schedule.main{peak}; shorten the warmup "
+                f"or train longer",
+            )
+        )
     return found

@@ -44,8 +44,9 @@ class BatchSchedule:
         if self.kind in ("linear", "exponential"):
             t = min(1.0, epoch / (self.epochs - 1)) if self.epochs > 1 else 1.0
             end = self.end if self.end is not None else self.start
-            size = (self.start + (end - self.start) * t if self.kind == "linear"
-                    else self.start * (end / self.start) ** t)
+            size = (
+                self.start + (end - self.start) * t if self.kind == "linear" else self.start * (end / self.start) ** t
+            )
             quantum = self.round_to * self.world_size
             return max(quantum, quantum * round(size / quantum))
         if self.kind == "by_step":
@@ -79,8 +80,9 @@ class BatchSchedule:
             while start < n:
                 size = self.size_at(epoch, epoch_starts[-1] + steps)
                 left = n - start
-                shared = self.balance_tail and size < left < 1.5 * size and keep_final(left // 2, self.world_size,
-                                                                                        drop_last)
+                shared = (
+                    self.balance_tail and size < left < 1.5 * size and keep_final(left // 2, self.world_size, drop_last)
+                )
                 taken = (left + 1) // 2 if shared else min(size, left)
                 if taken < size and not keep_final(taken, self.world_size, drop_last):
                     break

@@ -24,22 +24,33 @@ def check(cfg: DictConfig) -> None:
     _check_known_keys(cfg)
     for key in ("lr", "weight_decay", "decay_norm_and_bias"):
         if key not in cfg.optimizer:
-            raise ConfigError(f"optimizer.{key}", None, "must be set (an optimizer config of your own can "
-                              "start with `defaults: [/schema_optimizer@_here_]`)")
+            raise ConfigError(
+                f"optimizer.{key}",
+                None,
+                "must be set (an optimizer config of your own can start with `defaults: [/schema_optimizer@_here_]`)",
+            )
     _check_bounds(cfg)
     if "betas" in cfg.optimizer and len(cfg.optimizer.betas) != 2:
-        raise ConfigError("optimizer.betas", list(cfg.optimizer.betas), "must be two values in [0, 1), e.g. [0.9,0.999]")
+        raise ConfigError(
+            "optimizer.betas", list(cfg.optimizer.betas), "must be two values in [0, 1), e.g. [0.9,0.999]"
+        )
     _check_increasing("schedule.milestones", list(cfg.schedule.milestones))
     if cfg.schedule.main == schema.MainSchedule.step and not cfg.schedule.milestones:
         raise ConfigError("schedule.milestones", [], "schedule.main=step needs at least one milestone")
     node = cfg.get("branch")
     if node is not None and node.trunk is None and (node.at_samples is not None or node.samples is not None):
         given = "branch.at_samples" if node.at_samples is not None else "branch.samples"
-        raise ConfigError("branch.trunk", None, f"{given} is set but not the trunk to branch from: give "
-                                                f"branch.trunk=<the trunk's run or sweep directory>")
+        raise ConfigError(
+            "branch.trunk",
+            None,
+            f"{given} is set but not the trunk to branch from: give branch.trunk=<the trunk's run or sweep directory>",
+        )
     if cfg.model.get("ghost_batch") is not None and cfg.distributed.sync_batchnorm:
-        raise ConfigError("distributed.sync_batchnorm", True, "model.ghost_batch normalises each rank's own ghost "
-                                                              "batches; valid with it: null or false")
+        raise ConfigError(
+            "distributed.sync_batchnorm",
+            True,
+            "model.ghost_batch normalises each rank's own ghost batches; valid with it: null or false",
+        )
     check_gpus(cfg)
     for group in ("data", "model", "optimizer"):
         locate(group, cfg[group].get("_target_"))
@@ -68,8 +79,12 @@ def check_gpus(cfg: DictConfig, count: int | None = None) -> None:
     if cfg.device == schema.Device.cuda and count == 0:
         raise ConfigError("device", "cuda", "CUDA is not available here; valid: auto, cpu")
     if key is not None and 0 < count < ranks:
-        raise ConfigError(key, ranks, f"{gpus(count)} visible and each rank needs its own; valid: at most {count}, "
-                                      f"or device=cpu to run the ranks on the CPU")
+        raise ConfigError(
+            key,
+            ranks,
+            f"{gpus(count)} visible and each rank needs its own; valid: at most {count}, "
+            f"or device=cpu to run the ranks on the CPU",
+        )
 
 
 def _check_bounds(node: DictConfig, prefix: str = "") -> None:
@@ -121,8 +136,12 @@ def _check_known_keys(cfg: DictConfig, prefix: str = "") -> None:
         if dataclasses.is_dataclass(cls) and key not in {f.name for f in dataclasses.fields(cls)}:
             full = f"{prefix}{key}"
             names = [f.name for f in dataclasses.fields(cls)]
-            raise ConfigError(full, cfg[key], f"not a key of {prefix.rstrip('.') or 'the config'}"
-                                              f"{did_you_mean(full, names)}; valid: {', '.join(names)}")
+            raise ConfigError(
+                full,
+                cfg[key],
+                f"not a key of {prefix.rstrip('.') or 'the config'}"
+                f"{did_you_mean(full, names)}; valid: {', '.join(names)}",
+            )
         if isinstance(node, DictConfig) and dataclasses.is_dataclass(OmegaConf.get_type(node)):
             _check_known_keys(node, f"{prefix}{key}.")
 
@@ -157,7 +176,7 @@ def call_target(group: str, node: DictConfig, *args: Any, exclude: tuple[str, ..
     if params and not any(p.kind == p.VAR_KEYWORD for p in params.values()):
         for key, value in kwargs.items():
             if key not in params:
-                valid = ", ".join(p for p in list(params)[len(args):] if p not in given)
+                valid = ", ".join(p for p in list(params)[len(args) :] if p not in given)
                 raise ConfigError(f"{group}.{key}", value, f"not an option of {target}; valid: {valid}")
     try:
         return fn(*args, **kwargs, **given)

@@ -39,8 +39,11 @@ def world_size(cfg: DictConfig) -> int:
     """Ranks of the run: torchrun's WORLD_SIZE when it started us, else the workers bsexp launches."""
     if under_torchrun():
         if cfg.distributed.kind != DistributedKind.ddp:
-            raise ConfigError("distributed", str(cfg.distributed.kind),
-                              f"torchrun started {os.environ['WORLD_SIZE']} ranks; add distributed=ddp")
+            raise ConfigError(
+                "distributed",
+                str(cfg.distributed.kind),
+                f"torchrun started {os.environ['WORLD_SIZE']} ranks; add distributed=ddp",
+            )
         return int(os.environ["WORLD_SIZE"])
     return cfg.distributed.nproc_per_node if cfg.distributed.kind == DistributedKind.ddp else 1
 

@@ -53,8 +53,12 @@ NoiseMode = _choice("NoiseMode", "auto", "off", "always")
 LoggerKind = _choice("LoggerKind", "wandb", "none")
 WandbMode = _choice("WandbMode", "offline", "online", "disabled")
 # The torchvision sets bsexp knows: name -> (torchvision class, number of classes).
-VISION_SETS = {"mnist": ("MNIST", 10), "fashion_mnist": ("FashionMNIST", 10),
-               "cifar10": ("CIFAR10", 10), "cifar100": ("CIFAR100", 100)}
+VISION_SETS = {
+    "mnist": ("MNIST", 10),
+    "fashion_mnist": ("FashionMNIST", 10),
+    "cifar10": ("CIFAR10", 10),
+    "cifar100": ("CIFAR100", 100),
+}
 VisionSet = _choice("VisionSet", *VISION_SETS)
 
 DATA_ROOT = "${oc.env:BSEXP_DATA,data}"
@@ -89,12 +93,20 @@ class Bound:
             return f"{'>' if self.open_low else '>='} {fmt(self.low)}"
         if self.low is None:
             return f"{'<' if self.open_high else '<='} {fmt(self.high)}"
-        return (f"in {'(' if self.open_low else '['}{fmt(self.low)}, {fmt(self.high)}"
-                f"{')' if self.open_high else ']'}")
+        return f"in {'(' if self.open_low else '['}{fmt(self.low)}, {fmt(self.high)}{')' if self.open_high else ']'}"
 
 
-def bounded(default: Any = MISSING, *, low: float | None = None, high: float | None = None, open_low: bool = False,
-            open_high: bool = False, nonempty: bool = False, factory: Any = None, why: str = "") -> Any:
+def bounded(
+    default: Any = MISSING,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    open_low: bool = False,
+    open_high: bool = False,
+    nonempty: bool = False,
+    factory: Any = None,
+    why: str = "",
+) -> Any:
     """A dataclass field with its bound beside it (`why` is added to the error message)."""
     meta = {"bound": Bound(low, high, open_low, open_high, nonempty), "why": why}
     if factory is not None:
@@ -437,7 +449,9 @@ class BranchConfig:
     samples. Every other key must equal the trunk's. Merrill et al. 2025's branched training."""
 
     trunk: Optional[str] = None  # the trunk: a run directory, or a sweep directory (the job of this seed)
-    at_samples: Optional[int] = at_least(0, None)  # the trunk's checkpoint at these samples seen (checkpoint.at_samples)
+    at_samples: Optional[int] = at_least(
+        0, None
+    )  # the trunk's checkpoint at these samples seen (checkpoint.at_samples)
     samples: Optional[int] = at_least(1, None)  # samples the branch trains on
     evals: int = at_least(1, 4)  # evaluations along the branch, evenly in samples (and one at its start)
 
@@ -504,8 +518,14 @@ def where_defined(name: str, parent: str) -> tuple[list[str], list[str]]:
             if is_dataclass(default) and name in {g.name for g in fields(default)}:
                 full.append(f"{f.name}.{name}")
         for group in GROUPS:
-            if any(name in {g.name for g in fields(cls)} for key, cls in SCHEMAS.items()
-                   if key.startswith(f"schema_{group}")) and f"{group}.{name}" not in full:
+            if (
+                any(
+                    name in {g.name for g in fields(cls)}
+                    for key, cls in SCHEMAS.items()
+                    if key.startswith(f"schema_{group}")
+                )
+                and f"{group}.{name}" not in full
+            ):
                 full.append(f"{group}.{name}")
     options = []
     if parent in GROUPS:

@@ -203,8 +203,13 @@ def labels(rows: Sequence[Row]) -> Labels:
         return tuple(sorted({clean(p.summary[key]) for p in done if p.summary.get(key) is not None}, key=str))
 
     counts = [len(r.done) for r in rows if r.done] or [0]
-    return Labels(distinct("data"), distinct("model", lambda m: str(m).rsplit(".", 1)[-1]),
-                  distinct("epochs", float), distinct("seed", int), (min(counts), max(counts)))
+    return Labels(
+        distinct("data"),
+        distinct("model", lambda m: str(m).rsplit(".", 1)[-1]),
+        distinct("epochs", float),
+        distinct("seed", int),
+        (min(counts), max(counts)),
+    )
 
 
 # ----------------------------------------------------------------------------- best and breaking point
@@ -223,7 +228,7 @@ def difference_se(a: Row, b: Row, metric: str) -> float | None:
     if sa is None and sb is None:
         return None
     sa, sb = (sa if sa is not None else sb), (sb if sb is not None else sa)
-    return math.sqrt(sa ** 2 / len(a.values(metric)) + sb ** 2 / len(b.values(metric)))
+    return math.sqrt(sa**2 / len(a.values(metric)) + sb**2 / len(b.values(metric)))
 
 
 @dataclass
@@ -260,8 +265,10 @@ def breaking_point(members: Sequence[Row], metric: str, tolerance: float | None 
         if tol is None:
             se = difference_se(best, row, metric)
             if se is None:
-                found.refused = (f"batch {best.batch} and {row.batch} ran one seed each: no spread to judge a "
-                                 f"difference by (run more seeds or give --tolerance)")
+                found.refused = (
+                    f"batch {best.batch} and {row.batch} ran one seed each: no spread to judge a "
+                    f"difference by (run more seeds or give --tolerance)"
+                )
                 return found
             tol = TOLERANCE_SE * se
         found.tolerance = tol
@@ -303,8 +310,10 @@ def reach(point: Point, metric: str, target: float) -> Reach | None:
             if below is None:
                 return Reach(record["step"], record["samples_seen"], at_first_eval=True)
             f = (target - below[metric]) / (value - below[metric])
-            return Reach(below["step"] + f * (record["step"] - below["step"]),
-                         below["samples_seen"] + f * (record["samples_seen"] - below["samples_seen"]))
+            return Reach(
+                below["step"] + f * (record["step"] - below["step"]),
+                below["samples_seen"] + f * (record["samples_seen"] - below["samples_seen"]),
+            )
         below = record
     return None
 
@@ -314,8 +323,11 @@ def reach_row(row: Row, metric: str, target: float) -> Reach | None:
     reached = [reach(p, metric, target) for p in row.done]
     if not reached or any(r is None for r in reached):
         return None
-    return Reach(statistics.fmean(r.steps for r in reached), statistics.fmean(r.samples for r in reached),
-                 any(r.at_first_eval for r in reached))
+    return Reach(
+        statistics.fmean(r.steps for r in reached),
+        statistics.fmean(r.samples for r in reached),
+        any(r.at_first_eval for r in reached),
+    )
 
 
 @dataclass(frozen=True)
@@ -343,11 +355,18 @@ def choose_target(rows: Sequence[Row], metric: str) -> Target:
     for row in rows:
         for point in row.done:
             total = point.final_samples
-            early = [rec[metric] for rec in point.records
-                     if _number(rec.get(metric)) and total and rec.get("samples_seen", math.inf) <= TARGET_BY * total]
+            early = [
+                rec[metric]
+                for rec in point.records
+                if _number(rec.get(metric)) and total and rec.get("samples_seen", math.inf) <= TARGET_BY * total
+            ]
             if not early:
-                return Target(None, rule, f"`{point.name}` has no evaluation within the first {_share(TARGET_BY)} of "
-                                          f"its training samples (evaluate more often: trainer.eval_every_steps)")
+                return Target(
+                    None,
+                    rule,
+                    f"`{point.name}` has no evaluation within the first {_share(TARGET_BY)} of "
+                    f"its training samples (evaluate more often: trainer.eval_every_steps)",
+                )
             reached.append((max(early), point, row))
     if not reached:
         return Target(None, rule, "no completed point has metrics records")
@@ -355,9 +374,11 @@ def choose_target(rows: Sequence[Row], metric: str) -> Target:
     siblings = [v for v, p, r in reached if r is row and p is not setter]
     doubt = None
     if siblings and min(siblings) - value >= FAILED_SEED_BY:
-        doubt = (f"the target was set by `{setter.name}` ({100 * value:.1f} %), far below the other seeds of batch "
-                 f"{row.batch} ({100 * min(siblings):.1f}-{100 * max(siblings):.1f} %): a failed seed sets it low, and "
-                 f"every batch reaches a low target early; give --target, or leave that seed out")
+        doubt = (
+            f"the target was set by `{setter.name}` ({100 * value:.1f} %), far below the other seeds of batch "
+            f"{row.batch} ({100 * min(siblings):.1f}-{100 * max(siblings):.1f} %): a failed seed sets it low, and "
+            f"every batch reaches a low target early; give --target, or leave that seed out"
+        )
     return Target(value, rule, doubt=doubt)
 
 
@@ -388,9 +409,11 @@ def fit_steps_samples(steps: Sequence[float], samples: Sequence[float], min_batc
     inverse = [s / e for s, e in points]  # 1 / B
     distinct = len({round(x, 12) for x in inverse})
     if distinct < min_batches:
-        return Fit(refused=f"fewer than {min_batches} batch sizes ({distinct}): a fit of S_min and E_min needs at "
-                           f"least {min_batches}")
-    w = [1 / s ** 2 for s, _ in points]
+        return Fit(
+            refused=f"fewer than {min_batches} batch sizes ({distinct}): a fit of S_min and E_min needs at "
+            f"least {min_batches}"
+        )
+    w = [1 / s**2 for s, _ in points]
     sw = sum(w)
     sx = sum(wi * x for wi, x in zip(w, inverse))
     sxx = sum(wi * x * x for wi, x in zip(w, inverse))
@@ -399,11 +422,19 @@ def fit_steps_samples(steps: Sequence[float], samples: Sequence[float], min_batc
     det = sw * sxx - sx * sx
     s_min, e_min = (sxx * sy - sx * sxy) / det, (sw * sxy - sx * sy) / det
     if s_min <= 0:
-        return Fit(s_min, e_min, refused=f"S_min = {s_min:,.1f} steps is not positive: steps fell as fast as 1/batch "
-                                         f"(or faster) all the way, so B_crit lies above the largest batch swept")
+        return Fit(
+            s_min,
+            e_min,
+            refused=f"S_min = {s_min:,.1f} steps is not positive: steps fell as fast as 1/batch "
+            f"(or faster) all the way, so B_crit lies above the largest batch swept",
+        )
     if e_min <= 0:
-        return Fit(s_min, e_min, refused=f"E_min = {e_min:,.0f} samples is not positive: steps did not fall as the "
-                                         f"batch grew, so B_crit lies below the smallest batch swept")
+        return Fit(
+            s_min,
+            e_min,
+            refused=f"E_min = {e_min:,.0f} samples is not positive: steps did not fall as the "
+            f"batch grew, so B_crit lies below the smallest batch swept",
+        )
     rms = math.sqrt(statistics.fmean(((s_min + e_min * x - s) / s) ** 2 for x, (s, _) in zip(inverse, points)))
     return Fit(s_min, e_min, rms)
 
@@ -458,7 +489,7 @@ def schedule_bound(ladder: Sequence[tuple[float, float]]) -> ScheduleBound | Non
     s_min, e_min = ladder[-1]
     if s_min <= 0 or e_min <= 0:
         return None
-    return ScheduleBound(s_min, e_min, min(root ** 2 / (s_min * e_min), 1.0))
+    return ScheduleBound(s_min, e_min, min(root**2 / (s_min * e_min), 1.0))
 
 
 @dataclass
@@ -497,17 +528,21 @@ def critical_batch(members: Sequence[Row], metric: str, target: float | None = N
     chosen = Target(target, "given (--target)") if target is not None else choose_target(trained, metric)
     critical = Critical(family, chosen, left_out=left_out)
     if len({r.batch for r in trained}) < 3:
-        critical.refused = (f"fewer than 3 batch sizes trained ({', '.join(str(r.batch) for r in trained) or 'none'}): "
-                            f"a fit of S_min and E_min needs at least 3")
+        critical.refused = (
+            f"fewer than 3 batch sizes trained ({', '.join(str(r.batch) for r in trained) or 'none'}): "
+            f"a fit of S_min and E_min needs at least 3"
+        )
         return critical
     if chosen.value is None:
         critical.refused = chosen.refused
         return critical
     chance = next((r.chance for r in trained if r.chance is not None), None)
     if chance is not None and chosen.value < chance + TRAINED_ABOVE * (1 - chance):
-        critical.refused = (f"the target, {metric} {100 * chosen.value:.2f} %, is at chance level "
-                            f"({100 * chance:.2f} %): the points "
-                            f"had not trained within the first {_share(TARGET_BY)} of their samples (train longer)")
+        critical.refused = (
+            f"the target, {metric} {100 * chosen.value:.2f} %, is at chance level "
+            f"({100 * chance:.2f} %): the points "
+            f"had not trained within the first {_share(TARGET_BY)} of their samples (train longer)"
+        )
         return critical
     bounds = []  # reached by the first evaluation: steps and samples only bounded from above
     for row in trained:
@@ -516,8 +551,10 @@ def critical_batch(members: Sequence[Row], metric: str, target: float | None = N
             critical.left_out.append(f"batch {row.batch}: a seed never reached the target")
         elif got.at_first_eval:
             bounds.append((row, got))
-            critical.left_out.append(f"batch {row.batch}: reached the target by its first evaluation (step "
-                                     f"{got.steps:,.0f}), so its steps to target are only an upper bound")
+            critical.left_out.append(
+                f"batch {row.batch}: reached the target by its first evaluation (step "
+                f"{got.steps:,.0f}), so its steps to target are only an upper bound"
+            )
         else:
             critical.reached.append((row, got))
     if bounds and len({row.batch for row, _ in critical.reached}) < 3:
@@ -535,10 +572,12 @@ def first_evaluation_bounds(bounds: Sequence[tuple[Row, Reach]]) -> str:
     batches = ", ".join(str(row.batch) for row, _ in bounds)
     fewest = min(got.steps for _, got in bounds)
     every = max(1, int(fewest // 10))
-    return (f"the steps to the target of batch{'es' if len(bounds) > 1 else ''} {batches} are upper bounds: each "
-            f"reached it by its first evaluation (step {fewest:,.0f} for the earliest), so a fit would be forced by "
-            f"when the runs were evaluated, not by when they got there; evaluate every {every} step"
-            f"{'s' if every > 1 else ''} or fewer (trainer.eval_every_steps={every}) to resolve them")
+    return (
+        f"the steps to the target of batch{'es' if len(bounds) > 1 else ''} {batches} are upper bounds: each "
+        f"reached it by its first evaluation (step {fewest:,.0f} for the earliest), so a fit would be forced by "
+        f"when the runs were evaluated, not by when they got there; evaluate every {every} step"
+        f"{'s' if every > 1 else ''} or fewer (trainer.eval_every_steps={every}) to resolve them"
+    )
 
 
 # ----------------------------------------------------------------------------- the gradient noise scale
@@ -564,11 +603,14 @@ def noise_scale(points: Sequence[Point]) -> NoiseScale:
     modes = {str((p.config.get("trainer") or {}).get("noise_scale", "auto")) for p in done}
     if done and modes == {"off"}:
         return NoiseScale(absent="turned off (trainer.noise_scale=off)")
-    one_gradient = all((p.summary.get("accum_steps") or 1) == 1 and (p.summary.get("world_size") or 1) == 1
-                       for p in done)
+    one_gradient = all(
+        (p.summary.get("accum_steps") or 1) == 1 and (p.summary.get("world_size") or 1) == 1 for p in done
+    )
     if one_gradient:
-        return NoiseScale(absent="a step of one micro-batch on one process computes one gradient, so there are no "
-                                 "two batch sizes to compare (McCandlish et al. 2018, App. A.1)")
+        return NoiseScale(
+            absent="a step of one micro-batch on one process computes one gradient, so there are no "
+            "two batch sizes to compare (McCandlish et al. 2018, App. A.1)"
+        )
     return NoiseScale(absent="no completed point recorded a value")
 
 
@@ -598,15 +640,26 @@ class Analysis:
         return any(r.configuration for r in self.rows)
 
 
-def analyse(points: Sequence[Point], metric: str = "val_acc", tolerance: float | None = None,
-            target: float | None = None) -> Analysis:
+def analyse(
+    points: Sequence[Point], metric: str = "val_acc", tolerance: float | None = None, target: float | None = None
+) -> Analysis:
     points = list(points)
     rows = make_rows(points)
     groups = families(rows)
     breaking = [b for b in (breaking_point(m, metric, tolerance) for m in groups.values()) if b is not None]
     critical = [critical_batch(m, metric, target) for m in groups.values() if len({r.batch for r in m}) > 1]
-    return Analysis(points, rows, common_settings(points), metric, labels(rows), best_row(rows, metric), breaking,
-                    critical, noise_scale(points), tolerance)
+    return Analysis(
+        points,
+        rows,
+        common_settings(points),
+        metric,
+        labels(rows),
+        best_row(rows, metric),
+        breaking,
+        critical,
+        noise_scale(points),
+        tolerance,
+    )
 
 
 def grid(rows: Sequence[Row], metric: str):

@@ -19,6 +19,7 @@ def _fraction(low_open: bool):
         if not (0 < value <= 1 if low_open else 0 <= value < 1):
             raise argparse.ArgumentTypeError("out of range")
         return value
+
     return parse
 
 
@@ -30,18 +31,26 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bsexp.report", description=doc.split("\n\n")[0])
     parser.add_argument("dirs", nargs="+", type=Path, help="multirun directories (outputs/multirun/<date>/<time>)")
     parser.add_argument("--metric", default="val_acc", help=f"what picks the best row: {' or '.join(METRICS)}")
-    parser.add_argument("--tolerance", default=None,
-                        help=f"accuracy (a fraction in [0, 1)) within which a larger batch still counts as good as "
-                             f"the best; default: {TOLERANCE_SE:g} standard errors of the difference of the two "
-                             f"rows' means")
-    parser.add_argument("--target", default=None,
-                        help=f"accuracy (a fraction in (0, 1]) for the steps-to-target fit of the critical batch; "
-                             f"default: {target_rule('accuracy')}")
+    parser.add_argument(
+        "--tolerance",
+        default=None,
+        help=f"accuracy (a fraction in [0, 1)) within which a larger batch still counts as good as "
+        f"the best; default: {TOLERANCE_SE:g} standard errors of the difference of the two "
+        f"rows' means",
+    )
+    parser.add_argument(
+        "--target",
+        default=None,
+        help=f"accuracy (a fraction in (0, 1]) for the steps-to-target fit of the critical batch; "
+        f"default: {target_rule('accuracy')}",
+    )
     parser.add_argument("--no-wandb", action="store_true", help="do not log the report to W&B")
     args = parser.parse_args(argv)
-    checks = [("--metric", args.metric, lambda v: v if v in METRICS else None, " or ".join(METRICS)),
-              ("--target", args.target, _checked(_fraction(True)), "an accuracy fraction in (0, 1]"),
-              ("--tolerance", args.tolerance, _checked(_fraction(False)), "an accuracy fraction in [0, 1)")]
+    checks = [
+        ("--metric", args.metric, lambda v: v if v in METRICS else None, " or ".join(METRICS)),
+        ("--target", args.target, _checked(_fraction(True)), "an accuracy fraction in (0, 1]"),
+        ("--tolerance", args.tolerance, _checked(_fraction(False)), "an accuracy fraction in [0, 1)"),
+    ]
     for flag, given, parse, valid in checks:
         if given is not None and parse(given) is None:
             return _refuse(f"{flag}={given}: valid: {valid}")
@@ -52,8 +61,9 @@ def main(argv: list[str] | None = None) -> int:
             return _refuse(f"{d}: no such directory; valid: a multirun directory holding job directories")
     points = [p for d in args.dirs for p in load_points(d)]
     if not points:
-        return _refuse(f"{', '.join(map(str, args.dirs))}: no sweep points (job directories with .hydra/ or "
-                       f"{INDEX} entries)")
+        return _refuse(
+            f"{', '.join(map(str, args.dirs))}: no sweep points (job directories with .hydra/ or {INDEX} entries)"
+        )
     out_dir = args.dirs[0]
     analysis = analyse(points, args.metric, tolerance, target)
     names = render.figures(analysis, out_dir)
@@ -61,8 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     render.write_csv(analysis, out_dir / "report.csv")
     mode = None if args.no_wandb else render.to_wandb(analysis, out_dir, names, sweep_name(args.dirs[0]))
     print((out_dir / "report.md").read_text())
-    print(f"report: {out_dir / 'report.md'}, report.csv and {len(names)} figures in {out_dir}"
-          + (f"; W&B report run ({mode})" if mode else ""))
+    print(
+        f"report: {out_dir / 'report.md'}, report.csv and {len(names)} figures in {out_dir}"
+        + (f"; W&B report run ({mode})" if mode else "")
+    )
     return 0
 
 
@@ -72,6 +84,7 @@ def _checked(parse):
             return parse(text)
         except argparse.ArgumentTypeError:
             return None
+
     return check
 
 

@@ -61,8 +61,9 @@ class Critical:
         return f"{'' if self.bound == '=' else ('≥ ' if self.bound == '>=' else '≤ ')}{self.batch:,}"
 
 
-def critical_batch(losses: Mapping[int, float | None], epsilon: float = EPSILON,
-                   start: float | None = None) -> Critical:
+def critical_batch(
+    losses: Mapping[int, float | None], epsilon: float = EPSILON, start: float | None = None
+) -> Critical:
     """The largest batch B such that every batch from the smallest up to B has a loss at most
     (1 + epsilon) x the smallest batch's (Merrill et al. 2025's rule, with a relative tolerance).
     A diverged branch has loss inf (out of any tolerance); a batch with no result (None: failed or
@@ -88,8 +89,11 @@ def critical_batch(losses: Mapping[int, float | None], epsilon: float = EPSILON,
 
 def at_samples(records: Sequence[Mapping[str, Any]], samples: float, metric: str = METRIC) -> float | None:
     """`metric` at `samples` seen, linear between the evaluations around it (exact at one)."""
-    points = sorted((r["samples_seen"], r[metric]) for r in records
-                    if isinstance(r.get(metric), (int, float)) and r.get("samples_seen") is not None)
+    points = sorted(
+        (r["samples_seen"], r[metric])
+        for r in records
+        if isinstance(r.get(metric), (int, float)) and r.get("samples_seen") is not None
+    )
     for (s0, v0), (s1, v1) in zip(points, points[1:]):
         if s0 <= samples <= s1:
             return v0 if s1 == s0 else v0 + (v1 - v0) * (samples - s0) / (s1 - s0)
@@ -126,8 +130,17 @@ def load_branches(sweep: Path) -> list[Branch]:
         node = summary.get("branch")
         if not node:
             continue
-        found.append(Branch(summary["seed"], node["at_samples"], node["batch"], node["samples"], node["trunk"],
-                            summary["status"], read_jsonl(job / "metrics.jsonl")))
+        found.append(
+            Branch(
+                summary["seed"],
+                node["at_samples"],
+                node["batch"],
+                node["samples"],
+                node["trunk"],
+                summary["status"],
+                read_jsonl(job / "metrics.jsonl"),
+            )
+        )
     return found
 
 
@@ -183,23 +196,34 @@ def stages(branches: Sequence[Branch], epsilon: float = EPSILON) -> list[Stage]:
             for b in group:
                 per_batch[b.batch].append(b.loss(fraction))
             # a batch counts only where every seed's branch finished
-            return {batch: (None if any(v is None for v in vs) else statistics.fmean(vs)) for batch, vs in per_batch.items()}
+            return {
+                batch: (None if any(v is None for v in vs) else statistics.fmean(vs)) for batch, vs in per_batch.items()
+            }
 
         final = mean_losses(1.0)
         seeds = sorted({b.seed for b in group})
-        starts = {s: next((b.start_loss() for b in group if b.seed == s and b.start_loss() is not None), None)
-                  for s in seeds}
+        starts = {
+            s: next((b.start_loss() for b in group if b.seed == s and b.start_loss() is not None), None) for s in seeds
+        }
         start = _mean(list(starts.values()))
-        per_seed = [critical_batch({b.batch: b.loss() for b in group if b.seed == s}, epsilon, starts[s])
-                    for s in seeds]
+        per_seed = [
+            critical_batch({b.batch: b.loss() for b in group if b.seed == s}, epsilon, starts[s]) for s in seeds
+        ]
         losses: dict[int, list[float]] = defaultdict(list)
         for b in group:
             if b.loss() is not None:
                 losses[b.batch].append(b.loss())
-        out.append(Stage(
-            at=at, length=length, losses=dict(sorted(losses.items())), critical=critical_batch(final, epsilon, start),
-            per_seed=per_seed, by_epsilon={e: critical_batch(final, e, start) for e in EPSILONS},
-            by_length={f: critical_batch(mean_losses(f), epsilon, start) for f in (0.25, 0.5, 1.0)}))
+        out.append(
+            Stage(
+                at=at,
+                length=length,
+                losses=dict(sorted(losses.items())),
+                critical=critical_batch(final, epsilon, start),
+                per_seed=per_seed,
+                by_epsilon={e: critical_batch(final, e, start) for e in EPSILONS},
+                by_length={f: critical_batch(mean_losses(f), epsilon, start) for f in (0.25, 0.5, 1.0)},
+            )
+        )
     return out
 
 
@@ -211,8 +235,11 @@ def window_b_simple(records: Sequence[Mapping[str, Any]], start: float, stop: fl
     batch to resolve against its noise, so B_simple is far above that batch."""
     inside = [r for r in records if start <= r.get("samples_seen", -1) <= stop]
     for grad_key, trace_key in (("noise/grad_sq_raw", "noise/trace_sigma_raw"), ("noise/grad_sq", "noise/trace_sigma")):
-        pairs = [(r[grad_key], r[trace_key]) for r in inside
-                 if isinstance(r.get(grad_key), (int, float)) and isinstance(r.get(trace_key), (int, float))]
+        pairs = [
+            (r[grad_key], r[trace_key])
+            for r in inside
+            if isinstance(r.get(grad_key), (int, float)) and isinstance(r.get(trace_key), (int, float))
+        ]
         if pairs:
             grad, trace = statistics.fmean(g for g, _ in pairs), statistics.fmean(t for _, t in pairs)
             if grad <= 0:
@@ -283,8 +310,12 @@ def markdown(found: Sequence[Stage], epsilon: float, seeds: int, swept: bool) ->
         f"no progress: the smallest batch's branch ended less than ε below its starting loss (too short to tell). "
         f"A diverged branch is out of any ε. "
         f"B_simple: the trunks' mean over the branch's window. "
-        + ("B_crit: E_min / S_min from the fixed-batch sweep, to the validation accuracy the trunk had at the "
-           "branch's end." if swept else "B_crit: no fixed-batch sweep given (--sweep)."),
+        + (
+            "B_crit: E_min / S_min from the fixed-batch sweep, to the validation accuracy the trunk had at the "
+            "branch's end."
+            if swept
+            else "B_crit: no fixed-batch sweep given (--sweep)."
+        ),
         "",
         "| samples seen | critical batch | per seed | B_simple | B_simple / critical | target val_acc | B_crit "
         "| B_crit / critical |",
@@ -292,30 +323,47 @@ def markdown(found: Sequence[Stage], epsilon: float, seeds: int, swept: bool) ->
     ]
     for s in found:
         b_simple = _num(s.b_simple) if s.b_simple is not None or not s.b_simple_note else "unresolved"
-        lines.append(f"| {s.at:,} | {s.critical} | {', '.join(str(c) for c in s.per_seed)} | {b_simple} | "
-                     f"{s.shown_ratio(s.b_simple)} | {_num(s.target and 100 * s.target, 2)} | {_num(s.b_crit)} | "
-                     f"{s.shown_ratio(s.b_crit)} |")
+        lines.append(
+            f"| {s.at:,} | {s.critical} | {', '.join(str(c) for c in s.per_seed)} | {b_simple} | "
+            f"{s.shown_ratio(s.b_simple)} | {_num(s.target and 100 * s.target, 2)} | {_num(s.b_crit)} | "
+            f"{s.shown_ratio(s.b_crit)} |"
+        )
     batches = sorted({b for s in found for b in s.losses})
-    lines += ["", "Mean validation loss at the branch's end, by batch (diverged: a seed's branch diverged; "
-                  "- : not run or failed):", "",
-              "| samples seen | " + " | ".join(f"B={b:,}" for b in batches) + " |",
-              "| ---: |" + " ---: |" * len(batches)]
+    lines += [
+        "",
+        "Mean validation loss at the branch's end, by batch (diverged: a seed's branch diverged; "
+        "- : not run or failed):",
+        "",
+        "| samples seen | " + " | ".join(f"B={b:,}" for b in batches) + " |",
+        "| ---: |" + " ---: |" * len(batches),
+    ]
     for s in found:
         cells = []
         for b in batches:
             values = s.losses.get(b)
             mean = _mean(values) if values else None
-            cells.append("-" if mean is None else ("diverged" if not math.isfinite(mean) else
-                                                   (f"{mean:.4f}" if mean < 1e4 else f"{mean:.3g}")))
+            cells.append(
+                "-"
+                if mean is None
+                else ("diverged" if not math.isfinite(mean) else (f"{mean:.4f}" if mean < 1e4 else f"{mean:.3g}"))
+            )
         lines.append(f"| {s.at:,} | " + " | ".join(cells) + " |")
-    lines += ["", "Sensitivity to ε (relative tolerance), full branch length:", "",
-              "| samples seen | " + " | ".join(f"ε = {e:g}" for e in EPSILONS) + " |",
-              "| ---: |" + " ---: |" * len(EPSILONS)]
+    lines += [
+        "",
+        "Sensitivity to ε (relative tolerance), full branch length:",
+        "",
+        "| samples seen | " + " | ".join(f"ε = {e:g}" for e in EPSILONS) + " |",
+        "| ---: |" + " ---: |" * len(EPSILONS),
+    ]
     for s in found:
         lines.append(f"| {s.at:,} | " + " | ".join(str(s.by_epsilon[e]) for e in EPSILONS) + " |")
-    lines += ["", f"Sensitivity to the branch length (ε = {epsilon:g}; the loss at that point of the same branches):",
-              "", "| samples seen | " + " | ".join(f"Δ = {int(f * length):,}" for f in (0.25, 0.5, 1.0)) + " |",
-              "| ---: |" + " ---: |" * 3]
+    lines += [
+        "",
+        f"Sensitivity to the branch length (ε = {epsilon:g}; the loss at that point of the same branches):",
+        "",
+        "| samples seen | " + " | ".join(f"Δ = {int(f * length):,}" for f in (0.25, 0.5, 1.0)) + " |",
+        "| ---: |" + " ---: |" * 3,
+    ]
     for s in found:
         lines.append(f"| {s.at:,} | " + " | ".join(str(s.by_length[f]) for f in (0.25, 0.5, 1.0)) + " |")
     notes = [f"- {s.at:,}: B_simple: {s.b_simple_note}" for s in found if s.b_simple_note]
@@ -328,13 +376,35 @@ def markdown(found: Sequence[Stage], epsilon: float, seeds: int, swept: bool) ->
 def write_csv(found: Sequence[Stage], path: Path) -> None:
     with open(path, "w", newline="") as out:
         writer = csv.writer(out)
-        writer.writerow(["samples_seen", "critical_batch", "bound", "b_simple", "b_simple_ratio", "target_val_acc",
-                         "b_crit", "b_crit_ratio", *(f"critical_eps_{e:g}" for e in EPSILONS),
-                         *(f"critical_length_{f:g}" for f in (0.25, 0.5, 1.0))])
+        writer.writerow(
+            [
+                "samples_seen",
+                "critical_batch",
+                "bound",
+                "b_simple",
+                "b_simple_ratio",
+                "target_val_acc",
+                "b_crit",
+                "b_crit_ratio",
+                *(f"critical_eps_{e:g}" for e in EPSILONS),
+                *(f"critical_length_{f:g}" for f in (0.25, 0.5, 1.0)),
+            ]
+        )
         for s in found:
-            writer.writerow([s.at, s.critical.batch, s.critical.bound, s.b_simple, s.ratio(s.b_simple), s.target,
-                             s.b_crit, s.ratio(s.b_crit), *(s.by_epsilon[e].batch for e in EPSILONS),
-                             *(s.by_length[f].batch for f in (0.25, 0.5, 1.0))])
+            writer.writerow(
+                [
+                    s.at,
+                    s.critical.batch,
+                    s.critical.bound,
+                    s.b_simple,
+                    s.ratio(s.b_simple),
+                    s.target,
+                    s.b_crit,
+                    s.ratio(s.b_crit),
+                    *(s.by_epsilon[e].batch for e in EPSILONS),
+                    *(s.by_length[f].batch for f in (0.25, 0.5, 1.0)),
+                ]
+            )
 
 
 def figure(found: Sequence[Stage], epsilon: float, path: Path) -> None:
@@ -345,14 +415,20 @@ def figure(found: Sequence[Stage], epsilon: float, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
     x = [s.at for s in found]
-    ax.plot(x, [s.critical.batch for s in found], "o-", color="black", label=f"critical batch, branches (ε={epsilon:g})")
+    ax.plot(
+        x, [s.critical.batch for s in found], "o-", color="black", label=f"critical batch, branches (ε={epsilon:g})"
+    )
     for s in found:
         values = [c.batch for c in s.per_seed if c.batch]
         if values:
             ax.vlines(s.at, min(values), max(values), color="black", alpha=0.3, linewidth=4)
         if s.critical.bound != "=" and s.critical.batch:
-            ax.annotate("≥" if s.critical.bound == ">=" else "≤", (s.at, s.critical.batch), textcoords="offset points",
-                        xytext=(4, 4))
+            ax.annotate(
+                "≥" if s.critical.bound == ">=" else "≤",
+                (s.at, s.critical.batch),
+                textcoords="offset points",
+                xytext=(4, 4),
+            )
     ax.plot(x, [s.b_simple for s in found], "s--", color="tab:blue", label="B_simple (trunk, over the window)")
     if any(s.b_crit for s in found):
         ax.plot(x, [s.b_crit for s in found], "^:", color="tab:red", label="B_crit (steps-to-target fit)")
@@ -367,8 +443,9 @@ def figure(found: Sequence[Stage], epsilon: float, path: Path) -> None:
     plt.close(fig)
 
 
-def report(sweep: Path | Sequence[Path], fixed: Path | None = None, epsilon: float = EPSILON,
-           out: Path | None = None) -> list[Stage]:
+def report(
+    sweep: Path | Sequence[Path], fixed: Path | None = None, epsilon: float = EPSILON, out: Path | None = None
+) -> list[Stage]:
     """The report of the branches in `sweep` (one directory, or several: a point run again in a
     later one replaces the earlier's)."""
     sweeps = [sweep] if isinstance(sweep, Path) else list(sweep)

@@ -27,8 +27,9 @@ def load_points(sweep_dir: Path) -> list[Point]:
         status = (summary or {}).get("status") or entry.get("status") or "missing"
         if status == "completed" and summary is None:
             status = "missing"
-        points.append(_point(job, overrides, config, summary, read_jsonl(job / "metrics.jsonl"), status,
-                             entry.get("error")))
+        points.append(
+            _point(job, overrides, config, summary, read_jsonl(job / "metrics.jsonl"), status, entry.get("error"))
+        )
     known = {p.name for p in points}
     for name, entry in index.items():
         if name not in known:

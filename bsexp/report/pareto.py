@@ -74,15 +74,24 @@ class Arm:
         found = [f for f in self.firsts(target) if f is not None]
         reached = [r for r, _ in found]
         if not reached:
-            return {"reached": 0, "seeds": len(self.points), "steps": None, "samples": None, "seconds": None,
-                    "at_first_eval": False}
+            return {
+                "reached": 0,
+                "seeds": len(self.points),
+                "steps": None,
+                "samples": None,
+                "seconds": None,
+                "at_first_eval": False,
+            }
         rates = [(r["samples_seen"], r.get("samples_per_s") or 0) for r in reached]
         seconds = [samples / rate for samples, rate in rates if rate]
-        return {"reached": len(reached), "seeds": len(self.points),
-                "steps": statistics.fmean(r["step"] for r in reached),
-                "samples": statistics.fmean(r["samples_seen"] for r in reached),
-                "seconds": statistics.fmean(seconds) if seconds else None,
-                "at_first_eval": any(at_first for _, at_first in found)}  # reached by then: when, it does not say
+        return {
+            "reached": len(reached),
+            "seeds": len(self.points),
+            "steps": statistics.fmean(r["step"] for r in reached),
+            "samples": statistics.fmean(r["samples_seen"] for r in reached),
+            "seconds": statistics.fmean(seconds) if seconds else None,
+            "at_first_eval": any(at_first for _, at_first in found),
+        }  # reached by then: when, it does not say
 
 
 def _value(overrides, key: str) -> str | None:
@@ -106,8 +115,13 @@ NOT_AN_ARM = ("seed", "optimizer.lr", "batch.size", "logger.")  # seeds, the LR 
 def _settings(point: Point, shared: set[str]) -> str:
     """The overrides that set the point apart from the others, beyond its arm, seed, LR and batch
     (`batch.adaptive.c=0.5`): an arm run at several settings is one row per setting."""
-    return " ".join(o for o in point.overrides if o not in shared and not o.startswith(("experiment/", "+experiment/"))
-                    and not o.split("=", 1)[0].lstrip("+~").startswith(NOT_AN_ARM))
+    return " ".join(
+        o
+        for o in point.overrides
+        if o not in shared
+        and not o.startswith(("experiment/", "+experiment/"))
+        and not o.split("=", 1)[0].lstrip("+~").startswith(NOT_AN_ARM)
+    )
 
 
 def arms(points: list[Point]) -> tuple[list[Arm], list[Arm]]:
@@ -118,8 +132,9 @@ def arms(points: list[Point]) -> tuple[list[Arm], list[Arm]]:
     done = [p for p in points if p.done]
     shared = set.intersection(*(set(p.overrides) for p in done)) if done else set()
     for point in done:
-        arm = next((o.split("=", 1)[1] for o in point.overrides if o.split("=", 1)[0].startswith("experiment/")),
-                   "fixed")
+        arm = next(
+            (o.split("=", 1)[1] for o in point.overrides if o.split("=", 1)[0].startswith("experiment/")), "fixed"
+        )
         lr = _value(point.overrides, "optimizer.lr")
         lr = float(lr) if lr is not None else None
         order = lr if lr is not None else -math.inf  # no LR set: the arm's default, before any set
@@ -170,16 +185,22 @@ def seed_spread(arm: Arm, baseline: Arm, target: float, draws: int = RESAMPLES) 
         reached = [found[0] for found, _ in drawn if found is not None]
         if not reached or not base_drawn:
             continue
-        ratios = [statistics.fmean(r[key] for r in reached) / statistics.fmean(r[key] for r in base_drawn)
-                  for key in ("step", "samples_seen")]
+        ratios = [
+            statistics.fmean(r[key] for r in reached) / statistics.fmean(r[key] for r in base_drawn)
+            for key in ("step", "samples_seen")
+        ]
         steps.append(ratios[0])
         samples.append(ratios[1])
         finals = [final for _, final in drawn if final is not None]
         within = ratios[0] <= GOAL_STEPS and ratios[1] <= 1.0
         efficient += within
         held += within and len(reached) == len(drawn) and bool(finals) and statistics.fmean(finals) >= target
-    return {"steps": _central(steps), "samples": _central(samples), "efficient": efficient / draws,
-            "held": held / draws}
+    return {
+        "steps": _central(steps),
+        "samples": _central(samples),
+        "efficient": efficient / draws,
+        "held": held / draws,
+    }
 
 
 def _central(values: list[float]) -> tuple[float, float] | None:
@@ -201,26 +222,40 @@ def analyse(points: list[Point]) -> dict[str, Any]:
     for arm in [*tuned, *others]:
         m, s = arm.mean_std()
         to = arm.to_target(target)
-        rows.append({"arm": arm.name, "lr": arm.lr, "seeds": len(arm.points), "final_val_acc": m, "std": s,
-                     **{f"to_target_{k}": to[k] for k in ("steps", "samples", "seconds")},
-                     "reached": f"{to['reached']}/{len(arm.points)}"})
+        rows.append(
+            {
+                "arm": arm.name,
+                "lr": arm.lr,
+                "seeds": len(arm.points),
+                "final_val_acc": m,
+                "std": s,
+                **{f"to_target_{k}": to[k] for k in ("steps", "samples", "seconds")},
+                "reached": f"{to['reached']}/{len(arm.points)}",
+            }
+        )
     # The baseline is the fixed batch that reaches the target in the fewest steps on every seed: one
     # that reaches it on a lucky seed only is not a batch to train at (nor, for the goal, is such an arm).
     every = lambda r: r["reached"].split("/")[0] == r["reached"].split("/")[1]  # noqa: E731
-    reaching = [r for r in rows[:len(tuned)] if r["to_target_steps"] is not None and every(r)]
+    reaching = [r for r in rows[: len(tuned)] if r["to_target_steps"] is not None and every(r)]
     fastest = min(reaching, key=lambda r: r["to_target_steps"]) if reaching else None
     verdicts = []
     baseline = next(a for a in tuned if a.name == fastest["arm"]) if fastest is not None else None
-    for arm, row in zip(others, rows[len(tuned):]):
+    for arm, row in zip(others, rows[len(tuned) :]):
         if baseline is None or row["to_target_steps"] is None:
             verdicts.append((row["arm"], None, None, False, None))
             continue
         steps = row["to_target_steps"] / fastest["to_target_steps"]
         samples = row["to_target_samples"] / fastest["to_target_samples"]
         in_band = row["final_val_acc"] is not None and row["final_val_acc"] >= target
-        verdicts.append((row["arm"], steps, samples,
-                         steps <= GOAL_STEPS and samples <= 1.0 and in_band and every(row),
-                         seed_spread(arm, baseline, target)))
+        verdicts.append(
+            (
+                row["arm"],
+                steps,
+                samples,
+                steps <= GOAL_STEPS and samples <= 1.0 and in_band and every(row),
+                seed_spread(arm, baseline, target),
+            )
+        )
     bounds = {}
     if baseline is not None:  # fitted to the baseline's own family: the fixed batches of its settings
         family = [a for a in tuned if a.settings == baseline.settings]
@@ -229,8 +264,16 @@ def analyse(points: list[Point]) -> dict[str, Any]:
             steps = found.steps(fastest["to_target_samples"]) if found is not None else None
             if steps is not None:
                 bounds[spacing] = (found, *steps)
-    return {"rows": rows, "best": best.name, "target": target, "best_mean": mean, "best_std": std,
-            "fastest": fastest, "verdicts": verdicts, "bounds": bounds}
+    return {
+        "rows": rows,
+        "best": best.name,
+        "target": target,
+        "best_mean": mean,
+        "best_std": std,
+        "fastest": fastest,
+        "verdicts": verdicts,
+        "bounds": bounds,
+    }
 
 
 def _fmt(value, fmt: str) -> str:
@@ -238,46 +281,70 @@ def _fmt(value, fmt: str) -> str:
 
 
 def markdown(result: dict[str, Any], dirs: list[Path]) -> str:
-    lines = [f"# Arms against tuned fixed batches ({', '.join(str(d) for d in dirs)})", "",
-             f"Target: the best tuned fixed batch ({result['best']}: {100 * result['best_mean']:.2f} % ± "
-             f"{100 * result['best_std']:.2f} % final validation accuracy, std over seeds) less one std = "
-             f"**{100 * result['target']:.2f} %**. Steps, samples and training seconds to the target: the first "
-             f"evaluation at or above it, mean over the seeds that reach it.", "",
-             "| arm | LR | final val acc % | steps to target | samples to target | seconds to target | reached |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        f"# Arms against tuned fixed batches ({', '.join(str(d) for d in dirs)})",
+        "",
+        f"Target: the best tuned fixed batch ({result['best']}: {100 * result['best_mean']:.2f} % ± "
+        f"{100 * result['best_std']:.2f} % final validation accuracy, std over seeds) less one std = "
+        f"**{100 * result['target']:.2f} %**. Steps, samples and training seconds to the target: the first "
+        f"evaluation at or above it, mean over the seeds that reach it.",
+        "",
+        "| arm | LR | final val acc % | steps to target | samples to target | seconds to target | reached |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in result["rows"]:
-        lines.append(f"| {r['arm']} | {_fmt(r['lr'], 'g')} | {_fmt(r['final_val_acc'] and 100 * r['final_val_acc'], '.2f')}"
-                     f" ± {100 * r['std']:.2f} | {_fmt(r['to_target_steps'], '.0f')} | "
-                     f"{_fmt(r['to_target_samples'], ',.0f')} | {_fmt(r['to_target_seconds'], '.1f')} | {r['reached']} |")
+        lines.append(
+            f"| {r['arm']} | {_fmt(r['lr'], 'g')} | {_fmt(r['final_val_acc'] and 100 * r['final_val_acc'], '.2f')}"
+            f" ± {100 * r['std']:.2f} | {_fmt(r['to_target_steps'], '.0f')} | "
+            f"{_fmt(r['to_target_samples'], ',.0f')} | {_fmt(r['to_target_seconds'], '.1f')} | {r['reached']} |"
+        )
     fastest = result["fastest"]
-    lines += ["", f"Fewest steps among the fixed batches that reach the target on every seed: "
-                  f"{fastest['arm'] if fastest else 'none does'}"
-                  + (f" ({fastest['to_target_steps']:.0f} steps, {fastest['to_target_samples']:,.0f} samples)."
-                     if fastest else "."), ""]
+    lines += [
+        "",
+        f"Fewest steps among the fixed batches that reach the target on every seed: "
+        f"{fastest['arm'] if fastest else 'none does'}"
+        + (
+            f" ({fastest['to_target_steps']:.0f} steps, {fastest['to_target_samples']:,.0f} samples)."
+            if fastest
+            else "."
+        ),
+        "",
+    ]
     for arm, steps, samples, met, spread in result["verdicts"]:
         if steps is None:
             lines.append(f"- {arm}: did not reach the target.")
             continue
-        lines.append(f"- {arm}: {steps:.2f} x its steps, {samples:.2f} x its samples -> goal (<= {GOAL_STEPS:g} x "
-                     f"steps, <= 1 x samples, final accuracy in the band) {'met' if met else 'not met'}.")
-        lines.append(f"  - with the seeds drawn again ({RESAMPLES:,} draws with replacement, the arm's and the "
-                     f"baseline's; central 90 %): {spread['steps'][0]:.2f}-{spread['steps'][1]:.2f} x the steps, "
-                     f"{spread['samples'][0]:.2f}-{spread['samples'][1]:.2f} x the samples; steps and samples within "
-                     f"the goal's in {100 * spread['efficient']:.0f} % of the draws, the whole goal in "
-                     f"{100 * spread['held']:.0f} %.")
+        lines.append(
+            f"- {arm}: {steps:.2f} x its steps, {samples:.2f} x its samples -> goal (<= {GOAL_STEPS:g} x "
+            f"steps, <= 1 x samples, final accuracy in the band) {'met' if met else 'not met'}."
+        )
+        lines.append(
+            f"  - with the seeds drawn again ({RESAMPLES:,} draws with replacement, the arm's and the "
+            f"baseline's; central 90 %): {spread['steps'][0]:.2f}-{spread['steps'][1]:.2f} x the steps, "
+            f"{spread['samples'][0]:.2f}-{spread['samples'][1]:.2f} x the samples; steps and samples within "
+            f"the goal's in {100 * spread['efficient']:.0f} % of the draws, the whole goal in "
+            f"{100 * spread['held']:.0f} %."
+        )
     if result["bounds"]:
-        lines += ["", ("What any batch schedule could gain at the baseline's samples, by McCandlish et al.'s model "
-                       "fitted to the fixed batches that reach the target on every seed, at targets up to this one "
-                       "(`bsexp.report.analysis.schedule_bound`): the fewest steps a schedule needs against a fixed "
-                       "batch's, both in the model. r: the best schedule's steps above S_min over a fixed batch's; a "
-                       "batch that follows c x B_noise has r = 1. An estimate, not a bound: coarse rungs overstate r, "
-                       "fine ones take in the fits' noise."),
-                  "",
-                  "| rungs every (accuracy) | S_min | E_min | r | fixed batch (model) | best schedule | ratio |",
-                  "| --- | --- | --- | --- | --- | --- | --- |"]
+        lines += [
+            "",
+            (
+                "What any batch schedule could gain at the baseline's samples, by McCandlish et al.'s model "
+                "fitted to the fixed batches that reach the target on every seed, at targets up to this one "
+                "(`bsexp.report.analysis.schedule_bound`): the fewest steps a schedule needs against a fixed "
+                "batch's, both in the model. r: the best schedule's steps above S_min over a fixed batch's; a "
+                "batch that follows c x B_noise has r = 1. An estimate, not a bound: coarse rungs overstate r, "
+                "fine ones take in the fits' noise."
+            ),
+            "",
+            "| rungs every (accuracy) | S_min | E_min | r | fixed batch (model) | best schedule | ratio |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
+        ]
         for spacing, (found, fixed, best) in result["bounds"].items():
-            lines.append(f"| {100 * spacing:g} % | {found.s_min:.0f} | {found.e_min:,.0f} | {found.ratio:.2f} | "
-                         f"{fixed:.0f} | {best:.0f} | {best / fixed:.2f} x |")
+            lines.append(
+                f"| {100 * spacing:g} % | {found.s_min:.0f} | {found.e_min:,.0f} | {found.ratio:.2f} | "
+                f"{fixed:.0f} | {best:.0f} | {best / fixed:.2f} x |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -292,10 +359,21 @@ def figure(result: dict[str, Any], out: Path) -> str:
         if r["to_target_steps"] is None or r["final_val_acc"] is None:
             continue
         fixed = r["arm"].startswith("fixed")
-        ax.errorbar(r["to_target_steps"], 100 * r["final_val_acc"], yerr=100 * r["std"], fmt="o" if fixed else "s",
-                    color="grey" if fixed else None, capsize=3)
-        ax.annotate(r["arm"].replace("fixed ", ""), (r["to_target_steps"], 100 * r["final_val_acc"]), fontsize=7,
-                    xytext=(4, 3), textcoords="offset points")
+        ax.errorbar(
+            r["to_target_steps"],
+            100 * r["final_val_acc"],
+            yerr=100 * r["std"],
+            fmt="o" if fixed else "s",
+            color="grey" if fixed else None,
+            capsize=3,
+        )
+        ax.annotate(
+            r["arm"].replace("fixed ", ""),
+            (r["to_target_steps"], 100 * r["final_val_acc"]),
+            fontsize=7,
+            xytext=(4, 3),
+            textcoords="offset points",
+        )
     ax.axhline(100 * result["target"], ls=":", color="k", lw=1, label=f"target {100 * result['target']:.2f} %")
     ax.set_xscale("log")
     ax.set_xlabel("optimizer steps to the target (mean over seeds)")

@@ -78,8 +78,11 @@ def table(analysis: Analysis) -> list[dict[str, Any]]:
     for row in analysis.rows:
         values = {name: get(row) for name, get in COLUMNS.items()}
         got = reached.get(id(row))
-        values.update(did_not_train=row.did_not_train(analysis.metric),
-                      steps_to_target=got.steps if got else None, samples_to_target=got.samples if got else None)
+        values.update(
+            did_not_train=row.did_not_train(analysis.metric),
+            steps_to_target=got.steps if got else None,
+            samples_to_target=got.samples if got else None,
+        )
         out.append(values)
     return out
 
@@ -120,8 +123,10 @@ def title(labels: Labels) -> str:
     epochs = "/".join(f"{e:g}" for e in labels.epochs) or "?"
     seeds = labels.seeds
     named = ", ".join(map(str, seeds)) if len(seeds) <= 5 else f"{seeds[0]}-{seeds[-1]}"
-    return (f"{'/'.join(labels.data) or '?'}, {'/'.join(labels.model) or '?'}, {epochs} epochs, "
-            f"seed{'s' if len(seeds) != 1 else ''} {named or '?'}")
+    return (
+        f"{'/'.join(labels.data) or '?'}, {'/'.join(labels.model) or '?'}, {epochs} epochs, "
+        f"seed{'s' if len(seeds) != 1 else ''} {named or '?'}"
+    )
 
 
 def _seeds(labels: Labels) -> str:
@@ -137,58 +142,100 @@ def _family(family: tuple[str, ...], analysis: Analysis) -> str:
 def markdown(analysis: Analysis, dirs: list[Path], figures: list[str]) -> str:
     metric, rows = analysis.metric, analysis.rows
     experiments = analysis.experiments
-    lines = [f"# Batch-size sweep: {', '.join(str(d) for d in dirs)}", "",
-             f"{title(analysis.labels)}. " +
-             (f"Experiment: {', '.join(experiments)} (conf/experiment/). " if experiments else "") +
-             f"Every point: {', '.join(f'`{o}`' for o in analysis.common) or 'no other overrides'}. "
-             f"Accuracies and the gap in %, mean ± std over the seeds of a row ({_seeds(analysis.labels)}); "
-             f"best by mean {metric} marked ★.", ""]
+    lines = [
+        f"# Batch-size sweep: {', '.join(str(d) for d in dirs)}",
+        "",
+        f"{title(analysis.labels)}. "
+        + (f"Experiment: {', '.join(experiments)} (conf/experiment/). " if experiments else "")
+        + f"Every point: {', '.join(f'`{o}`' for o in analysis.common) or 'no other overrides'}. "
+        f"Accuracies and the gap in %, mean ± std over the seeds of a row ({_seeds(analysis.labels)}); "
+        f"best by mean {metric} marked ★.",
+        "",
+    ]
     show_config = analysis.varies_configuration
-    headers = ["", *(["configuration"] if show_config else []), "batch", "micro x accum x world", "lr", "wd",
-               "val acc (%)", "test acc (%)", "train acc (%)", "gap (%)", "steps", "wall (s)", "samples/s",
-               "peak (MB)", "seeds", "status"]
+    headers = [
+        "",
+        *(["configuration"] if show_config else []),
+        "batch",
+        "micro x accum x world",
+        "lr",
+        "wd",
+        "val acc (%)",
+        "test acc (%)",
+        "train acc (%)",
+        "gap (%)",
+        "steps",
+        "wall (s)",
+        "samples/s",
+        "peak (MB)",
+        "seeds",
+        "status",
+    ]
     lines += ["| " + " | ".join(headers) + " |", "|" + " --- |" * len(headers)]
     values = table(analysis)
     for row, v in zip(rows, values):
         status = v["status"] + (", **did not train**" if v["did_not_train"] else "")
-        cells = ["★" if row is analysis.best else "", *([v["configuration"] or "-"] if show_config else []),
-                 _num(v["batch"], "d") + (f" → {v['final_batch']}" if v["final_batch"] else ""),
-                 v["micro x accum x world"] or "-", _num(v["lr"], ".4g"),
-                 _num(v["weight_decay"], ".3g"), _mean_std(v["val_acc_pct"], v["val_acc_std_pct"]),
-                 _mean_std(v["test_acc_pct"], v["test_acc_std_pct"]), _num(v["train_acc_pct"], ".2f"),
-                 _mean_std(v["gen_gap_pct"], v["gen_gap_std_pct"]), _num(v["steps"], ".0f"),
-                 _spread(v["wall_time_s"], v["wall_time_std_s"], ".1f"),
-                 _spread(v["samples_per_s"], v["samples_per_s_std"], ",.0f"), _num(v["peak_memory_mb"], ",.0f"),
-                 v["seeds"], status]
+        cells = [
+            "★" if row is analysis.best else "",
+            *([v["configuration"] or "-"] if show_config else []),
+            _num(v["batch"], "d") + (f" → {v['final_batch']}" if v["final_batch"] else ""),
+            v["micro x accum x world"] or "-",
+            _num(v["lr"], ".4g"),
+            _num(v["weight_decay"], ".3g"),
+            _mean_std(v["val_acc_pct"], v["val_acc_std_pct"]),
+            _mean_std(v["test_acc_pct"], v["test_acc_std_pct"]),
+            _num(v["train_acc_pct"], ".2f"),
+            _mean_std(v["gen_gap_pct"], v["gen_gap_std_pct"]),
+            _num(v["steps"], ".0f"),
+            _spread(v["wall_time_s"], v["wall_time_std_s"], ".1f"),
+            _spread(v["samples_per_s"], v["samples_per_s_std"], ",.0f"),
+            _num(v["peak_memory_mb"], ",.0f"),
+            v["seeds"],
+            status,
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     if any(v["final_batch"] for v in values):
-        lines += [("Batch a → b: the batch changed in training, from a to b (over the seeds); micro-batch, lr and "
-                   "wd are the first batch's."), ""]
+        lines += [
+            (
+                "Batch a → b: the batch changed in training, from a to b (over the seeds); micro-batch, lr and "
+                "wd are the first batch's."
+            ),
+            "",
+        ]
     if all(len(r.values("wall_time_s")) <= 1 for r in rows):
-        lines += ["Wall time and samples/s: one measurement a point (one seed each), with no spread to tell a real "
-                  "difference from the machine's load; sweep seed=0,1,2 for one.", ""]
+        lines += [
+            "Wall time and samples/s: one measurement a point (one seed each), with no spread to tell a real "
+            "difference from the machine's load; sweep seed=0,1,2 for one.",
+            "",
+        ]
     else:
         lines += ["Wall time and samples/s: mean ± std over the seeds of a row.", ""]
     untrained = [r for r in rows if r.did_not_train(metric)]
     if untrained:
         chance = untrained[0].chance
-        lines.append(f"**Did not train**: {', '.join(_row_name(r) for r in untrained)}: mean {metric} below "
-                     f"{100 * (chance + TRAINED_ABOVE * (1 - chance)):.2f} % (chance, {100 * chance:.2f} %, plus "
-                     f"{TRAINED_ABOVE:g} of the way from chance to 100 %).")
+        lines.append(
+            f"**Did not train**: {', '.join(_row_name(r) for r in untrained)}: mean {metric} below "
+            f"{100 * (chance + TRAINED_ABOVE * (1 - chance)):.2f} % (chance, {100 * chance:.2f} %, plus "
+            f"{TRAINED_ABOVE:g} of the way from chance to 100 %)."
+        )
     for _, members in _by_family(analysis):
         low = [r for r in members if not r.did_not_train(metric) and r.under_trained(members)]
         top = max(members, key=lambda r: r.mean("train_acc") if r.mean("train_acc") is not None else -1.0)
         for row in low:
-            lines.append(f"**Under-trained**: {_row_name(row)}, train acc {_pct(row.mean('train_acc')):.2f} %, "
-                         f"{100 * (top.mean('train_acc') - row.mean('train_acc')):.1f} points below "
-                         f"{_row_name(top)}'s: its gap is small because it did not fit the training set, not "
-                         f"because it generalises better (train longer, or raise its LR).")
+            lines.append(
+                f"**Under-trained**: {_row_name(row)}, train acc {_pct(row.mean('train_acc')):.2f} %, "
+                f"{100 * (top.mean('train_acc') - row.mean('train_acc')):.1f} points below "
+                f"{_row_name(top)}'s: its gap is small because it did not fit the training set, not "
+                f"because it generalises better (train longer, or raise its LR)."
+            )
     best = analysis.best
     if best is not None:
         n = len(best.values(metric))
-        lines.append(f"**Best**: {_row_name(best)}, {metric} "
-                     f"{_mean_std(_pct(best.mean(metric)), _pct(best.std(metric)))} % ({n} seed{'s' if n != 1 else ''}).")
+        lines.append(
+            f"**Best**: {_row_name(best)}, {metric} "
+            f"{_mean_std(_pct(best.mean(metric)), _pct(best.std(metric)))} % ({n} seed{'s' if n != 1 else ''})."
+        )
     for breaking in analysis.breaking:
         lines.append(_breaking_line(breaking, analysis))
     if analysis.critical:
@@ -223,11 +270,15 @@ def _breaking_line(b: Breaking, analysis: Analysis) -> str:
     if b.row is None:
         if b.best is b.members[-1]:
             return f"{head}: none within the swept range: {best}, is the largest batch swept."
-        return (f"{head}: none within the swept range: every batch up to {b.members[-1].batch} stayed within the "
-                f"tolerance ({_tolerance(b)}) of {best}.")
-    held = (f"; up to batch {b.held.batch} it held" if b.held is not b.best else "")
-    line = (f"{head}: batch {b.row.batch}, the first batch above {best}, whose {metric} "
-            f"({_pct(b.row.mean(metric)):.2f} %) falls more than the tolerance ({_tolerance(b)}) below it{held}.")
+        return (
+            f"{head}: none within the swept range: every batch up to {b.members[-1].batch} stayed within the "
+            f"tolerance ({_tolerance(b)}) of {best}."
+        )
+    held = f"; up to batch {b.held.batch} it held" if b.held is not b.best else ""
+    line = (
+        f"{head}: batch {b.row.batch}, the first batch above {best}, whose {metric} "
+        f"({_pct(b.row.mean(metric)):.2f} %) falls more than the tolerance ({_tolerance(b)}) below it{held}."
+    )
     if b.best_is_smallest:
         line += " The best is the smallest batch swept: accuracy may be flat only below it."
     return line
@@ -241,18 +292,26 @@ def _critical_lines(c: Critical, analysis: Analysis) -> list[str]:
         return [f"{head}: not fitted: {c.refused}.{left}{doubt}"]
     fit, target = c.fit, c.target
     low, high = min(c.batches), max(c.batches)
-    where = ("" if low <= fit.b_crit <= high else
-             f" It lies outside the batches that reached the target ({low}-{high}): an extrapolation.")
-    lines = [f"{head}: B_crit = E_min / S_min = {fit.b_crit:,.0f} (S_min = {fit.s_min:,.1f} steps, E_min = "
-             f"{fit.e_min:,.0f} samples), the fit of (S/S_min - 1)(E/E_min - 1) = 1 (McCandlish et al. 2018) to the "
-             f"steps S and samples E each batch took to reach {metric} >= {100 * target.value:.2f} % ({target.rule}), "
-             f"read from the metrics records and interpolated between evaluations; relative residual "
-             f"{100 * fit.rms:.1f} %.{where}{left}{doubt}", "",
-             "| batch | samples per step | steps to target | samples to target | steps fitted |",
-             "| --- | --- | --- | --- | --- |"]
+    where = (
+        ""
+        if low <= fit.b_crit <= high
+        else f" It lies outside the batches that reached the target ({low}-{high}): an extrapolation."
+    )
+    lines = [
+        f"{head}: B_crit = E_min / S_min = {fit.b_crit:,.0f} (S_min = {fit.s_min:,.1f} steps, E_min = "
+        f"{fit.e_min:,.0f} samples), the fit of (S/S_min - 1)(E/E_min - 1) = 1 (McCandlish et al. 2018) to the "
+        f"steps S and samples E each batch took to reach {metric} >= {100 * target.value:.2f} % ({target.rule}), "
+        f"read from the metrics records and interpolated between evaluations; relative residual "
+        f"{100 * fit.rms:.1f} %.{where}{left}{doubt}",
+        "",
+        "| batch | samples per step | steps to target | samples to target | steps fitted |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for row, got in c.reached:  # first-evaluation bounds are left out (analysis.critical_batch)
-        lines.append(f"| {row.batch} | {got.batch:,.1f} | {got.steps:,.1f} | {got.samples:,.0f} | "
-                     f"{fit.s_min + fit.e_min / got.batch:,.1f} |")
+        lines.append(
+            f"| {row.batch} | {got.batch:,.1f} | {got.steps:,.1f} | {got.samples:,.0f} | "
+            f"{fit.s_min + fit.e_min / got.batch:,.1f} |"
+        )
     lines.append("")
     return lines
 
@@ -260,13 +319,17 @@ def _critical_lines(c: Critical, analysis: Analysis) -> list[str]:
 def _noise_line(analysis: Analysis) -> str:
     noise = analysis.noise
     if noise.b_simple is not None:
-        spread = (f"; from {min(noise.values):,.0f} to {max(noise.values):,.0f}" if len(noise.values) > 1 else "")
-        return (f"**Gradient noise scale**: B_simple = {noise.b_simple:,.0f} (each run's mean over training, "
-                f"averaged over {len(noise.values)} point{'s' if len(noise.values) != 1 else ''}{spread}); "
-                f"noise_scale.png draws it over training.")
-    return (f"**Gradient noise scale**: not measured: {noise.absent}. To get B_simple beside B_crit, rerun with "
-            f"`trainer.noise_scale=always`, which measures it on the side without changing training; "
-            f"accumulation (`batch=accumulation`) and DDP measure it for free.")
+        spread = f"; from {min(noise.values):,.0f} to {max(noise.values):,.0f}" if len(noise.values) > 1 else ""
+        return (
+            f"**Gradient noise scale**: B_simple = {noise.b_simple:,.0f} (each run's mean over training, "
+            f"averaged over {len(noise.values)} point{'s' if len(noise.values) != 1 else ''}{spread}); "
+            f"noise_scale.png draws it over training."
+        )
+    return (
+        f"**Gradient noise scale**: not measured: {noise.absent}. To get B_simple beside B_crit, rerun with "
+        f"`trainer.noise_scale=always`, which measures it on the side without changing training; "
+        f"accumulation (`batch=accumulation`) and DDP measure it for free."
+    )
 
 
 # ----------------------------------------------------------------------------- figures
@@ -279,9 +342,11 @@ def figures(analysis: Analysis, out_dir: Path) -> list[str]:
     matplotlib.use("Agg")
     if not any(r.done for r in analysis.rows):
         return []
-    written = [_save(accuracy_figure(analysis), out_dir, "accuracy.png"),
-               _save(val_loss_figure(analysis), out_dir, "val_loss.png"),
-               _save(throughput_memory_figure(analysis), out_dir, "throughput_memory.png")]
+    written = [
+        _save(accuracy_figure(analysis), out_dir, "accuracy.png"),
+        _save(val_loss_figure(analysis), out_dir, "val_loss.png"),
+        _save(throughput_memory_figure(analysis), out_dir, "throughput_memory.png"),
+    ]
     for name, make in (("noise_scale.png", noise_figure), ("grid.png", grid_figure)):
         fig = make(analysis)
         if fig is not None:
@@ -316,41 +381,91 @@ def accuracy_figure(analysis: Analysis):
         xs = [r.batch for r in members]
         for key, style, alpha in ((metric, "-o", 1.0), (other, "--s", 0.6)):
             if all(r.mean(key) is not None for r in members):
-                acc_ax.errorbar(xs, [100 * r.mean(key) for r in members],
-                                yerr=[100 * (r.std(key) or 0) for r in members], fmt=style, color=color, alpha=alpha, capsize=3, label=_label(key, fam, analysis))
+                acc_ax.errorbar(
+                    xs,
+                    [100 * r.mean(key) for r in members],
+                    yerr=[100 * (r.std(key) or 0) for r in members],
+                    fmt=style,
+                    color=color,
+                    alpha=alpha,
+                    capsize=3,
+                    label=_label(key, fam, analysis),
+                )
         if all(r.mean("gen_gap") is not None for r in members):
-            gap_ax.errorbar(xs, [100 * r.mean("gen_gap") for r in members],
-                            yerr=[100 * (r.std("gen_gap") or 0) for r in members], fmt="-o", color=color, capsize=3,
-                            label=_label("train_acc - val_acc", fam, analysis))
+            gap_ax.errorbar(
+                xs,
+                [100 * r.mean("gen_gap") for r in members],
+                yerr=[100 * (r.std("gen_gap") or 0) for r in members],
+                fmt="-o",
+                color=color,
+                capsize=3,
+                label=_label("train_acc - val_acc", fam, analysis),
+            )
             low = [r for r in members if r.under_trained(members) and not r.did_not_train(metric)]
             if low:  # a small gap there is a training set not fitted, not better generalisation
-                gap_ax.plot([r.batch for r in low], [100 * r.mean("gen_gap") for r in low], "o", markersize=13,
-                            markerfacecolor="none", markeredgecolor="red", zorder=4,
-                            label=_label("under-trained (train acc far below the best)", fam, analysis))
+                gap_ax.plot(
+                    [r.batch for r in low],
+                    [100 * r.mean("gen_gap") for r in low],
+                    "o",
+                    markersize=13,
+                    markerfacecolor="none",
+                    markeredgecolor="red",
+                    zorder=4,
+                    label=_label("under-trained (train acc far below the best)", fam, analysis),
+                )
                 for r in low:
-                    gap_ax.annotate(f"train acc {100 * r.mean('train_acc'):.0f} %", (r.batch, 100 * r.mean("gen_gap")),
-                                    textcoords="offset points", xytext=(0, -16), ha="center", fontsize=7, color="red")
+                    gap_ax.annotate(
+                        f"train acc {100 * r.mean('train_acc'):.0f} %",
+                        (r.batch, 100 * r.mean("gen_gap")),
+                        textcoords="offset points",
+                        xytext=(0, -16),
+                        ha="center",
+                        fontsize=7,
+                        color="red",
+                    )
     best = analysis.best
     if best is not None:  # an outline around the point, which stays visible inside it
-        acc_ax.plot([best.batch], [100 * best.mean(metric)], marker="*", markersize=22, markerfacecolor="none",
-                    markeredgecolor="goldenrod", markeredgewidth=1.5, linestyle="none", zorder=5,
-                    label=f"best: batch {best.batch}")
+        acc_ax.plot(
+            [best.batch],
+            [100 * best.mean(metric)],
+            marker="*",
+            markersize=22,
+            markerfacecolor="none",
+            markeredgecolor="goldenrod",
+            markeredgewidth=1.5,
+            linestyle="none",
+            zorder=5,
+            label=f"best: batch {best.batch}",
+        )
     colors = {fam: f"C{i}" for i, (fam, _) in enumerate(_by_family(analysis))}
     for breaking in analysis.breaking:
         if breaking.row is not None:  # red where the sweep has one family, else the family's colour
             color = "red" if len(colors) == 1 else colors.get(breaking.family, "red")
-            acc_ax.axvline(breaking.row.batch, color=color, linestyle="--", alpha=0.7,
-                           label=_label(f"breaking point: batch {breaking.row.batch}", breaking.family, analysis))
+            acc_ax.axvline(
+                breaking.row.batch,
+                color=color,
+                linestyle="--",
+                alpha=0.7,
+                label=_label(f"breaking point: batch {breaking.row.batch}", breaking.family, analysis),
+            )
         elif not breaking.refused:
-            acc_ax.plot([], [], " ", label=_label("breaking point: none within the swept range", breaking.family,
-                                                  analysis))
+            acc_ax.plot(
+                [], [], " ", label=_label("breaking point: none within the swept range", breaking.family, analysis)
+            )
     low, high = _accuracy_range(analysis, (metric, other))
     acc_ax.set_ylim(low, high)  # the trained rows' range: their differences of a point or less stay visible
     for row in analysis.rows:
         if row.batch and row.did_not_train(metric):  # below the axis: marked at its foot
-            acc_ax.annotate(f"did not train ({100 * row.mean(metric):.0f} %)", (row.batch, low),
-                            textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7, color="dimgrey",
-                            arrowprops={"arrowstyle": "->", "color": "dimgrey"})
+            acc_ax.annotate(
+                f"did not train ({100 * row.mean(metric):.0f} %)",
+                (row.batch, low),
+                textcoords="offset points",
+                xytext=(0, 6),
+                ha="center",
+                fontsize=7,
+                color="dimgrey",
+                arrowprops={"arrowstyle": "->", "color": "dimgrey"},
+            )
     chance = next((r.chance for r in analysis.rows if r.chance is not None), None)
     if chance is not None and low <= 100 * chance <= high:
         acc_ax.axhline(100 * chance, color="grey", linestyle=":", label=f"chance ({100 * chance:.0f} %)")
@@ -364,9 +479,14 @@ def accuracy_figure(analysis: Analysis):
 def _accuracy_range(analysis: Analysis, keys: tuple[str, ...]) -> tuple[float, float]:
     """The accuracy axis (in %) over the rows that trained, each mean ± std, with a margin; the
     whole 0-100 only where no row trained."""
-    values = [100 * (r.mean(k) + sign * (r.std(k) or 0)) for r in analysis.rows
-              if r.batch and r.done and not r.did_not_train(analysis.metric)
-              for k in keys if r.mean(k) is not None for sign in (-1, 1)]
+    values = [
+        100 * (r.mean(k) + sign * (r.std(k) or 0))
+        for r in analysis.rows
+        if r.batch and r.done and not r.did_not_train(analysis.metric)
+        for k in keys
+        if r.mean(k) is not None
+        for sign in (-1, 1)
+    ]
     if not values:
         return 0.0, 100.0
     low, high = min(values), max(values)
@@ -389,17 +509,35 @@ def _by_configuration_figure(analysis: Analysis, throughput: bool = False):
     fig, axes = plt.subplots(1, 2, figsize=(13, 1.6 + 0.35 * len(rows)), sharey=True)
     ys = list(range(len(rows)))
     if throughput:
-        panels = ((axes[0], [r.mean("samples_per_s") for r in rows], None, "training throughput (samples/s)"),
-                  (axes[1], [_peak(r) for r in rows], None, "peak memory (MB), largest over seeds"))
+        panels = (
+            (axes[0], [r.mean("samples_per_s") for r in rows], None, "training throughput (samples/s)"),
+            (axes[1], [_peak(r) for r in rows], None, "peak memory (MB), largest over seeds"),
+        )
     else:
         bars = f"mean ± std over {_seeds(analysis.labels)}"
-        panels = ((axes[0], [_pct(r.mean(metric)) for r in rows], [_pct(r.std(metric)) for r in rows],
-                   f"{metric} (%), {bars}"),
-                  (axes[1], [_pct(r.mean("gen_gap")) for r in rows], [_pct(r.std("gen_gap")) for r in rows],
-                   f"generalisation gap, train - val (%), {bars}"))
+        panels = (
+            (
+                axes[0],
+                [_pct(r.mean(metric)) for r in rows],
+                [_pct(r.std(metric)) for r in rows],
+                f"{metric} (%), {bars}",
+            ),
+            (
+                axes[1],
+                [_pct(r.mean("gen_gap")) for r in rows],
+                [_pct(r.std("gen_gap")) for r in rows],
+                f"generalisation gap, train - val (%), {bars}",
+            ),
+        )
     for ax, values, errors, name in panels:
-        ax.barh(ys, [v if v is not None else math.nan for v in values], color="C0", alpha=0.8,
-                xerr=None if errors is None else [e or 0 for e in errors], capsize=3)
+        ax.barh(
+            ys,
+            [v if v is not None else math.nan for v in values],
+            color="C0",
+            alpha=0.8,
+            xerr=None if errors is None else [e or 0 for e in errors],
+            capsize=3,
+        )
         ax.set_title(name, fontsize=9)
         ax.grid(alpha=0.3, axis="x")
         ax.set_xlim(left=0)
@@ -408,8 +546,16 @@ def _by_configuration_figure(analysis: Analysis, throughput: bool = False):
     if not throughput:
         best = analysis.best
         if best is not None and best in rows:
-            axes[0].plot([_pct(best.mean(metric))], [rows.index(best)], marker="*", markersize=16, color="gold",
-                         markeredgecolor="black", linestyle="none", label="best")
+            axes[0].plot(
+                [_pct(best.mean(metric))],
+                [rows.index(best)],
+                marker="*",
+                markersize=16,
+                color="gold",
+                markeredgecolor="black",
+                linestyle="none",
+                label="best",
+            )
         chance = next((r.chance for r in rows if r.chance is not None), None)
         if chance is not None:
             axes[0].axvline(100 * chance, color="grey", linestyle=":", label=f"chance ({100 * chance:.0f} %)")
@@ -432,10 +578,8 @@ def val_loss_figure(analysis: Analysis):
         n = min(len(c) for c in curves)
         xs = [curves[0][i]["samples_seen"] for i in range(n)]
         ys = [statistics.fmean(c[i]["val_loss"] for c in curves) for i in range(n)]
-        ax.plot(xs, ys, marker="o", markersize=4 if n <= 40 else 2, markevery=max(1, n // 40),
-                label=_row_name(row))
-    _style(ax, xlabel="samples seen", ylabel=f"validation loss, mean over {_seeds(analysis.labels)}",
-           batch_axis=False)
+        ax.plot(xs, ys, marker="o", markersize=4 if n <= 40 else 2, markevery=max(1, n // 40), label=_row_name(row))
+    _style(ax, xlabel="samples seen", ylabel=f"validation loss, mean over {_seeds(analysis.labels)}", batch_axis=False)
     _log_y(ax)
     fig.suptitle(f"Validation loss: {title(analysis.labels)}", fontsize=10)
     return fig
@@ -452,19 +596,35 @@ def throughput_memory_figure(analysis: Analysis):
         if members:
             xs = [r.batch for r in members]
             one = all(len(r.values("samples_per_s")) == 1 for r in members)
-            rate_ax.errorbar(xs, [r.mean("samples_per_s") for r in members],
-                             yerr=[r.std("samples_per_s") or 0 for r in members], fmt="-o", color=f"C{i}", capsize=3,
-                             label=_label("samples/s, one measurement a point" if one else
-                                          "samples/s, mean ± std over seeds", fam, analysis))
-            mem_ax.plot(xs, [_peak(r) or math.nan for r in members], "-o", color=f"C{i}",
-                        label=_label("peak MB, largest over seeds", fam, analysis))
+            rate_ax.errorbar(
+                xs,
+                [r.mean("samples_per_s") for r in members],
+                yerr=[r.std("samples_per_s") or 0 for r in members],
+                fmt="-o",
+                color=f"C{i}",
+                capsize=3,
+                label=_label(
+                    "samples/s, one measurement a point" if one else "samples/s, mean ± std over seeds", fam, analysis
+                ),
+            )
+            mem_ax.plot(
+                xs,
+                [_peak(r) or math.nan for r in members],
+                "-o",
+                color=f"C{i}",
+                label=_label("peak MB, largest over seeds", fam, analysis),
+            )
     _style(rate_ax, title="training throughput (samples/s)", ylabel="samples/s")
     _style(mem_ax, title="peak memory (MB)", ylabel="MB")
     for ax, rows in ((rate_ax, "samples_per_s"), (mem_ax, None)):  # from zero, room above the highest point
         tops = [y for line in ax.get_lines() for y in line.get_ydata() if math.isfinite(y)]
         if rows:
-            tops += [r.mean(rows) + (r.std(rows) or 0) for _, ms in _by_family(analysis) for r in ms
-                     if r.mean(rows) is not None]
+            tops += [
+                r.mean(rows) + (r.std(rows) or 0)
+                for _, ms in _by_family(analysis)
+                for r in ms
+                if r.mean(rows) is not None
+            ]
         ax.set_ylim(0, 1.15 * max(tops, default=1.0))
     fig.suptitle(f"Throughput and memory: {title(analysis.labels)}", fontsize=10)
     return fig
@@ -474,22 +634,36 @@ def noise_figure(analysis: Analysis):
     """B_simple over training beside the best batch and the fitted B_crit; None where not measured."""
     import matplotlib.pyplot as plt
 
-    noisy = [r for r in analysis.rows
-             if any(rec.get("noise/b_simple") is not None for p in r.done for rec in p.records)]
+    noisy = [
+        r for r in analysis.rows if any(rec.get("noise/b_simple") is not None for p in r.done for rec in p.records)
+    ]
     if not noisy:
         return None
     fig, ax = plt.subplots(figsize=(8, 5))
     for row in noisy:
-        marks = [(rec["samples_seen"], rec["noise/b_simple"]) for rec in row.done[0].records
-                 if rec.get("noise/b_simple") is not None]
-        ax.plot([m[0] for m in marks], [m[1] for m in marks], marker="o", markersize=3,
-                markevery=max(1, len(marks) // 40), label=f"{_row_name(row)}, seed {row.done[0].summary.get('seed')}")
+        marks = [
+            (rec["samples_seen"], rec["noise/b_simple"])
+            for rec in row.done[0].records
+            if rec.get("noise/b_simple") is not None
+        ]
+        ax.plot(
+            [m[0] for m in marks],
+            [m[1] for m in marks],
+            marker="o",
+            markersize=3,
+            markevery=max(1, len(marks) // 40),
+            label=f"{_row_name(row)}, seed {row.done[0].summary.get('seed')}",
+        )
     if analysis.best is not None and analysis.best.batch:
         ax.axhline(analysis.best.batch, color="black", linestyle="--", label=f"best batch ({analysis.best.batch})")
     for critical in analysis.critical:
         if critical.b_crit is not None:
-            ax.axhline(critical.b_crit, color="red", linestyle=":",
-                       label=_label(f"B_crit, steps-to-target fit ({critical.b_crit:,.0f})", critical.family, analysis))
+            ax.axhline(
+                critical.b_crit,
+                color="red",
+                linestyle=":",
+                label=_label(f"B_crit, steps-to-target fit ({critical.b_crit:,.0f})", critical.family, analysis),
+            )
     _style(ax, xlabel="samples seen", ylabel="gradient noise scale B_simple (samples)", batch_axis=False)
     _log_y(ax)
     fig.suptitle(f"Gradient noise scale over training: {title(analysis.labels)}", fontsize=10)
@@ -508,8 +682,15 @@ def grid_figure(analysis: Analysis):
     image = ax.imshow([[100 * v for v in line] for line in data], cmap="viridis", aspect="auto")
     for i, line in enumerate(data):
         for j, value in enumerate(line):
-            ax.text(j, i, "-" if math.isnan(value) else f"{100 * value:.2f}", ha="center", va="center",
-                    color="white", fontsize=8)
+            ax.text(
+                j,
+                i,
+                "-" if math.isnan(value) else f"{100 * value:.2f}",
+                ha="center",
+                va="center",
+                color="white",
+                fontsize=8,
+            )
     ax.set_xticks(range(len(values_b)), values_b)
     ax.set_yticks(range(len(values_a)), values_a)
     ax.set_xlabel(key_b)
@@ -520,8 +701,9 @@ def grid_figure(analysis: Analysis):
     return fig
 
 
-def _style(ax, title: str | None = None, xlabel: str = "batch size", ylabel: str | None = None,
-           batch_axis: bool = True) -> None:
+def _style(
+    ax, title: str | None = None, xlabel: str = "batch size", ylabel: str | None = None, batch_axis: bool = True
+) -> None:
     """Axes against the batch (log-2 axis labelled 32, 64, ...) or, with batch_axis False, samples."""
     if batch_axis:
         from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
@@ -569,14 +751,21 @@ def batch_figure(records: list[dict[str, Any]], out_dir: Path, name: str = "batc
     fig, ax = plt.subplots(figsize=(6, 3.6))
     seen = [r["samples_seen"] for r in points]
     ax.step(seen, [r["batch_size"] for r in points], where="post", marker="o", ms=3, label="global batch")
-    for key, style, label in (("adaptive/target", "--", "the controller's target"),
-                              ("noise/b_simple", ":", "B_simple (measured)")):
+    for key, style, label in (
+        ("adaptive/target", "--", "the controller's target"),
+        ("noise/b_simple", ":", "B_simple (measured)"),
+    ):
         line = [(r["samples_seen"], r[key]) for r in points if r.get(key)]
         if line:
             ax.plot(*zip(*line), style, marker="x", ms=4, label=label)
     ax.set_ylim(bottom=0)
-    _style(ax, "adaptive batch: the batch over training against the noise scale", xlabel="samples seen",
-           ylabel="samples", batch_axis=False)
+    _style(
+        ax,
+        "adaptive batch: the batch over training against the noise scale",
+        xlabel="samples seen",
+        ylabel="samples",
+        batch_axis=False,
+    )
     return _save(fig, out_dir, name)
 
 
@@ -602,12 +791,23 @@ def to_wandb(analysis: Analysis, out_dir: Path, names: list[str], group: str) ->
 
     wb = node.get("wandb") or {}
     mode = wb.get("mode") or os.environ.get("WANDB_MODE", "offline")
-    run = wandb.init(project=wb.get("project", "bsexp"), entity=wb.get("entity"), group=wb.get("group") or group,
-                     name="report", job_type="report", mode=mode, dir=str(out_dir),
-                     settings=wandb.Settings(silent=True))
+    run = wandb.init(
+        project=wb.get("project", "bsexp"),
+        entity=wb.get("entity"),
+        group=wb.get("group") or group,
+        name="report",
+        job_type="report",
+        mode=mode,
+        dir=str(out_dir),
+        settings=wandb.Settings(silent=True),
+    )
     rows = table(analysis)
     columns = [*COLUMNS, *EXTRA]
-    run.log({"report/table": wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in rows]),
-             **{f"report/{Path(n).stem}": wandb.Image(str(out_dir / n)) for n in names}})
+    run.log(
+        {
+            "report/table": wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in rows]),
+            **{f"report/{Path(n).stem}": wandb.Image(str(out_dir / n)) for n in names},
+        }
+    )
     run.finish()
     return mode

@@ -12,8 +12,14 @@ from conftest import cli_env, limit_for_size
 from resuming import SLOW, assert_ends_as, newest_step, records, start, stop_mid_run, uninterrupted
 
 # c = 100 makes the batch grow at the first decision whatever B_simple is; max_size stops it there.
-ADAPTIVE = ["batch=adaptive", "batch.size=64", "batch.find_micro_size=false", "batch.adaptive.interval=15",
-            "batch.adaptive.c=100", "batch.adaptive.max_size=128"]
+ADAPTIVE = [
+    "batch=adaptive",
+    "batch.size=64",
+    "batch.find_micro_size=false",
+    "batch.adaptive.interval=15",
+    "batch.adaptive.c=100",
+    "batch.adaptive.max_size=128",
+]
 
 
 # Warmup in steps: counted against the first batch's run, as the uninterrupted run counts it, not
@@ -27,8 +33,14 @@ def test_an_adaptive_run_stopped_after_a_change_of_batch_resumes_bit_identically
     code, err = stop_mid_run(start(data_root, tmp_path, *args), run_dir, signal.SIGTERM, seed=3)
     stopped_at = newest_step(run_dir)
     assert code == 128 + signal.SIGTERM and stopped_at > 15  # after the change at step 15
-    resumed = subprocess.run([sys.executable, "-m", "bsexp.train", *args, "resume=auto"], cwd=tmp_path,
-                             env=cli_env(data_root), capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "bsexp.train", *args, "resume=auto"],
+        cwd=tmp_path,
+        env=cli_env(data_root),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["adaptive"]["sizes"] == [[0, 64], [15, 128]]
@@ -49,12 +61,26 @@ def test_each_new_arm_trains_end_to_end(run_cli, tmp_path, arm):
     overrides = {
         # max_size bounds the LR the linear rule can reach: the arm must train whatever throughput
         # the finder measured on a busy machine.
-        "goodput": ["batch=adaptive", "batch.adaptive.objective=goodput", "batch.adaptive.interval=10",
-                    "batch.adaptive.max_size=128"],
-        "adascale": ["batch=adaptive", "batch.adaptive.lr=adascale", "batch.adaptive.interval=10",
-                     "batch.find_micro_size=false", "batch.adaptive.max_size=128"],
-        "seesaw": ["batch=scheduled", "batch.schedule.kind=seesaw", "schedule.main=step", "schedule.milestones=[1,2]",
-                   "schedule.factor=0.5"],
+        "goodput": [
+            "batch=adaptive",
+            "batch.adaptive.objective=goodput",
+            "batch.adaptive.interval=10",
+            "batch.adaptive.max_size=128",
+        ],
+        "adascale": [
+            "batch=adaptive",
+            "batch.adaptive.lr=adascale",
+            "batch.adaptive.interval=10",
+            "batch.find_micro_size=false",
+            "batch.adaptive.max_size=128",
+        ],
+        "seesaw": [
+            "batch=scheduled",
+            "batch.schedule.kind=seesaw",
+            "schedule.main=step",
+            "schedule.milestones=[1,2]",
+            "schedule.factor=0.5",
+        ],
     }[arm]
     out = run_cli(*SMALL, *overrides, f"hydra.run.dir={run_dir}")
     assert out.returncode == 0, out.stderr[-3000:]
@@ -75,17 +101,36 @@ def test_each_new_arm_trains_end_to_end(run_cli, tmp_path, arm):
 
 
 # Memory grows fast with the batch and compute does not: one wide hidden layer on 40 inputs.
-WIDE = ["data=synthetic", "data.shape=[1,40]", "data.val_size=200", "model=mlp", "model.hidden=[8192]",
-        "model.norm=none", "trainer.eval_batch_size=256", "schedule.warmup_shape=none", "epochs=1",
-        "data.num_samples=8200"]
+WIDE = [
+    "data=synthetic",
+    "data.shape=[1,40]",
+    "data.val_size=200",
+    "model=mlp",
+    "model.hidden=[8192]",
+    "model.norm=none",
+    "trainer.eval_batch_size=256",
+    "schedule.warmup_shape=none",
+    "epochs=1",
+    "data.num_samples=8200",
+]
 
 
 def test_an_adaptive_batch_that_outgrows_memory_keeps_its_global_batch(run_cli, data_root, tmp_path):
     (tmp_path / "calibration").mkdir()
     limit = limit_for_size(data_root, tmp_path / "calibration", WIDE, 1000)
-    grows = [*WIDE, "batch=adaptive", "batch.size=500", "batch.find_micro_size=false", "batch.adaptive.interval=2",
-             "batch.adaptive.c=1000", "batch.adaptive.max_growth=8", "batch.adaptive.max_size=4000",
-             f"trainer.memory_limit_gb={limit}", "logger=none", "trainer.progress=false"]
+    grows = [
+        *WIDE,
+        "batch=adaptive",
+        "batch.size=500",
+        "batch.find_micro_size=false",
+        "batch.adaptive.interval=2",
+        "batch.adaptive.c=1000",
+        "batch.adaptive.max_growth=8",
+        "batch.adaptive.max_size=4000",
+        f"trainer.memory_limit_gb={limit}",
+        "logger=none",
+        "trainer.progress=false",
+    ]
     out = run_cli(*grows, f"hydra.run.dir={tmp_path / 'run'}")
     assert out.returncode == 0, out.stderr[-2000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())

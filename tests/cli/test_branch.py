@@ -13,16 +13,36 @@ from conftest import cli_env
 
 # The trunk: batch 64 over 2 epochs of MNIST-1D (55 steps an epoch), a constant LR after a short
 # warmup, evaluated every 5 steps; checkpoints kept at 0, 640 and 1,920 samples seen.
-TRUNK = ["epochs=2", "batch.size=64", "schedule.main=constant", "schedule.warmup=0.1", "trainer.eval_every_steps=5",
-         "trainer.threads=1", "trainer.progress=false", "logger=none"]
+TRUNK = [
+    "epochs=2",
+    "batch.size=64",
+    "schedule.main=constant",
+    "schedule.warmup=0.1",
+    "trainer.eval_every_steps=5",
+    "trainer.threads=1",
+    "trainer.progress=false",
+    "logger=none",
+]
 
 
 @pytest.fixture(scope="module")
 def trunk(tmp_path_factory, data_root):
     where = tmp_path_factory.mktemp("trunk")
-    out = subprocess.run([sys.executable, "-m", "bsexp.train", *TRUNK, "checkpoint.at_samples=[0,640,1920]",
-                          f"hydra.run.dir={where / 'run'}"], cwd=where, env=cli_env(data_root), capture_output=True,
-                         text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bsexp.train",
+            *TRUNK,
+            "checkpoint.at_samples=[0,640,1920]",
+            f"hydra.run.dir={where / 'run'}",
+        ],
+        cwd=where,
+        env=cli_env(data_root),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return where / "run"
 
@@ -63,8 +83,9 @@ def test_a_branch_at_the_trunks_batch_continues_it_bit_identically(run_cli, trun
     assert summary["branch"]["samples_trained"] == 1280 and summary["branch"]["at_step"] == 10
 
 
-def test_a_branch_at_another_batch_takes_the_rules_lr_and_weight_decay_and_exactly_its_samples(run_cli, trunk,
-                                                                                                 tmp_path):
+def test_a_branch_at_another_batch_takes_the_rules_lr_and_weight_decay_and_exactly_its_samples(
+    run_cli, trunk, tmp_path
+):
     run_dir = tmp_path / "b256"
     out = _branch(run_cli, trunk, run_dir, "branch.at_samples=640", "branch.samples=1000", "batch.size=256")
     assert out.returncode == 0, out.stderr[-3000:]
@@ -76,7 +97,7 @@ def test_a_branch_at_another_batch_takes_the_rules_lr_and_weight_decay_and_exact
     # The linear rule: 0.1 x 256/128 (the trunk's constant LR, 0.05 at 64, times 4); the sqrt rule
     # for the weight decay: 5e-4 x sqrt(256/128).
     assert node["lr"] == pytest.approx(0.2) and summary["lr"] == pytest.approx(0.2)
-    assert node["weight_decay"] == pytest.approx(5e-4 * 2 ** 0.5)
+    assert node["weight_decay"] == pytest.approx(5e-4 * 2**0.5)
     records = _records(run_dir)
     assert [r["samples_seen"] for r in records] == [640, 896, 1152, 1408, 1640]  # its start, then each quarter
     assert records[0]["lr"] == pytest.approx(0.05) and all(r["lr"] == pytest.approx(0.2) for r in records[1:-1])
@@ -109,15 +130,28 @@ def test_bad_branch_settings_are_one_line_and_exit_2(run_cli, trunk, tmp_path, a
 def test_a_sweep_over_the_branch_points_runs_a_branch_from_each(run_cli, trunk, tmp_path):
     # The sweep's own config has no branch.at_samples (the sweep sets it, job by job): not an error.
     sweep = tmp_path / "sweep"
-    out = run_cli("-m", *TRUNK, f"branch.trunk={trunk}", "branch.at_samples=0,640", "branch.samples=256",
-                  "batch.size=128", f"hydra.sweep.dir={sweep}")
+    out = run_cli(
+        "-m",
+        *TRUNK,
+        f"branch.trunk={trunk}",
+        "branch.at_samples=0,640",
+        "branch.samples=256",
+        "batch.size=128",
+        f"hydra.sweep.dir={sweep}",
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     summaries = [json.loads(p.read_text()) for p in sorted(sweep.glob("*/summary.json"))]
     assert sorted(s["branch"]["at_samples"] for s in summaries) == [0, 640]
     assert all(s["status"] == "completed" and s["branch"]["samples_trained"] == 256 for s in summaries)
     # Unswept, it is still refused before anything is written.
-    out = run_cli("-m", *TRUNK, f"branch.trunk={trunk}", "branch.samples=256", "batch.size=128,256",
-                  f"hydra.sweep.dir={tmp_path / 'unset'}")
+    out = run_cli(
+        "-m",
+        *TRUNK,
+        f"branch.trunk={trunk}",
+        "branch.samples=256",
+        "batch.size=128,256",
+        f"hydra.sweep.dir={tmp_path / 'unset'}",
+    )
     assert out.returncode == 2 and "branch.at_samples=None" in out.stderr and not (tmp_path / "unset").exists()
 
 
@@ -128,15 +162,21 @@ def test_a_branch_past_the_runs_end_is_refused_naming_branch_samples(run_cli, tr
 
 
 def test_a_missing_trunk_directory_is_one_line(run_cli, tmp_path):
-    out = run_cli(*TRUNK, f"branch.trunk={tmp_path / 'nowhere'}", "branch.at_samples=0", "branch.samples=10",
-                  f"hydra.run.dir={tmp_path / 'x'}")
+    out = run_cli(
+        *TRUNK,
+        f"branch.trunk={tmp_path / 'nowhere'}",
+        "branch.at_samples=0",
+        "branch.samples=10",
+        f"hydra.run.dir={tmp_path / 'x'}",
+    )
     assert out.returncode == 2 and "branch.trunk=" in out.stderr and "no such directory" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
 
 
 def test_a_branch_into_a_directory_holding_a_run_is_refused_and_the_trunk_left_as_it_was(run_cli, trunk):
     before = {p: p.stat().st_mtime_ns for p in trunk.rglob("*") if p.is_file() and p.name != ".bsexp.lock"}
-    out = run_cli(*TRUNK, f"branch.trunk={trunk}", "branch.at_samples=640", "branch.samples=640",
-                  f"hydra.run.dir={trunk}")
+    out = run_cli(
+        *TRUNK, f"branch.trunk={trunk}", "branch.at_samples=640", "branch.samples=640", f"hydra.run.dir={trunk}"
+    )
     assert out.returncode == 2 and "hydra.run.dir" in out.stderr and "already holds" in out.stderr, out.stderr
     assert {p: p.stat().st_mtime_ns for p in trunk.rglob("*") if p.is_file() and p.name != ".bsexp.lock"} == before

@@ -11,21 +11,57 @@ import wandb_records
 TINY_DATA = ["data.num_samples=1000", "data.val_size=100", "epochs=2"]
 TINY = [*TINY_DATA, "model.width=8"]
 SUMMARY_KEYS = {
-    "status", "batch_size", "micro_size", "accum_steps", "world_size", "lr", "weight_decay", "epochs",
-    "steps", "samples_seen", "train_loss", "train_acc", "val_loss", "val_acc", "best_val_acc", "test_acc",
-    "gen_gap", "wall_time_s", "samples_per_s", "peak_memory_mb", "seed", "k", "warmup_steps",
+    "status",
+    "batch_size",
+    "micro_size",
+    "accum_steps",
+    "world_size",
+    "lr",
+    "weight_decay",
+    "epochs",
+    "steps",
+    "samples_seen",
+    "train_loss",
+    "train_acc",
+    "val_loss",
+    "val_acc",
+    "best_val_acc",
+    "test_acc",
+    "gen_gap",
+    "wall_time_s",
+    "samples_per_s",
+    "peak_memory_mb",
+    "seed",
+    "k",
+    "warmup_steps",
 }
-RECORD_KEYS = {"epoch", "step", "samples_seen", "train_loss", "train_acc", "val_loss", "val_acc", "gen_gap", "lr",
-               "batch_size", "micro_size", "accum_steps"}
+RECORD_KEYS = {
+    "epoch",
+    "step",
+    "samples_seen",
+    "train_loss",
+    "train_acc",
+    "val_loss",
+    "val_acc",
+    "gen_gap",
+    "lr",
+    "batch_size",
+    "micro_size",
+    "accum_steps",
+}
 
 
 def test_help_lists_every_group_and_its_options(run_cli):
     out = run_cli("--help")
     assert out.returncode == 0, out.stderr
-    for line in ["batch: accumulation, adaptive, finder, fixed, scheduled",
-                 "data: cifar10, cifar100, digits, fashion_mnist, mnist, mnist1d, synthetic",
-                 "distributed: ddp, none", "logger: none, wandb", "model: cnn, cnn1d, mlp, resnet18",
-                 "optimizer: adamw, lamb, lars, sgd"]:
+    for line in [
+        "batch: accumulation, adaptive, finder, fixed, scheduled",
+        "data: cifar10, cifar100, digits, fashion_mnist, mnist, mnist1d, synthetic",
+        "distributed: ddp, none",
+        "logger: none, wandb",
+        "model: cnn, cnn1d, mlp, resnet18",
+        "optimizer: adamw, lamb, lars, sgd",
+    ]:
         assert line in out.stdout
     assert "schema" not in out.stdout.split("== Config ==")[0]  # schemas are not options
 
@@ -34,8 +70,13 @@ def test_cfg_job_prints_the_composed_config_without_running(run_cli, tmp_path):
     out = run_cli("--cfg", "job", "batch=accumulation", "batch.micro_size=64", "optimizer=adamw")
     assert out.returncode == 0, out.stderr
     cfg = yaml.safe_load(out.stdout)
-    assert cfg["batch"] == {"policy": "accumulation", "size": 512, "drop_last": False, "micro_size": 64,
-                            "accum_steps": None}
+    assert cfg["batch"] == {
+        "policy": "accumulation",
+        "size": 512,
+        "drop_last": False,
+        "micro_size": 64,
+        "accum_steps": None,
+    }
     assert cfg["optimizer"]["_target_"] == "torch.optim.AdamW" and cfg["data"]["_target_"] == "bsexp.data.mnist1d"
     assert {"seed", "epochs", "device", "precision", "scaling", "schedule", "trainer"} <= cfg.keys()
     assert not (tmp_path / "outputs").exists()
@@ -48,7 +89,12 @@ def test_a_tiny_run_writes_config_metrics_summary_and_an_offline_wandb_run(run_c
     summary = json.loads((run_dir / "summary.json").read_text())
     assert SUMMARY_KEYS <= summary.keys()
     assert summary["status"] == "completed"
-    assert (summary["batch_size"], summary["micro_size"], summary["accum_steps"], summary["world_size"]) == (64, 16, 4, 1)
+    assert (summary["batch_size"], summary["micro_size"], summary["accum_steps"], summary["world_size"]) == (
+        64,
+        16,
+        4,
+        1,
+    )
     assert summary["k"] == 0.5 and summary["lr"] == pytest.approx(0.05)  # linear rule from 0.1 at 128
     assert summary["weight_decay"] == pytest.approx(5e-4 * 0.5**0.5)  # sqrt rule
     assert summary["steps"] == 2 * 11 and summary["samples_seen"] == 2 * 700  # 700 train samples
@@ -123,8 +169,17 @@ BAD_INPUTS = [
     (["data=synthetic", "data.num_samples=0"], "data.num_samples", ">= 1"),
     (["batch=accumulation", "batch.accum_steps=3"], "batch.accum_steps", "must divide"),
     (["distributed=ddp", "distributed.nproc_per_node=3"], "batch.size", "divisible by the world size 3"),
-    (["batch=scheduled", "batch.schedule.kind=list", "batch.schedule.points=[[0,32],[2,3]]", "distributed=ddp",
-      "distributed.nproc_per_node=2"], "batch.schedule", "multiple of the world size 2"),
+    (
+        [
+            "batch=scheduled",
+            "batch.schedule.kind=list",
+            "batch.schedule.points=[[0,32],[2,3]]",
+            "distributed=ddp",
+            "distributed.nproc_per_node=2",
+        ],
+        "batch.schedule",
+        "multiple of the world size 2",
+    ),
     (["batch=scheduled", "batch.size=33", "batch.schedule.factor=1.5"], "batch.schedule.factor", "whole number"),
     (["batch=scheduled", "batch.schedule.kind=linear"], "batch.schedule.end", "needs the final batch"),
     (["trainer.noise_scale=sometimes"], "trainer.noise_scale", "auto, off, always"),
@@ -140,17 +195,33 @@ BAD_INPUTS = [
     (["batch=adaptive", "batch.adaptive.max_size=16"], "batch.adaptive.max_size", "at least batch.size=32"),
     (["batch=adaptive", "batch.adaptive.min_size=64"], "batch.adaptive.min_size", "at most batch.size=32"),
     (["batch=adaptive", "trainer.noise_scale=off"], "trainer.noise_scale", "use auto or always"),
-    (["batch=adaptive", "batch.adaptive.objective=goodput", "batch.find_micro_size=false"],
-     "batch.adaptive.objective", "batch.find_micro_size=true"),
+    (
+        ["batch=adaptive", "batch.adaptive.objective=goodput", "batch.find_micro_size=false"],
+        "batch.adaptive.objective",
+        "batch.find_micro_size=true",
+    ),
     (["batch=adaptive", "batch.adaptive.lr=linear"], "batch.adaptive.lr", "rule, adascale"),
     (["batch=scheduled", "batch.schedule.kind=seesaw"], "batch.schedule.kind", "schedule.main=step"),
-    (["batch=scheduled", "batch.schedule.kind=seesaw", "schedule.main=step", "schedule.milestones=[5]",
-      "schedule.factor=0.3"], "schedule.factor", "whole alpha"),
+    (
+        [
+            "batch=scheduled",
+            "batch.schedule.kind=seesaw",
+            "schedule.main=step",
+            "schedule.milestones=[5]",
+            "schedule.factor=0.3",
+        ],
+        "schedule.factor",
+        "whole alpha",
+    ),
     (["model.activation_checkpointing=maybe"], "model.activation_checkpointing", "not a valid bool"),
     (["model.ghost_batch=1"], "model.ghost_batch", ">= 2"),
     (["model.ghost_batch=16", "distributed.sync_batchnorm=true"], "distributed.sync_batchnorm", "null or false"),
-    pytest.param([_no_cuda()], "device", "auto, cpu",
-                  marks=pytest.mark.skipif(_no_cuda() is None, reason="CUDA is available here")),
+    pytest.param(
+        [_no_cuda()],
+        "device",
+        "auto, cpu",
+        marks=pytest.mark.skipif(_no_cuda() is None, reason="CUDA is available here"),
+    ),
 ]
 
 
@@ -163,8 +234,11 @@ LATE_BAD_INPUTS = [
     (["model.norm=group", "model.ghost_batch=16"], "model.ghost_batch", "model.norm=batch"),
     (["data=digits", "data.val_size=1500"], "data.val_size", "between 1 and 898"),
     (["optimizer.nesterov=true", "optimizer.momentum=0"], "optimizer._target_", "Nesterov"),
-    (["model._target_=torch.nn.Identity", "model.activation_checkpointing=true"], "model.activation_checkpointing",
-     "valid for mlp, cnn, cnn1d, resnet18 and any nn.Sequential"),
+    (
+        ["model._target_=torch.nn.Identity", "model.activation_checkpointing=true"],
+        "model.activation_checkpointing",
+        "valid for mlp, cnn, cnn1d, resnet18 and any nn.Sequential",
+    ),
 ]
 
 
@@ -216,7 +290,10 @@ def test_a_sweep_never_writes_into_an_earlier_sweeps_results(run_cli, tmp_path):
     (sweep / "0" / "summary.json").write_text('{"status": "completed"}')
     out = run_cli("-m", "seed=0,1", f"hydra.sweep.dir={sweep}")
     _assert_one_clear_line(out, "hydra.sweep.dir", "0/summary.json")
-    assert sorted(p.name for p in sweep.iterdir()) == ["0"] and (sweep / "0" / "summary.json").read_text() == '{"status": "completed"}'
+    assert (
+        sorted(p.name for p in sweep.iterdir()) == ["0"]
+        and (sweep / "0" / "summary.json").read_text() == '{"status": "completed"}'
+    )
 
 
 def test_a_bad_value_shared_by_every_sweep_job_stops_the_sweep_before_it_starts(run_cli, tmp_path):
@@ -239,8 +316,14 @@ def test_a_users_own_model_gets_the_data_shape_through_its_own_config(run_cli, t
     conf.mkdir(parents=True)
     (conf / "tiny.yaml").write_text("_target_: user_models.TinyNet\nhidden: 16\n")
     run_dir = tmp_path / "run"
-    out = run_cli(*TINY_DATA, "logger=none", f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]", "model=tiny",
-                  "model.hidden=12", f"hydra.run.dir={run_dir}")
+    out = run_cli(
+        *TINY_DATA,
+        "logger=none",
+        f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]",
+        "model=tiny",
+        "model.hidden=12",
+        f"hydra.run.dir={run_dir}",
+    )
     assert out.returncode == 0, out.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["model"] == "user_models.TinyNet"
@@ -253,8 +336,13 @@ def test_a_failure_mid_run_keeps_the_metrics_and_finishes_the_wandb_run(run_cli,
     conf.mkdir(parents=True)
     (conf / "tiny.yaml").write_text("_target_: user_models.TinyNet\nfail_at_step: 7\n")
     run_dir = tmp_path / "run"
-    out = run_cli(*TINY_DATA, f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]", "model=tiny",
-                  "trainer.eval_every_steps=3", f"hydra.run.dir={run_dir}")
+    out = run_cli(
+        *TINY_DATA,
+        f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]",
+        "model=tiny",
+        "trainer.eval_every_steps=3",
+        f"hydra.run.dir={run_dir}",
+    )
     assert out.returncode == 1
     assert "TinyNet failed on purpose at training step 7" in out.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -278,8 +366,14 @@ def test_progress_bars_show_on_a_terminal_and_not_in_a_pipe(run_cli, tmp_path):
     leader, follower = pty.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))  # a 120-column terminal
     args = (*TINY, "logger=none", "trainer.eval_every_steps=0")
-    out = run_cli(*args, f"hydra.run.dir={tmp_path / 'tty'}", stdout=follower, stderr=follower, stdin=follower,
-                  capture_output=False)
+    out = run_cli(
+        *args,
+        f"hydra.run.dir={tmp_path / 'tty'}",
+        stdout=follower,
+        stderr=follower,
+        stdin=follower,
+        capture_output=False,
+    )
     os.close(follower)
     chunks = []
     while True:

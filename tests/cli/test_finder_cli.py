@@ -11,9 +11,18 @@ from forkservers import forkservers
 from conftest import cli_env, limit_for_size
 
 # Memory grows fast with the batch and compute does not: one wide hidden layer on 40 inputs.
-WIDE = ["data=synthetic", "data.shape=[1,40]", "data.num_samples=8000", "data.val_size=200",
-        "model=mlp", "model.hidden=[8192]", "batch=finder", "trainer.progress=false", "epochs=1",
-        "batch.finder.data_fraction=null"]  # memory alone bounds the answer here
+WIDE = [
+    "data=synthetic",
+    "data.shape=[1,40]",
+    "data.num_samples=8000",
+    "data.val_size=200",
+    "model=mlp",
+    "model.hidden=[8192]",
+    "batch=finder",
+    "trainer.progress=false",
+    "epochs=1",
+    "batch.finder.data_fraction=null",
+]  # memory alone bounds the answer here
 
 
 def finder_run(run_cli, run_dir, *overrides):
@@ -31,15 +40,22 @@ def calibrated_limit_gb(data_root, tmp_path_factory):
 
 
 # fit is the default; power and binsearch run with scripts/test_slow.sh (and scripts/bench_finder.py).
-@pytest.mark.parametrize("mode", ["fit", pytest.param("power", marks=pytest.mark.slow),
-                                  pytest.param("binsearch", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "mode", ["fit", pytest.param("power", marks=pytest.mark.slow), pytest.param("binsearch", marks=pytest.mark.slow)]
+)
 def test_each_mode_finds_a_size_that_trains_under_the_cap_and_close_to_it(run_cli, tmp_path, calibrated_limit_gb, mode):
     limit = calibrated_limit_gb
     # Find and then train a full epoch with evaluation, all under the same real cap, with no OOM
     # recovery to fall back on: an out-of-memory error at the found size would end the run.
-    out, finder = finder_run(run_cli, tmp_path / "found", f"batch.finder.mode={mode}", "batch.finder.max_trials=16",
-                             f"batch.finder.memory_limit_gb={limit}", f"trainer.memory_limit_gb={limit}",
-                             "trainer.oom_recovery=false")
+    out, finder = finder_run(
+        run_cli,
+        tmp_path / "found",
+        f"batch.finder.mode={mode}",
+        "batch.finder.max_trials=16",
+        f"batch.finder.memory_limit_gb={limit}",
+        f"trainer.memory_limit_gb={limit}",
+        "trainer.oom_recovery=false",
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     size = finder["micro_size"]
     passed = [t["size"] for t in finder["trials"] if t["ok"]]
@@ -49,28 +65,45 @@ def test_each_mode_finds_a_size_that_trains_under_the_cap_and_close_to_it(run_cl
     assert summary["status"] == "completed" and summary["batch_size"] == size and summary["final_micro_size"] == size
     assert summary["epochs"] == 1 and summary["oom_recoveries"] == 0
     # 25 % more does not fit: the finder is near the limit, not far below it.
-    bigger = run_cli(*[o for o in WIDE if not o.startswith("batch")], "logger=none", f"batch.size={int(size * 1.25)}",
-                     f"trainer.memory_limit_gb={limit}", "trainer.oom_recovery=false", f"hydra.run.dir={tmp_path / 'bigger'}")
+    bigger = run_cli(
+        *[o for o in WIDE if not o.startswith("batch")],
+        "logger=none",
+        f"batch.size={int(size * 1.25)}",
+        f"trainer.memory_limit_gb={limit}",
+        "trainer.oom_recovery=false",
+        f"hydra.run.dir={tmp_path / 'bigger'}",
+    )
     assert bigger.returncode == 1 and "out of memory" in bigger.stderr
 
 
 def test_a_finder_run_records_its_trials_and_the_input_pipeline_rate(run_cli, tmp_path):
     run_dir, cache = tmp_path / "run", tmp_path / "cache"
     # Hidden width 1024: activations of a few KB a sample, above what resident memory resolves.
-    args = [*[o for o in WIDE if o != "epochs=1"], "model.hidden=[1024]", "batch.finder.max_size=256", "epochs=1",
-            "batch.finder.cache=true", f"batch.finder.cache_dir={cache}"]
+    args = [
+        *[o for o in WIDE if o != "epochs=1"],
+        "model.hidden=[1024]",
+        "batch.finder.max_size=256",
+        "epochs=1",
+        "batch.finder.cache=true",
+        f"batch.finder.cache_dir={cache}",
+    ]
     out = run_cli(*args, f"hydra.run.dir={run_dir}")
     assert out.returncode == 0, out.stderr[-2000:]
     finder = json.loads((run_dir / "finder.json").read_text())
     summary = json.loads((run_dir / "summary.json").read_text())
     assert finder["micro_size"] == summary["micro_size"] == summary["batch_size"] == 243  # 256 fits; 5 % below
-    assert {t["size"] for t in finder["trials"]} >= {8, 32, 128, 256} and 243 not in {t["size"] for t in finder["trials"]}
+    assert {t["size"] for t in finder["trials"]} >= {8, 32, 128, 256} and 243 not in {
+        t["size"] for t in finder["trials"]
+    }
     # The small sizes are probes (one step, to measure the peak); the size the answer stands on
     # passed a full trial.
     assert [t["size"] for t in finder["trials"] if t["probe"]] == [8, 32, 128]
     assert [t["probe"] for t in finder["trials"] if t["size"] == 256] == [False] and "ok (probe)" in out.stdout
     # The evaluation pass (200 samples a batch) needed no check of its own: the trial at 256 passed.
-    assert finder["eval_shown_by"] == 256 and "evaluation (200 samples a batch): no check needed, the trial at 256" in out.stdout
+    assert (
+        finder["eval_shown_by"] == 256
+        and "evaluation (200 samples a batch): no check needed, the trial at 256" in out.stdout
+    )
     # Where the memory goes, measured beside the analytic estimate (4 + 4 B a parameter and SGD's
     # momentum, 4 B), in finder.json, summary.json and the W&B summary.
     assert finder["params"] == summary["finder"]["params"] > 0 and finder["optimizer"] == "SGD"
@@ -112,8 +145,14 @@ def test_a_finder_run_records_its_trials_and_the_input_pipeline_rate(run_cli, tm
 
 def test_the_finder_trains_at_the_batch_nearest_the_measured_noise_scale(run_cli, tmp_path):
     common = ["data=digits", "model=mlp", "epochs=2", "logger=none", "trainer.progress=false"]
-    out = run_cli(*common, "batch=finder", "batch.finder.objective=noise_scale", "batch.finder.noise_steps=60",
-                  "batch.finder.max_size=400", f"hydra.run.dir={tmp_path / 'found'}")
+    out = run_cli(
+        *common,
+        "batch=finder",
+        "batch.finder.objective=noise_scale",
+        "batch.finder.noise_steps=60",
+        "batch.finder.max_size=400",
+        f"hydra.run.dir={tmp_path / 'found'}",
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((tmp_path / "found" / "summary.json").read_text())
     measured, fits = summary["finder"]["noise_b_simple"], summary["finder"]["micro_size"]
@@ -124,8 +163,11 @@ def test_the_finder_trains_at_the_batch_nearest_the_measured_noise_scale(run_cli
     fixed = run_cli(*common, f"batch.size={size}", f"hydra.run.dir={tmp_path / 'fixed'}")
     assert fixed.returncode == 0, fixed.stderr[-3000:]
     again = json.loads((tmp_path / "fixed" / "summary.json").read_text())
-    assert (again["train_loss"], again["val_acc"], again["steps"]) == (summary["train_loss"], summary["val_acc"],
-                                                                       summary["steps"])
+    assert (again["train_loss"], again["val_acc"], again["steps"]) == (
+        summary["train_loss"],
+        summary["val_acc"],
+        summary["steps"],
+    )
 
 
 def test_a_finder_run_refused_by_its_checks_leaves_no_probe_server_behind(data_root, tmp_path):
@@ -134,12 +176,26 @@ def test_a_finder_run_refused_by_its_checks_leaves_no_probe_server_behind(data_r
     marker = uuid.uuid4().hex
     stderr = tmp_path / "stderr"
     with stderr.open("w") as err:  # not a pipe: the command's end, not its output's, is waited for
-        code = subprocess.run([sys.executable, "-m", "bsexp.train", *WIDE, "logger=none", "batch.finder.margin=2",
-                               f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, stdout=subprocess.DEVNULL,
-                              stderr=err, env=cli_env(data_root) | {"BSEXP_TEST_MARKER": marker}, timeout=300).returncode
+        code = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "bsexp.train",
+                *WIDE,
+                "logger=none",
+                "batch.finder.margin=2",
+                f"hydra.run.dir={tmp_path / 'run'}",
+            ],
+            cwd=tmp_path,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env=cli_env(data_root) | {"BSEXP_TEST_MARKER": marker},
+            timeout=300,
+        ).returncode
     assert forkservers(marker=marker) == []
     assert code == 2 and stderr.read_text().splitlines() == [
-        "error: batch.finder.margin=2.0: must be a finite number in [0, 0.9]"]
+        "error: batch.finder.margin=2.0: must be a finite number in [0, 0.9]"
+    ]
     assert not (tmp_path / "run").exists()
 
 
@@ -149,12 +205,24 @@ def test_the_probe_process_works_from_the_runs_data_without_loading_it_again(run
     conf = tmp_path / "my_conf" / "data"
     conf.mkdir(parents=True)
     loads = tmp_path / "loads"
-    (conf / "logged.yaml").write_text(f"_target_: user_models.logged_synthetic\nlog: {loads}\nshape: [1, 40]\n"
-                                      "num_classes: 10\nnum_samples: 2000\nval_size: 200\ntest_size: 0\nnoise: 1.0\n"
-                                      "seed: 0\nin_memory: true\nnum_workers: 0\n")
-    out = run_cli(f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]", "data=logged", "model=mlp", "model.hidden=[64]",
-                  "batch=finder", "batch.finder.max_size=256", "batch.finder.data_fraction=null", "logger=none",
-                  "trainer.progress=false", "epochs=1", f"hydra.run.dir={tmp_path / 'run'}")
+    (conf / "logged.yaml").write_text(
+        f"_target_: user_models.logged_synthetic\nlog: {loads}\nshape: [1, 40]\n"
+        "num_classes: 10\nnum_samples: 2000\nval_size: 200\ntest_size: 0\nnoise: 1.0\n"
+        "seed: 0\nin_memory: true\nnum_workers: 0\n"
+    )
+    out = run_cli(
+        f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]",
+        "data=logged",
+        "model=mlp",
+        "model.hidden=[64]",
+        "batch=finder",
+        "batch.finder.max_size=256",
+        "batch.finder.data_fraction=null",
+        "logger=none",
+        "trainer.progress=false",
+        "epochs=1",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     finder = json.loads((tmp_path / "run" / "finder.json").read_text())
     assert [t["size"] for t in finder["trials"]][:3] == [8, 32, 128] and finder["micro_size"] == int(256 * 0.95)

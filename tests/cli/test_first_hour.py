@@ -14,13 +14,25 @@ import yaml
 from conftest import cli_env
 from resuming import SLOW, assert_same_state, final_state, newest_step, start, stop_mid_run, uninterrupted
 
-TINY = ["data.num_samples=600", "data.val_size=100", "epochs=1", "model.width=8", "logger=none",
-        "trainer.progress=false"]
+TINY = [
+    "data.num_samples=600",
+    "data.val_size=100",
+    "epochs=1",
+    "model.width=8",
+    "logger=none",
+    "trainer.progress=false",
+]
 
 
 def command(data_root, cwd, *args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "bsexp.train", *args], cwd=cwd, env=cli_env(data_root),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "bsexp.train", *args],
+        cwd=cwd,
+        env=cli_env(data_root),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def one_line(out, key, fragment):
@@ -31,8 +43,9 @@ def one_line(out, key, fragment):
 
 def test_a_resume_continues_the_runs_own_config_whatever_the_command_line_omits(make_cfg, data_root, tmp_path):
     run_dir = tmp_path / "run"
-    code, _ = stop_mid_run(start(data_root, tmp_path, *SLOW, "batch.size=64", f"hydra.run.dir={run_dir}"),
-                           run_dir, signal.SIGTERM, seed=3)
+    code, _ = stop_mid_run(
+        start(data_root, tmp_path, *SLOW, "batch.size=64", f"hydra.run.dir={run_dir}"), run_dir, signal.SIGTERM, seed=3
+    )
     assert code == 128 + signal.SIGTERM
     saved = (run_dir / ".hydra" / "config.yaml").read_text()
     # The README's command: only the run directory. Everything the run was started with stays.
@@ -51,15 +64,17 @@ def test_a_resume_continues_the_runs_own_config_whatever_the_command_line_omits(
 
 def test_a_resume_that_would_change_the_run_is_refused_or_taken_and_recorded(data_root, tmp_path):
     run_dir = tmp_path / "run"
-    code, _ = stop_mid_run(start(data_root, tmp_path, *SLOW, "batch.size=64", f"hydra.run.dir={run_dir}"),
-                           run_dir, signal.SIGTERM, seed=5)
+    code, _ = stop_mid_run(
+        start(data_root, tmp_path, *SLOW, "batch.size=64", f"hydra.run.dir={run_dir}"), run_dir, signal.SIGTERM, seed=5
+    )
     files = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
     refused = command(data_root, tmp_path, "resume=auto", f"hydra.run.dir={run_dir}", "epochs=20")
     one_line(refused, "epochs=20", "differs from the run being resumed, which has epochs=3")
     assert "checkpoint.allow_mismatch=true" in refused.stderr
     assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == files  # nothing touched
-    taken = command(data_root, tmp_path, "resume=auto", f"hydra.run.dir={run_dir}", "epochs=4",
-                    "checkpoint.allow_mismatch=true")
+    taken = command(
+        data_root, tmp_path, "resume=auto", f"hydra.run.dir={run_dir}", "epochs=4", "checkpoint.allow_mismatch=true"
+    )
     assert taken.returncode == 0, taken.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps"] == 240
@@ -70,15 +85,20 @@ def test_resume_auto_with_nothing_to_resume_says_so(data_root, tmp_path):
     one_line(command(data_root, tmp_path, "resume=auto"), "resume=auto", "hydra.run.dir=")
     empty = tmp_path / "empty"
     empty.mkdir()
-    one_line(command(data_root, tmp_path, "resume=auto", f"hydra.run.dir={empty}"), "resume=auto",
-             "holds no run to continue")
+    one_line(
+        command(data_root, tmp_path, "resume=auto", f"hydra.run.dir={empty}"), "resume=auto", "holds no run to continue"
+    )
     assert not (tmp_path / "outputs").exists() and list(empty.iterdir()) == []
 
 
 def test_ctrl_c_checkpoints_and_prints_the_exact_command_that_continues(data_root, tmp_path):
     run_dir = tmp_path / "run"
-    args = [*[o for o in SLOW if not o.startswith("checkpoint.every_steps")], "checkpoint.every_steps=1000",
-            "batch.size=64", f"hydra.run.dir={run_dir}"]
+    args = [
+        *[o for o in SLOW if not o.startswith("checkpoint.every_steps")],
+        "checkpoint.every_steps=1000",
+        "batch.size=64",
+        f"hydra.run.dir={run_dir}",
+    ]
     proc = start(data_root, tmp_path, *args)
     deadline = time.time() + 240
     while not (run_dir / "train.log").exists() or "lr " not in (run_dir / "train.log").read_text():
@@ -99,9 +119,17 @@ def test_ctrl_c_checkpoints_and_prints_the_exact_command_that_continues(data_roo
 
 
 def test_runs_started_in_the_same_second_get_directories_of_their_own(data_root, tmp_path):
-    procs = [subprocess.Popen([sys.executable, "-m", "bsexp.train", *TINY, f"seed={s}"], cwd=tmp_path,
-                              env=cli_env(data_root), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for s in (0, 1, 2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "bsexp.train", *TINY, f"seed={s}"],
+            cwd=tmp_path,
+            env=cli_env(data_root),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for s in (0, 1, 2)
+    ]
     for proc in procs:
         _, err = proc.communicate(timeout=600)
         assert proc.returncode == 0, err[-2000:]
@@ -143,8 +171,14 @@ def test_the_default_finder_run_trains_as_well_as_the_default_run(data_root, tmp
     # Bounded by the data (a tenth of the training set, McCandlish et al., Smith et al.), the
     # finder's batch keeps enough steps an epoch and an LR the warmup can carry.
     fixed = command(data_root, tmp_path, "logger=none", "trainer.progress=false", f"hydra.run.dir={tmp_path / 'fixed'}")
-    found = command(data_root, tmp_path, "batch=finder", "logger=none", "trainer.progress=false",
-                    f"hydra.run.dir={tmp_path / 'found'}")
+    found = command(
+        data_root,
+        tmp_path,
+        "batch=finder",
+        "logger=none",
+        "trainer.progress=false",
+        f"hydra.run.dir={tmp_path / 'found'}",
+    )
     assert fixed.returncode == 0 and found.returncode == 0, found.stderr[-3000:]
     a = json.loads((tmp_path / "fixed" / "summary.json").read_text())
     b = json.loads((tmp_path / "found" / "summary.json").read_text())
@@ -154,12 +188,15 @@ def test_the_default_finder_run_trains_as_well_as_the_default_run(data_root, tmp
     assert b["test_acc"] >= a["test_acc"] - 0.03, (a["test_acc"], b["test_acc"])
 
 
-@pytest.mark.parametrize("overrides, fragment", [
-    (["data=digits", "model=mlp", "batch.size=512", "epochs=1"], "fewer than 8"),
-    (["epochs=2", "model.width=8"], "takes the whole run"),
-    # x8 (batch 1024 at the reference 128) raised in 1 step of warmup, not the 7 that carry it
-    (["batch.size=1024", "epochs=1", "schedule.warmup=0.25", "model.width=8"], "raises the LR x8"),
-])
+@pytest.mark.parametrize(
+    "overrides, fragment",
+    [
+        (["data=digits", "model=mlp", "batch.size=512", "epochs=1"], "fewer than 8"),
+        (["epochs=2", "model.width=8"], "takes the whole run"),
+        # x8 (batch 1024 at the reference 128) raised in 1 step of warmup, not the 7 that carry it
+        (["batch.size=1024", "epochs=1", "schedule.warmup=0.25", "model.width=8"], "raises the LR x8"),
+    ],
+)
 def test_a_set_up_likely_to_train_badly_is_warned_about(data_root, tmp_path, overrides, fragment):
     out = command(data_root, tmp_path, *overrides, "logger=none", "trainer.progress=false")
     assert out.returncode == 0, out.stderr[-2000:]
@@ -169,8 +206,14 @@ def test_a_set_up_likely_to_train_badly_is_warned_about(data_root, tmp_path, ove
 def test_a_run_cut_short_by_max_steps_is_not_told_its_batch_leaves_few_steps_an_epoch(data_root, tmp_path):
     # 3 steps of the default batch (128) on 3,500 samples: the batch leaves 28 steps an epoch; the
     # run takes 3 of them.
-    out = command(data_root, tmp_path, "trainer.max_steps=3", "logger=none", "trainer.progress=false",
-                  f"hydra.run.dir={tmp_path / 'run'}")
+    out = command(
+        data_root,
+        tmp_path,
+        "trainer.max_steps=3",
+        "logger=none",
+        "trainer.progress=false",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "fewer than 8" not in out.stdout + out.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -182,8 +225,17 @@ def test_under_a_batch_schedule_the_lr_decay_is_counted_in_samples(data_root, tm
     # epoch 8 the decay stands where 8 epochs of 20 put it (counted in steps, 800 of 944 steps would
     # have taken the LR to a tenth of its peak before the batch first grows).
     run_dir = tmp_path / "run"
-    out = command(data_root, tmp_path, "batch=scheduled", "data.val_size=800", "batch.schedule.couple_lr=false",
-                  "model.width=8", "logger=none", "trainer.progress=false", f"hydra.run.dir={run_dir}")
+    out = command(
+        data_root,
+        tmp_path,
+        "batch=scheduled",
+        "data.val_size=800",
+        "batch.schedule.couple_lr=false",
+        "model.width=8",
+        "logger=none",
+        "trainer.progress=false",
+        f"hydra.run.dir={run_dir}",
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     import math

@@ -12,13 +12,25 @@ import time
 from conftest import cli_env
 from resuming import SLOW, records, start, uninterrupted
 
-TINY = ["data.num_samples=600", "data.val_size=100", "epochs=1", "model.width=8", "logger=none",
-        "trainer.progress=false"]
+TINY = [
+    "data.num_samples=600",
+    "data.val_size=100",
+    "epochs=1",
+    "model.width=8",
+    "logger=none",
+    "trainer.progress=false",
+]
 
 
 def command(data_root, cwd, *args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "bsexp.train", *args], cwd=cwd, env=cli_env(data_root),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "bsexp.train", *args],
+        cwd=cwd,
+        env=cli_env(data_root),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def killed_in_its_first_epoch(data_root, tmp_path, run_dir, *args):
@@ -50,7 +62,7 @@ def test_resume_auto_starts_a_run_killed_before_its_first_checkpoint_from_step_0
     assert "no checkpoint" in note and "starting the run from step 0" in note
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["resumed_from"] is None
-    _, progress = uninterrupted(make_cfg, *EARLY[len(SLOW) - 1:])
+    _, progress = uninterrupted(make_cfg, *EARLY[len(SLOW) - 1 :])
     assert [r["val_loss"] for r in records(run_dir)] == [r["val_loss"] for r in progress.records]
 
 
@@ -70,8 +82,10 @@ def test_resume_auto_on_a_directory_with_no_run_in_it_is_one_line(data_root, tmp
     empty.mkdir()
     out = command(data_root, tmp_path, "resume=auto", f"hydra.run.dir={empty}")
     assert out.returncode == 2
-    assert out.stderr.strip().splitlines() == [f"error: resume=auto: {empty} holds no run to continue: no checkpoint "
-                                               f"(checkpoints/step-*.pt) and no run's config (.hydra/config.yaml)"]
+    assert out.stderr.strip().splitlines() == [
+        f"error: resume=auto: {empty} holds no run to continue: no checkpoint "
+        f"(checkpoints/step-*.pt) and no run's config (.hydra/config.yaml)"
+    ]
 
 
 def test_every_point_of_a_sweep_is_checked_before_the_first_one_trains(data_root, tmp_path):
@@ -80,7 +94,8 @@ def test_every_point_of_a_sweep_is_checked_before_the_first_one_trains(data_root
     out = command(data_root, tmp_path, "-m", "batch.size=32,-5", *TINY, f"hydra.sweep.dir={sweep}")
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [
-        "error: sweep point 1 (batch.size=-5): batch.size=-5: must be >= 1; no point has run"]
+        "error: sweep point 1 (batch.size=-5): batch.size=-5: must be >= 1; no point has run"
+    ]
     assert not sweep.exists()
     # A value of the wrong type: on a76dc77 "a sweep point failed ... the others ran", though none had.
     out = command(data_root, tmp_path, "-m", "seed=0,1", "batch.size=32,abc", *TINY, f"hydra.sweep.dir={sweep}")
@@ -93,8 +108,16 @@ def test_every_point_of_a_sweep_is_checked_before_the_first_one_trains(data_root
     assert out.returncode == 2 and out.stderr.startswith("error: optimizer.lr=-1")
     # An experiment's own sweep (its sweeper's params) is checked point by point too: over 3 ranks,
     # its batches 32 and 64 do not divide (points 0 to 5: batch 32 and 64, seeds 0-2).
-    out = command(data_root, tmp_path, "-m", "experiment=linear_scaling", "distributed=ddp",
-                  "distributed.nproc_per_node=3", *TINY, f"hydra.sweep.dir={sweep}")
+    out = command(
+        data_root,
+        tmp_path,
+        "-m",
+        "experiment=linear_scaling",
+        "distributed=ddp",
+        "distributed.nproc_per_node=3",
+        *TINY,
+        f"hydra.sweep.dir={sweep}",
+    )
     assert out.returncode == 2, out.stderr[-2000:]
     [line] = out.stderr.strip().splitlines()
     assert line.startswith("error: sweep point 0 (batch.size=32 seed=0): batch.size=32:") and "divisible" in line
@@ -103,8 +126,9 @@ def test_every_point_of_a_sweep_is_checked_before_the_first_one_trains(data_root
 
 def test_a_run_beside_another_on_the_same_cores_is_told_the_share_that_would_let_both_run(data_root, tmp_path):
     # The other run trains long enough to be there while this one starts, on 1 thread.
-    other = start(data_root, tmp_path, *[o for o in SLOW if o != "epochs=3"], "epochs=100",
-                  f"hydra.run.dir={tmp_path / 'other'}")
+    other = start(
+        data_root, tmp_path, *[o for o in SLOW if o != "epochs=3"], "epochs=100", f"hydra.run.dir={tmp_path / 'other'}"
+    )
     try:
         deadline = time.time() + 120
         while not (tmp_path / "other" / "metrics.jsonl").exists():
@@ -114,8 +138,11 @@ def test_a_run_beside_another_on_the_same_cores_is_told_the_share_that_would_let
         out = command(data_root, tmp_path, *TINY, f"hydra.run.dir={tmp_path / 'this'}")
         assert out.returncode == 0, out.stderr[-3000:]
         [line] = [line for line in out.stdout.splitlines() if "other bsexp run" in line]
-        assert f"1 other bsexp run trains on this machine's {cores} cores beside this one ({cores} threads here, 1 " \
-               f"there)" in line and line.endswith(f"give each its share with trainer.threads={max(1, cores // 2)}")
+        assert (
+            f"1 other bsexp run trains on this machine's {cores} cores beside this one ({cores} threads here, 1 there)"
+            in line
+            and line.endswith(f"give each its share with trainer.threads={max(1, cores // 2)}")
+        )
         # A run told its threads is not told again.
         told = command(data_root, tmp_path, *TINY, "trainer.threads=1", f"hydra.run.dir={tmp_path / 'told'}")
         assert told.returncode == 0 and "other bsexp run" not in told.stdout
@@ -135,6 +162,7 @@ def test_a_key_one_typo_away_from_a_groups_key_gets_a_did_you_mean(data_root, tm
     out = command(data_root, tmp_path, "batch.sise=64")
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [
-        "error: batch.sise: not a key of batch (did you mean batch.size?); valid: policy, size, drop_last"]
+        "error: batch.sise: not a key of batch (did you mean batch.size?); valid: policy, size, drop_last"
+    ]
     out = command(data_root, tmp_path, "+trainer.max_step=3")
     assert out.returncode == 2 and "(did you mean trainer.max_steps?)" in out.stderr

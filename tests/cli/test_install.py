@@ -17,8 +17,12 @@ def test_a_plain_install_runs_from_another_directory(data_root, tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     python = venv / "bin" / "python"
-    new_site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                              capture_output=True, text=True, check=True).stdout.strip()
+    new_site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     deps = sysconfig.get_paths()["purelib"]
     with open(os.path.join(new_site, "test_deps.pth"), "w") as pth:
         pth.write(deps + "\n")  # a path line: its own .pth files (the editable bsexp's hook) are not read
@@ -27,17 +31,44 @@ def test_a_plain_install_runs_from_another_directory(data_root, tmp_path):
     shutil.copytree(ROOT / "bsexp", source / "bsexp", ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
-    out = subprocess.run([str(python), "-m", "pip", "install", "--no-deps", str(source)], capture_output=True,
-                         text=True, timeout=600, env=env, cwd=tmp_path)
+    out = subprocess.run(
+        [str(python), "-m", "pip", "install", "--no-deps", str(source)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    where = subprocess.run([str(python), "-c", "import bsexp, bsexp.conf; print(bsexp.__file__)"], capture_output=True,
-                           text=True, env=env, cwd=elsewhere, timeout=120)
+    where = subprocess.run(
+        [str(python), "-c", "import bsexp, bsexp.conf; print(bsexp.__file__)"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=elsewhere,
+        timeout=120,
+    )
     assert where.stdout.strip().startswith(new_site), (where.stdout, where.stderr)  # the installed copy
-    run = subprocess.run([str(python), "-m", "bsexp.train", "data.num_samples=600", "data.val_size=100", "epochs=1",
-                          "model.width=8", "logger=none", "trainer.progress=false"],
-                         capture_output=True, text=True, env=env, cwd=elsewhere, timeout=600)
+    run = subprocess.run(
+        [
+            str(python),
+            "-m",
+            "bsexp.train",
+            "data.num_samples=600",
+            "data.val_size=100",
+            "epochs=1",
+            "model.width=8",
+            "logger=none",
+            "trainer.progress=false",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=elsewhere,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     [summary] = elsewhere.glob("outputs/*/*/summary.json")
     assert json.loads(summary.read_text())["status"] == "completed"

@@ -24,13 +24,21 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def report(data_root, *args):
-    return subprocess.run([sys.executable, "-m", "bsexp.report", *map(str, args)], capture_output=True, text=True,
-                          env=cli_env(data_root), timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "bsexp.report", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=cli_env(data_root),
+        timeout=300,
+    )
 
 
 def jobs(sweep: Path) -> dict[str, dict]:
-    return {d.name: json.loads((d / "summary.json").read_text()) for d in sorted(sweep.iterdir())
-            if (d / "summary.json").exists()}
+    return {
+        d.name: json.loads((d / "summary.json").read_text())
+        for d in sorted(sweep.iterdir())
+        if (d / "summary.json").exists()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -38,9 +46,24 @@ def sweep(data_root, tmp_path_factory):
     """3 batch sizes x 2 seeds, logged to (offline) W&B, then reported."""
     tmp = tmp_path_factory.mktemp("sweep")
     sweep = tmp / "multirun" / "digits" / "sizes"
-    out = subprocess.run([sys.executable, "-m", "bsexp.train", "-m", "batch.size=32,64,128", "seed=0,1", *DIGITS,
-                          "trainer.noise_scale=always", f"hydra.sweep.dir={sweep}"], cwd=tmp, env=cli_env(data_root), capture_output=True,
-                         text=True, timeout=600)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bsexp.train",
+            "-m",
+            "batch.size=32,64,128",
+            "seed=0,1",
+            *DIGITS,
+            "trainer.noise_scale=always",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        cwd=tmp,
+        env=cli_env(data_root),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     reported = report(data_root, sweep)
     assert reported.returncode == 0, reported.stderr[-3000:]
@@ -50,8 +73,10 @@ def sweep(data_root, tmp_path_factory):
 def test_each_point_has_a_directory_named_by_its_overrides_and_a_line_in_the_index(sweep):
     sweep, out, _ = sweep
     names = sorted((d.name for d in sweep.iterdir() if (d / ".hydra").is_dir()), key=lambda n: int(n.split("_")[0]))
-    assert names == [f"{i}_batch.size={b},seed={s},data=digits,model=mlp,epochs=2,trainer.noise_scale=always"
-                     for i, (b, s) in enumerate((b, s) for b in (32, 64, 128) for s in (0, 1))]
+    assert names == [
+        f"{i}_batch.size={b},seed={s},data=digits,model=mlp,epochs=2,trainer.noise_scale=always"
+        for i, (b, s) in enumerate((b, s) for b in (32, 64, 128) for s in (0, 1))
+    ]
     index = [json.loads(line) for line in (sweep / "jobs.jsonl").read_text().splitlines()]
     assert sorted(e["dir"] for e in index) == sorted(names)
     assert all(e["status"] == "completed" for e in index)
@@ -93,13 +118,18 @@ def test_the_report_tables_mean_and_std_over_seeds_marks_the_best_and_names_the_
         assert float(row["steps"]) == by_batch[b][0]["steps"]
     best = max(means, key=means.get)
     # The first batch above the best more than 2 standard errors of the difference below it.
-    breaking = next((b for b in means if b > best and means[best] - means[b]
-                     > 2 * (stds[best] ** 2 / 2 + stds[b] ** 2 / 2) ** 0.5), None)
+    breaking = next(
+        (b for b in means if b > best and means[best] - means[b] > 2 * (stds[best] ** 2 / 2 + stds[b] ** 2 / 2) ** 0.5),
+        None,
+    )
     table = (sweep / "report.md").read_text()
     [starred] = [line for line in table.splitlines() if line.startswith("| ★")]
     assert f"| {best} |" in starred
-    assert (f"**Breaking point**: batch {breaking}, the first batch above the best, batch {best}," if breaking else
-            "**Breaking point**: none within the swept range") in table
+    assert (
+        f"**Breaking point**: batch {breaking}, the first batch above the best, batch {best},"
+        if breaking
+        else "**Breaking point**: none within the swept range"
+    ) in table
     assert f"{100 * means[best]:.2f} ± {100 * stds[best]:.2f}" in starred
     # The critical batch (fitted or refused, with its reason) beside the noise scale the runs measured.
     assert "**Critical batch**: " in table and "**Gradient noise scale**: B_simple = " in table
@@ -140,8 +170,11 @@ def test_the_report_refuses_a_directory_that_is_not_there(data_root, tmp_path):
     helped = report(data_root, "--help")
     assert helped.returncode == 0 and "--tolerance" in helped.stdout and "first half" in helped.stdout
     out = report(data_root, tmp_path / "nope")
-    assert out.returncode == 2 and out.stderr.strip() == f"error: {tmp_path / 'nope'}: no such directory; valid: " \
-                                                         "a multirun directory holding job directories"
+    assert (
+        out.returncode == 2
+        and out.stderr.strip()
+        == f"error: {tmp_path / 'nope'}: no such directory; valid: a multirun directory holding job directories"
+    )
     empty = report(data_root, tmp_path)
     assert empty.returncode == 2 and "no sweep points" in empty.stderr and "Traceback" not in empty.stderr
 
@@ -150,8 +183,16 @@ def test_points_side_by_side_share_the_cores(run_cli, tmp_path):
     import os
 
     sweep = tmp_path / "sweep"
-    out = run_cli("-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "batch.size=32,64", *DIGITS, "epochs=1",
-                  "logger=none", f"hydra.sweep.dir={sweep}")
+    out = run_cli(
+        "-m",
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",
+        "batch.size=32,64",
+        *DIGITS,
+        "epochs=1",
+        "logger=none",
+        f"hydra.sweep.dir={sweep}",
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     threads = [s["threads"] for s in jobs(sweep).values()]
     assert threads == [max(1, len(os.sched_getaffinity(0)) // 2)] * 2
@@ -166,8 +207,14 @@ STAGED = {"critical_batch": {"trunk": [], "branches": ["branch.trunk=/the/trunk/
 
 def test_every_arm_of_every_experiment_composes_and_passes_the_checks(data_root, monkeypatch):
     monkeypatch.setenv("BSEXP_DATA", str(data_root))
-    assert {"linear_scaling", "scaling_rules", "norm_small_batch", "accumulation_vs_large", "generalization_gap",
-            "increase_batch"} <= set(EXPERIMENTS)
+    assert {
+        "linear_scaling",
+        "scaling_rules",
+        "norm_small_batch",
+        "accumulation_vs_large",
+        "generalization_gap",
+        "increase_batch",
+    } <= set(EXPERIMENTS)
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         for name in EXPERIMENTS:
             arms = sorted(p.stem for p in (CONF / "experiment" / name).glob("*.yaml"))
@@ -188,8 +235,13 @@ def test_every_arm_of_every_experiment_composes_and_passes_the_checks(data_root,
 def test_the_critical_batch_experiment_composes_unchanged_with_resnet18_on_cifar10(stage):
     # "On a GPU the same commands run with model=resnet18 data=cifar10": both stages compose and pass
     # every check the config alone allows (the data itself needs a download, so it is not built).
-    overrides = ["experiment=critical_batch", f"experiment/critical_batch={stage}", *STAGED["critical_batch"][stage],
-                 "model=resnet18", "data=cifar10"]
+    overrides = [
+        "experiment=critical_batch",
+        f"experiment/critical_batch={stage}",
+        *STAGED["critical_batch"][stage],
+        "model=resnet18",
+        "data=cifar10",
+    ]
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=overrides, return_hydra_config=True)
     assert cfg.data.name == "cifar10" and cfg.model._target_.endswith("resnet18")
@@ -199,8 +251,9 @@ def test_the_critical_batch_experiment_composes_unchanged_with_resnet18_on_cifar
     check(cfg)
 
 
-def test_experiments_that_fit_the_critical_batch_evaluate_often_enough_to_resolve_steps_to_target(data_root,
-                                                                                                  monkeypatch):
+def test_experiments_that_fit_the_critical_batch_evaluate_often_enough_to_resolve_steps_to_target(
+    data_root, monkeypatch
+):
     """An experiment sweeping 3 or more batch sizes gets a B_crit fit, whose target every point
     reaches within the first half of its run, so the largest batch within half its steps; S_min
     is at most that. Every batch must then evaluate at least every tenth of those steps, or its
@@ -213,8 +266,11 @@ def test_experiments_that_fit_the_critical_batch_evaluate_often_enough_to_resolv
     # Each experiment as composed, and each of its arms (a sweep of its own, such as
     # experiment/adaptive_vs_fixed=fixed: the fixed batches the B_crit fit reads).
     sweeps = [(name, [f"experiment={name}"]) for name in EXPERIMENTS]
-    sweeps += [(f"{name}/{arm.stem}", [f"experiment={name}", f"experiment/{name}={arm.stem}"])
-               for name in EXPERIMENTS for arm in sorted((CONF / "experiment" / name).glob("*.yaml"))]
+    sweeps += [
+        (f"{name}/{arm.stem}", [f"experiment={name}", f"experiment/{name}={arm.stem}"])
+        for name in EXPERIMENTS
+        for arm in sorted((CONF / "experiment" / name).glob("*.yaml"))
+    ]
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         for name, overrides in sweeps:
             cfg = compose("config", overrides=overrides, return_hydra_config=True)
@@ -233,8 +289,13 @@ def test_experiments_that_fit_the_critical_batch_evaluate_often_enough_to_resolv
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_every_experiment_runs_one_step(run_cli, tmp_path, name):
-    common = ["data.num_samples=1500", "data.val_size=100", "trainer.max_steps=1", "logger=none",
-              "trainer.progress=false"]
+    common = [
+        "data.num_samples=1500",
+        "data.val_size=100",
+        "trainer.max_steps=1",
+        "logger=none",
+        "trainer.progress=false",
+    ]
     trunk = tmp_path / "run"
     first = [f"experiment/{name}=trunk"] if name in STAGED else []  # the trunk, then a branch of it
     out = run_cli(f"experiment={name}", *first, *common, f"hydra.run.dir={trunk}")
@@ -242,8 +303,14 @@ def test_every_experiment_runs_one_step(run_cli, tmp_path, name):
     summary = json.loads((trunk / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps"] == 1
     if name in STAGED:
-        out = run_cli(f"experiment={name}", *common, f"branch.trunk={trunk}", "branch.at_samples=0",
-                      "branch.samples=32", f"hydra.run.dir={tmp_path / 'branch'}")
+        out = run_cli(
+            f"experiment={name}",
+            *common,
+            f"branch.trunk={trunk}",
+            "branch.at_samples=0",
+            "branch.samples=32",
+            f"hydra.run.dir={tmp_path / 'branch'}",
+        )
         assert out.returncode == 0, out.stderr[-3000:]
         summary = json.loads((tmp_path / "branch" / "summary.json").read_text())
         assert summary["status"] == "completed" and summary["branch"]["samples_trained"] == 32
@@ -251,8 +318,16 @@ def test_every_experiment_runs_one_step(run_cli, tmp_path, name):
 
 def test_a_sweep_of_two_settings_gets_its_grid(run_cli, data_root, tmp_path):
     sweep = tmp_path / "sweep"
-    out = run_cli("-m", "scaling.lr_rule=linear,sqrt", "schedule.warmup_shape=linear,none", *DIGITS, "epochs=1",
-                  "batch.size=256", "logger=none", f"hydra.sweep.dir={sweep}")
+    out = run_cli(
+        "-m",
+        "scaling.lr_rule=linear,sqrt",
+        "schedule.warmup_shape=linear,none",
+        *DIGITS,
+        "epochs=1",
+        "batch.size=256",
+        "logger=none",
+        f"hydra.sweep.dir={sweep}",
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     reported = report(data_root, sweep)
     assert reported.returncode == 0, reported.stderr
@@ -265,8 +340,21 @@ def test_the_canonical_script_sweeps_and_reports(data_root, tmp_path):
 
     sweep = tmp_path / "linear_scaling"
     env = cli_env(data_root) | {"SWEEP_DIR": str(sweep), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    out = subprocess.run(["bash", str(ROOT / "scripts" / "sweep_batch_sizes.sh"), "batch.size=64,128", "seed=0",
-                          *DIGITS, "epochs=1", "logger=none"], capture_output=True, text=True, env=env, timeout=600)
+    out = subprocess.run(
+        [
+            "bash",
+            str(ROOT / "scripts" / "sweep_batch_sizes.sh"),
+            "batch.size=64,128",
+            "seed=0",
+            *DIGITS,
+            "epochs=1",
+            "logger=none",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == f"report: {sweep}/report.md (figures and report.csv beside it)"
     with open(sweep / "report.csv") as f:
@@ -282,8 +370,11 @@ def test_the_canonical_script_sweeps_and_reports(data_root, tmp_path):
 
 def write_sweep(sweep: Path, runs: list[dict], config: dict | None = None) -> Path:
     """Each run as a job directory (.hydra/, summary.json, metrics.jsonl) and a line of jobs.jsonl."""
-    config = config or {"data": {"_target_": "bsexp.data.mnist1d"}, "trainer": {"noise_scale": "auto"},
-                        "logger": {"kind": "none"}}
+    config = config or {
+        "data": {"_target_": "bsexp.data.mnist1d"},
+        "trainer": {"noise_scale": "auto"},
+        "logger": {"kind": "none"},
+    }
     sweep.mkdir(parents=True)
     with open(sweep / "jobs.jsonl", "w") as index:
         for num, run in enumerate(runs):
@@ -293,8 +384,12 @@ def write_sweep(sweep: Path, runs: list[dict], config: dict | None = None) -> Pa
             OmegaConf.save(OmegaConf.create(config), job / ".hydra" / "config.yaml")
             (job / "summary.json").write_text(json.dumps(run["summary"]))
             (job / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in run["records"]))
-            index.write(json.dumps({"num": num, "dir": job.name, "overrides": run["overrides"],
-                                    "status": run["summary"]["status"]}) + "\n")
+            index.write(
+                json.dumps(
+                    {"num": num, "dir": job.name, "overrides": run["overrides"], "status": run["summary"]["status"]}
+                )
+                + "\n"
+            )
     return sweep
 
 
@@ -334,8 +429,9 @@ def dip(data_root, tmp_path_factory):
     from report_runs import synthetic_run
 
     means = {32: 0.980, 64: 0.976, 128: 0.900, 256: 0.980, 512: 0.950, 1024: 0.101}
-    runs = [synthetic_run(b, seed, 1, lambda s, a=m + 0.003 * (seed - 1): a) for b, m in means.items()
-            for seed in range(3)]
+    runs = [
+        synthetic_run(b, seed, 1, lambda s, a=m + 0.003 * (seed - 1): a) for b, m in means.items() for seed in range(3)
+    ]
     sweep = write_sweep(tmp_path_factory.mktemp("dip") / "sweep", runs)
     out = report(data_root, sweep, "--no-wandb")
     assert out.returncode == 0, out.stderr[-3000:]
@@ -380,8 +476,7 @@ def test_a_batch_that_grew_in_training_shows_where_it_ended(data_root, tmp_path)
     # batch=adaptive starts at 32 and ends where the controller took it, on each seed its own.
     from report_runs import synthetic_run
 
-    runs = [synthetic_run(32, seed, 1, lambda s: 0.97, final_batch_size=final)
-            for seed, final in enumerate((250, 290))]
+    runs = [synthetic_run(32, seed, 1, lambda s: 0.97, final_batch_size=final) for seed, final in enumerate((250, 290))]
     runs += [synthetic_run(128, seed, 1, lambda s: 0.96, final_batch_size=128) for seed in range(2)]
     sweep = write_sweep(tmp_path / "sweep", runs)
     out = report(data_root, sweep, "--no-wandb")
@@ -421,13 +516,17 @@ def test_a_plain_sweep_says_why_it_has_no_noise_scale_and_how_to_get_it(two_batc
     assert "not measured" in line and "no two batch sizes" in line and "`trainer.noise_scale=always`" in line
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--target", "1.5"], "error: --target=1.5: valid: an accuracy fraction in (0, 1]"),
-    (["--tolerance", "abc"], "error: --tolerance=abc: valid: an accuracy fraction in [0, 1)"),
-    (["--metric", "loss"], "error: --metric=loss: valid: val_acc or test_acc"),
-])
-def test_bad_report_arguments_get_one_line_naming_the_argument_value_and_what_is_valid(two_batches, data_root,
-                                                                                      args, message):
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--target", "1.5"], "error: --target=1.5: valid: an accuracy fraction in (0, 1]"),
+        (["--tolerance", "abc"], "error: --tolerance=abc: valid: an accuracy fraction in [0, 1)"),
+        (["--metric", "loss"], "error: --metric=loss: valid: val_acc or test_acc"),
+    ],
+)
+def test_bad_report_arguments_get_one_line_naming_the_argument_value_and_what_is_valid(
+    two_batches, data_root, args, message
+):
     sweep, _ = two_batches
     out = report(data_root, sweep, "--no-wandb", *args)
     assert out.returncode == 2 and out.stderr.strip() == message
@@ -448,8 +547,9 @@ def test_the_accuracy_figure_names_its_data_marks_best_and_breaking_point_and_sa
     from report_runs import synthetic_run
 
     means = {32: 0.980, 64: 0.976, 128: 0.900, 256: 0.980}
-    analysis = analysis_of([synthetic_run(b, s, 4, lambda st, a=m + 0.003 * (s - 1): a) for b, m in means.items()
-                            for s in range(3)])
+    analysis = analysis_of(
+        [synthetic_run(b, s, 4, lambda st, a=m + 0.003 * (s - 1): a) for b, m in means.items() for s in range(3)]
+    )
     fig = render.accuracy_figure(analysis)
     try:
         assert all(w in fig._suptitle.get_text() for w in ("mnist1d", "CNN1d", "4 epochs", "seeds 0, 1, 2"))
@@ -470,7 +570,7 @@ def test_a_point_evaluated_once_shows_on_the_loss_figure_and_throughput_and_memo
     from bsexp.report import render
     from report_runs import synthetic_run
 
-    analysis = analysis_of([synthetic_run(b, 0, 1, lambda s: 0.5, eval_every=10 ** 6) for b in (64, 128, 256)])
+    analysis = analysis_of([synthetic_run(b, 0, 1, lambda s: 0.5, eval_every=10**6) for b in (64, 128, 256)])
     assert all(len(p.records) == 1 for p in analysis.points)
     fig = render.val_loss_figure(analysis)
     lines = fig.axes[0].get_lines()
@@ -532,16 +632,25 @@ def epoch_end_sweep(data_root, tmp_path_factory):
             top = 0.30 if (batch, seed) == (1024, 2) else 0.98
             curve = lambda s, scale=scale, top=top: 0.1 + (top - 0.1) * (1 - math.exp(-s / scale))  # noqa: E731
             extra = {"train_acc": 0.86, "gen_gap": 0.86 - 0.84} if batch == 1024 else {}
-            runs.append(synthetic_run(batch, seed, 20, curve, eval_every=math.ceil(3500 / batch),
-                                      wall_time_s=10.0 + seed, samples_per_s=1000.0 + 100 * seed, **extra))
+            runs.append(
+                synthetic_run(
+                    batch,
+                    seed,
+                    20,
+                    curve,
+                    eval_every=math.ceil(3500 / batch),
+                    wall_time_s=10.0 + seed,
+                    samples_per_s=1000.0 + 100 * seed,
+                    **extra,
+                )
+            )
     sweep = write_sweep(tmp_path_factory.mktemp("epoch_end") / "sweep", runs)
     out = report(data_root, sweep, "--no-wandb")
     assert out.returncode == 0, out.stderr[-3000:]
     return sweep, (sweep / "report.md").read_text()
 
 
-def test_a_critical_batch_from_first_evaluation_bounds_is_refused_with_the_interval_that_resolves_them(
-        epoch_end_sweep):
+def test_a_critical_batch_from_first_evaluation_bounds_is_refused_with_the_interval_that_resolves_them(epoch_end_sweep):
     _, table = epoch_end_sweep
     [line] = [line for line in table.splitlines() if line.startswith("**Critical batch**")]
     assert "B_crit =" not in table  # on a76dc77: "B_crit = E_min / S_min = ..." from the upper bounds
@@ -572,8 +681,12 @@ def test_the_accuracy_axis_fits_the_points_that_trained(epoch_end_sweep):
     fig = accuracy_figure(analysis)
     acc_ax, gap_ax = fig.axes
     low, high = acc_ax.get_ylim()
-    ends = [min(100.0, 100 * (r.mean(k) + sign * (r.std(k) or 0))) for r in analysis.rows
-            for k in ("val_acc", "test_acc") for sign in (-1, 1)]
+    ends = [
+        min(100.0, 100 * (r.mean(k) + sign * (r.std(k) or 0)))
+        for r in analysis.rows
+        for k in ("val_acc", "test_acc")
+        for sign in (-1, 1)
+    ]
     # Every mean ± std inside, with a margin of at most 15 % of their span: not the 10-100 % of a76dc77.
     assert low <= min(ends) and max(ends) <= high <= 100
     assert (high - low) <= 1.3 * (max(ends) - min(ends)) + 1 and low > 10

@@ -25,8 +25,9 @@ from resuming import (
 
 # SIGKILL: a crash (resumed from the last periodic checkpoint); SIGTERM: a preemption; SIGUSR1:
 # SLURM's warning before the time limit (both checkpoint at the next step boundary).
-@pytest.mark.parametrize("policy, sig", [("fixed", signal.SIGKILL), ("accumulation", signal.SIGTERM),
-                                         ("scheduled", signal.SIGUSR1)])
+@pytest.mark.parametrize(
+    "policy, sig", [("fixed", signal.SIGKILL), ("accumulation", signal.SIGTERM), ("scheduled", signal.SIGUSR1)]
+)
 def test_a_run_stopped_mid_epoch_resumes_bit_identically(make_cfg, data_root, tmp_path, policy, sig):
     run_dir = tmp_path / "run"
     # The preempted accumulation run logs to (offline) W&B, to see it resume under the same run id.
@@ -42,8 +43,14 @@ def test_a_run_stopped_mid_epoch_resumes_bit_identically(make_cfg, data_root, tm
         assert code == -signal.SIGKILL
     assert 0 < stopped_at < 180 and stopped_at % 60 != 0  # mid-epoch (60 steps an epoch at 64)
     left = torch.load(run_dir / "checkpoints" / f"step-{stopped_at:09d}.pt", weights_only=False)
-    resumed = subprocess.run([sys.executable, "-m", "bsexp.train", *args, "resume=auto"], cwd=tmp_path,
-                             env=cli_env(data_root), capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "bsexp.train", *args, "resume=auto"],
+        cwd=tmp_path,
+        env=cli_env(data_root),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["resumed_from"].endswith(f"step-{stopped_at:09d}.pt")
@@ -62,8 +69,17 @@ def test_a_run_stopped_mid_epoch_resumes_bit_identically(make_cfg, data_root, tm
         assert len(run_files) == 2 and run_files[0].name == run_files[1].name
 
 
-DIVERGES = ["data=synthetic", "data.shape=[1,16]", "data.num_samples=1000", "data.val_size=100", "model=mlp",
-            "model.norm=none", "optimizer.lr=1e6", "schedule.warmup_shape=none", "trainer.progress=false"]
+DIVERGES = [
+    "data=synthetic",
+    "data.shape=[1,16]",
+    "data.num_samples=1000",
+    "data.val_size=100",
+    "model=mlp",
+    "model.norm=none",
+    "optimizer.lr=1e6",
+    "schedule.warmup_shape=none",
+    "trainer.progress=false",
+]
 
 
 def test_a_diverging_run_stops_with_its_step_and_last_finite_loss_and_keeps_its_checkpoint(run_cli, tmp_path):
@@ -93,8 +109,10 @@ def test_a_corrupt_newest_checkpoint_is_skipped_for_the_one_before(make_cfg, dat
     assert_same_state(final_state(run_dir)["model"], loop.step.net.state_dict())
 
 
-@pytest.mark.parametrize("other, fragment", [(["model.hidden=[32,16]"], "parameter shapes"),
-                                             (["batch.size=128"], "global batch (64 there, 128 here)")])
+@pytest.mark.parametrize(
+    "other, fragment",
+    [(["model.hidden=[32,16]"], "parameter shapes"), (["batch.size=128"], "global batch (64 there, 128 here)")],
+)
 def test_a_checkpoint_of_another_run_is_refused(run_cli, tmp_path, other, fragment):
     source = tmp_path / "source"
     small = [*SLOW, "data.shape=[1,16]", "data.num_samples=700", "model.hidden=[32,32]", "batch.size=64", "epochs=1"]
@@ -119,8 +137,10 @@ def test_a_checkpoint_of_another_run_is_refused(run_cli, tmp_path, other, fragme
     assert "checkpoint.allow_mismatch=true" in line
 
 
-@pytest.mark.parametrize("value, fragment", [("/no/such/file.pt", "no such checkpoint file"),
-                                             ("{tmp}/junk.pt", "is not a readable checkpoint")])
+@pytest.mark.parametrize(
+    "value, fragment",
+    [("/no/such/file.pt", "no such checkpoint file"), ("{tmp}/junk.pt", "is not a readable checkpoint")],
+)
 def test_resume_from_a_path_that_is_not_a_checkpoint_is_one_clear_line(run_cli, tmp_path, value, fragment):
     (tmp_path / "junk.pt").write_text("not a checkpoint")
     value = value.format(tmp=tmp_path)
@@ -160,12 +180,30 @@ def test_resuming_a_completed_run_says_so_and_rewrites_nothing(run_cli, tmp_path
 
 
 def test_wandb_that_cannot_start_leaves_training_to_go_on(data_root, tmp_path):
-    env = cli_env(data_root) | {"WANDB_MODE": "online", "WANDB_BASE_URL": "http://127.0.0.1:9",
-                                "WANDB_API_KEY": "x" * 40, "WANDB_INIT_TIMEOUT": "10"}
+    env = cli_env(data_root) | {
+        "WANDB_MODE": "online",
+        "WANDB_BASE_URL": "http://127.0.0.1:9",
+        "WANDB_API_KEY": "x" * 40,
+        "WANDB_INIT_TIMEOUT": "10",
+    }
     run_dir = tmp_path / "run"
-    out = subprocess.run([sys.executable, "-m", "bsexp.train", "data=digits", "model=mlp", "epochs=1",
-                          "trainer.progress=false", f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bsexp.train",
+            "data=digits",
+            "model=mlp",
+            "epochs=1",
+            "trainer.progress=false",
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "W&B could not start" in out.stdout
     summary = json.loads((run_dir / "summary.json").read_text())

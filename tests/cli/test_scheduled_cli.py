@@ -12,9 +12,17 @@ from tiny import TINY
 
 
 # TINY: 512 training samples; batch 32 for an epoch, 64 for one, 128 for one.
-GROWING = ["batch=scheduled", "batch.size=32", "batch.schedule.milestones=[1,2]", "batch.schedule.factor=2",
-           "epochs=3", "trainer.eval_every_steps=1", "scaling.lr_rule=linear", "scaling.ref_batch=32",
-           "optimizer.lr=0.1"]
+GROWING = [
+    "batch=scheduled",
+    "batch.size=32",
+    "batch.schedule.milestones=[1,2]",
+    "batch.schedule.factor=2",
+    "epochs=3",
+    "trainer.eval_every_steps=1",
+    "scaling.lr_rule=linear",
+    "scaling.ref_batch=32",
+    "optimizer.lr=0.1",
+]
 
 
 def test_scheduled_summary_reports_where_the_batch_ended(run_cli, tmp_path):
@@ -29,17 +37,36 @@ def test_scheduled_summary_reports_where_the_batch_ended(run_cli, tmp_path):
 
 
 # Memory grows fast with the batch and compute does not: one wide hidden layer on 40 inputs.
-WIDE = ["data=synthetic", "data.shape=[1,40]", "data.val_size=200", "model=mlp", "model.hidden=[8192]",
-        "model.norm=none", "trainer.eval_batch_size=256", "schedule.warmup_shape=none", "epochs=1"]
+WIDE = [
+    "data=synthetic",
+    "data.shape=[1,40]",
+    "data.val_size=200",
+    "model=mlp",
+    "model.hidden=[8192]",
+    "model.norm=none",
+    "trainer.eval_batch_size=256",
+    "schedule.warmup_shape=none",
+    "epochs=1",
+]
 
 
 def test_out_of_memory_at_a_micro_batch_of_one_is_a_clear_error(run_cli, tmp_path):
     conf = tmp_path / "my_conf" / "model"
     conf.mkdir(parents=True)  # 20 GB a sample: even one does not fit under a 4 GB cap
     (conf / "heavy.yaml").write_text("_target_: user_models.HeavyPerSample\nmb_per_sample: 20000\n")
-    out = run_cli("data=synthetic", "data.shape=[1,8]", "data.num_samples=100", "data.val_size=20",
-                  f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]", "model=heavy", "batch.size=4",
-                  "trainer.memory_limit_gb=4", "logger=none", "trainer.progress=false", f"hydra.run.dir={tmp_path / 'run'}")
+    out = run_cli(
+        "data=synthetic",
+        "data.shape=[1,8]",
+        "data.num_samples=100",
+        "data.val_size=20",
+        f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]",
+        "model=heavy",
+        "batch.size=4",
+        "trainer.memory_limit_gb=4",
+        "logger=none",
+        "trainer.progress=false",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
     assert out.returncode == 1
     assert out.stdout.count("out of memory at micro-batch") == 2  # 4 -> 2 -> 1 (the log's warnings)
     last = out.stderr.strip().splitlines()[-1]
@@ -56,9 +83,19 @@ def micro_limit_gb(data_root, tmp_path_factory):
 
 def test_a_schedule_that_outgrows_memory_switches_to_accumulation(run_cli, tmp_path, micro_limit_gb):
     limit = micro_limit_gb
-    grows = [*WIDE, "data.num_samples=8200", "epochs=2", "batch=scheduled", "batch.size=500",
-             "batch.schedule.milestones=[1]", "batch.schedule.factor=8", "batch.find_micro_size=true",
-             f"batch.finder.memory_limit_gb={limit}", f"trainer.memory_limit_gb={limit}", "logger=none"]
+    grows = [
+        *WIDE,
+        "data.num_samples=8200",
+        "epochs=2",
+        "batch=scheduled",
+        "batch.size=500",
+        "batch.schedule.milestones=[1]",
+        "batch.schedule.factor=8",
+        "batch.find_micro_size=true",
+        f"batch.finder.memory_limit_gb={limit}",
+        f"trainer.memory_limit_gb={limit}",
+        "logger=none",
+    ]
     out = run_cli(*grows, f"hydra.run.dir={tmp_path / 'scheduled'}")
     assert out.returncode == 0, out.stderr[-2000:]
     found = json.loads((tmp_path / "scheduled" / "finder.json").read_text())["micro_size"]
@@ -72,15 +109,31 @@ def test_a_schedule_that_outgrows_memory_switches_to_accumulation(run_cli, tmp_p
     assert summary["status"] == "completed" and summary["oom_recoveries"] == 0
     assert summary["samples_seen"] == 2 * 8000
     # The scheduled batch in one piece does not fit under the same cap.
-    whole = run_cli(*WIDE, "data.num_samples=8200", "batch.size=4000", f"trainer.memory_limit_gb={limit}",
-                    "trainer.oom_recovery=false", "trainer.max_steps=1", "logger=none",
-                    f"hydra.run.dir={tmp_path / 'whole'}")
+    whole = run_cli(
+        *WIDE,
+        "data.num_samples=8200",
+        "batch.size=4000",
+        f"trainer.memory_limit_gb={limit}",
+        "trainer.oom_recovery=false",
+        "trainer.max_steps=1",
+        "logger=none",
+        f"hydra.run.dir={tmp_path / 'whole'}",
+    )
     assert whole.returncode == 1 and "out of memory" in whole.stderr
 
 
 def test_the_increase_batch_experiment_runs_its_three_arms(run_cli, tmp_path):
-    out = run_cli("-m", "experiment=increase_batch", "seed=0", "data.num_samples=1200", "data.val_size=100", "model.width=8",
-                  "trainer.progress=false", f"hydra.sweep.dir={tmp_path / 'sweep'}", timeout=600)
+    out = run_cli(
+        "-m",
+        "experiment=increase_batch",
+        "seed=0",
+        "data.num_samples=1200",
+        "data.val_size=100",
+        "model.width=8",
+        "trainer.progress=false",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     arms = {}
     for job in sorted((tmp_path / "sweep").iterdir()):
@@ -96,9 +149,11 @@ def test_the_increase_batch_experiment_runs_its_three_arms(run_cli, tmp_path):
             assert run.display_name == f"{arm}-bs32-seed0" and list(run.tags) == ["increase_batch", arm]
     assert sorted(arms) == ["batch_growth", "hybrid", "lr_decay"]
     # batch: 32 throughout / x5 at epochs 8 and 14 / x5 at 8; LR 0.05: /5 at 8 and 14 / held / /5 at 14.
-    expected = {"lr_decay": ([32] * 20, [0.05] * 8 + [0.01] * 6 + [0.002] * 6),
-                "batch_growth": ([32] * 8 + [160] * 6 + [800] * 6, [0.05] * 20),
-                "hybrid": ([32] * 8 + [160] * 12, [0.05] * 14 + [0.01] * 6)}
+    expected = {
+        "lr_decay": ([32] * 20, [0.05] * 8 + [0.01] * 6 + [0.002] * 6),
+        "batch_growth": ([32] * 8 + [160] * 6 + [800] * 6, [0.05] * 20),
+        "hybrid": ([32] * 8 + [160] * 12, [0.05] * 14 + [0.01] * 6),
+    }
     for arm, (batches, lrs) in expected.items():
         summary, records = arms[arm]
         assert summary["status"] == "completed" and summary["final_batch_size"] == batches[-1]

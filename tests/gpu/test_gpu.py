@@ -19,21 +19,37 @@ import torch
 
 from conftest import cli_env
 
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(
-    not torch.cuda.is_available(),
-    reason="no CUDA device visible (the default tiers hide it; BSEXP_TEST_GPU=1 pytest -m cuda tests/gpu)")]
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(
+        not torch.cuda.is_available(),
+        reason="no CUDA device visible (the default tiers hide it; BSEXP_TEST_GPU=1 pytest -m cuda tests/gpu)",
+    ),
+]
 
 ON_GPU = ["device=cuda", "logger=none", "trainer.progress=false"]
 # ResNet-18 on CIFAR-shaped synthetic images in bf16: memory grows fast with the batch.
-RESNET = ["data=synthetic", "data.shape=[3,32,32]", "data.num_samples=12000", "data.val_size=512", "model=resnet18",
-          "precision=bf16"]
+RESNET = [
+    "data=synthetic",
+    "data.shape=[3,32,32]",
+    "data.num_samples=12000",
+    "data.val_size=512",
+    "model=resnet18",
+    "precision=bf16",
+]
 
 
 def train(data_root: Path, run_dir: Path, *args: str, torchrun: int = 0, timeout: float = 600):
     """`python -m bsexp.train ARGS` (or under torchrun) into `run_dir`; the process and its summary."""
     launcher = ["-m", "torch.distributed.run", f"--nproc_per_node={torchrun}", "--standalone"] if torchrun else []
-    out = subprocess.run([sys.executable, *launcher, "-m", "bsexp.train", *args, f"hydra.run.dir={run_dir}"],
-                         cwd=run_dir.parent, env=cli_env(data_root), capture_output=True, text=True, timeout=timeout)
+    out = subprocess.run(
+        [sys.executable, *launcher, "-m", "bsexp.train", *args, f"hydra.run.dir={run_dir}"],
+        cwd=run_dir.parent,
+        env=cli_env(data_root),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     path = run_dir / "summary.json"
     return out, json.loads(path.read_text()) if path.exists() else None
 
@@ -62,10 +78,19 @@ def test_every_batch_policy_trains_on_the_gpu(data_root, tmp_path, policy, preci
 
 
 def test_a_real_cuda_oom_mid_run_keeps_the_global_batch_and_trains_as_if_started_at_the_recovered_micro_batch(
-        data_root, tmp_path):
+    data_root, tmp_path
+):
     # The batch grows 256 -> 1024 -> 4096 by schedule; under a 3 GB cap the step of 4096 cannot fit.
-    grow = [*ON_GPU, *RESNET, "batch=scheduled", "batch.size=256", "batch.schedule.milestones=[1,2]",
-            "batch.schedule.factor=4", "epochs=3", "trainer.memory_limit_gb=3"]
+    grow = [
+        *ON_GPU,
+        *RESNET,
+        "batch=scheduled",
+        "batch.size=256",
+        "batch.schedule.milestones=[1,2]",
+        "batch.schedule.factor=4",
+        "epochs=3",
+        "trainer.memory_limit_gb=3",
+    ]
     out, recovered = train(data_root, tmp_path / "recovered", *grow)
     assert out.returncode == 0, out.stderr[-3000:]
     assert recovered["status"] == "completed" and recovered["oom_recoveries"] >= 1
@@ -83,8 +108,9 @@ def test_a_real_cuda_oom_mid_run_keeps_the_global_batch_and_trains_as_if_started
 
 def test_the_finder_finds_at_least_92_percent_of_the_truth_and_nothing_above_it(data_root, tmp_path):
     cap = ["trainer.memory_limit_gb=6", "trainer.oom_recovery=false", "trainer.max_steps=3"]
-    out, summary = train(data_root, tmp_path / "found", *ON_GPU, *RESNET, *cap, "batch=finder",
-                         "batch.finder.memory_limit_gb=6")
+    out, summary = train(
+        data_root, tmp_path / "found", *ON_GPU, *RESNET, *cap, "batch=finder", "batch.finder.memory_limit_gb=6"
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     found = summary["micro_size"]
     assert summary["status"] == "completed" and summary["batch_size"] == found  # the found size trains, capped
@@ -102,8 +128,9 @@ def test_accumulation_equals_one_large_batch_on_the_gpu(data_root, tmp_path):
     common = [*ON_GPU, "model.norm=group", "precision=fp32", "epochs=4"]
     out, large = train(data_root, tmp_path / "large", *common, "batch.size=512")
     assert out.returncode == 0, out.stderr[-3000:]
-    out, accumulated = train(data_root, tmp_path / "accumulated", *common, "batch=accumulation", "batch.size=512",
-                             "batch.micro_size=128")
+    out, accumulated = train(
+        data_root, tmp_path / "accumulated", *common, "batch=accumulation", "batch.size=512", "batch.micro_size=128"
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert large["val_acc"] > 0.6  # a set-up that trains
     # Not bit for bit: the gradient is summed over 4 x 128 instead of 512 samples, in another
@@ -114,14 +141,32 @@ def test_accumulation_equals_one_large_batch_on_the_gpu(data_root, tmp_path):
 
 
 def test_a_run_killed_mid_way_resumes_bit_identically_on_the_gpu(data_root, tmp_path):
-    args = [*ON_GPU, "data=synthetic", "data.shape=[1,128]", "data.num_samples=4000", "data.val_size=200",
-            "model=mlp", "model.norm=none", "model.hidden=[1024,1024]", "epochs=20", "batch.size=64",
-            "checkpoint.every_steps=7", "checkpoint.keep=3", "trainer.eval_every_steps=50"]
+    args = [
+        *ON_GPU,
+        "data=synthetic",
+        "data.shape=[1,128]",
+        "data.num_samples=4000",
+        "data.val_size=200",
+        "model=mlp",
+        "model.norm=none",
+        "model.hidden=[1024,1024]",
+        "epochs=20",
+        "batch.size=64",
+        "checkpoint.every_steps=7",
+        "checkpoint.keep=3",
+        "trainer.eval_every_steps=50",
+    ]
     out, whole = train(data_root, tmp_path / "whole", *args)
     assert out.returncode == 0, out.stderr[-3000:]
     run_dir = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "bsexp.train", *args, f"hydra.run.dir={run_dir}"], cwd=tmp_path,
-                            env=cli_env(data_root), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bsexp.train", *args, f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path,
+        env=cli_env(data_root),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 300
     while not any(int(p.stem.split("-")[1]) >= 100 for p in (run_dir / "checkpoints").glob("step-*.pt")):
         assert proc.poll() is None, proc.communicate()[1][-3000:]
@@ -140,8 +185,9 @@ def test_torchrun_with_one_process_equals_a_plain_run(data_root, tmp_path):
     args = [*ON_GPU, "model.norm=batch", "epochs=3"]
     out, plain = train(data_root, tmp_path / "plain", *args)
     assert out.returncode == 0, out.stderr[-3000:]
-    out, ranked = train(data_root, tmp_path / "torchrun", *args, "distributed=ddp", "distributed.sync_batchnorm=true",
-                        torchrun=1)
+    out, ranked = train(
+        data_root, tmp_path / "torchrun", *args, "distributed=ddp", "distributed.sync_batchnorm=true", torchrun=1
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert ranked["world_size"] == 1 and ranked["device"] == "cuda:0"
     assert ranked["val_loss"] == plain["val_loss"]
@@ -152,8 +198,9 @@ def test_two_ranks_with_native_sync_batchnorm_equal_one_process(data_root, tmp_p
     args = [*ON_GPU, "model.norm=batch", "epochs=3", "batch.size=256", "precision=fp32"]
     out, one = train(data_root, tmp_path / "one", *args)
     assert out.returncode == 0, out.stderr[-3000:]
-    out, two = train(data_root, tmp_path / "two", *args, "distributed=ddp", "distributed.sync_batchnorm=true",
-                     torchrun=2)
+    out, two = train(
+        data_root, tmp_path / "two", *args, "distributed=ddp", "distributed.sync_batchnorm=true", torchrun=2
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert two["world_size"] == 2 and {r["norm_batch"] for r in records(tmp_path / "two")} == {256}
     # SyncBatchNorm normalises over both ranks' 128, as one process over 256: rounding apart.
@@ -161,18 +208,29 @@ def test_two_ranks_with_native_sync_batchnorm_equal_one_process(data_root, tmp_p
 
 
 def test_the_noise_scale_is_finite_under_fp16(data_root, tmp_path):
-    out, summary = train(data_root, tmp_path / "run", *ON_GPU, "precision=fp16", "batch=accumulation",
-                         "batch.size=128", "batch.micro_size=32", "trainer.noise_scale=always", "epochs=3")
+    out, summary = train(
+        data_root,
+        tmp_path / "run",
+        *ON_GPU,
+        "precision=fp16",
+        "batch=accumulation",
+        "batch.size=128",
+        "batch.micro_size=32",
+        "trainer.noise_scale=always",
+        "epochs=3",
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert math.isfinite(summary["noise_b_simple"]) and summary["noise_b_simple"] > 0
 
 
 def test_more_self_launched_ranks_than_gpus_is_one_line_and_exit_2(data_root, tmp_path):
     ranks = torch.cuda.device_count() + 1
-    out, summary = train(data_root, tmp_path / "run", *ON_GPU, "distributed=ddp",
-                         f"distributed.nproc_per_node={ranks}", timeout=120)
+    out, summary = train(
+        data_root, tmp_path / "run", *ON_GPU, "distributed=ddp", f"distributed.nproc_per_node={ranks}", timeout=120
+    )
     assert out.returncode == 2 and summary is None
     assert out.stderr.strip().splitlines() == [
         f"error: distributed.nproc_per_node={ranks}: {torch.cuda.device_count()} GPU"
         f"{'' if ranks == 2 else 's'} visible and each rank needs its own; valid: at most {ranks - 1}, or "
-        f"device=cpu to run the ranks on the CPU"]
+        f"device=cpu to run the ranks on the CPU"
+    ]

@@ -36,8 +36,16 @@ def main(out: str, room_mb: str, *overrides: str) -> None:
         memory.cap_memory(memory.held() + int(float(room_mb) * memory.MIB))
     progress = TrainState()
     status = train(loop, progress)
-    torch.save({"status": status, "params": loop.step.model.state_dict(), "plan": loop.policy.current,
-                "oom_recoveries": loop.policy.oom_recoveries, "records": progress.records}, out)
+    torch.save(
+        {
+            "status": status,
+            "params": loop.step.model.state_dict(),
+            "plan": loop.policy.current,
+            "oom_recoveries": loop.policy.oom_recoveries,
+            "records": progress.records,
+        },
+        out,
+    )
 
 
 if __name__ == "__main__":

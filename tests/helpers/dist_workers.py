@@ -14,9 +14,16 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 def launch(fn, *args, nproc: int = 2):
     """Run fn(*args) on `nproc` local ranks; the return values by rank."""
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
-                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
-                          monitor_interval=0.2)
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=str(uuid.uuid4()),
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=0,
+        monitor_interval=0.2,
+    )
     return elastic_launch(config, fn)(*args)
 
 
@@ -35,11 +42,16 @@ def train_steps(cfg):
         progress = TrainState()
         status = train(loop, progress)
         return {
-            "rank": world.rank, "world_size": world.size, "status": status, "val_before": before,
+            "rank": world.rank,
+            "world_size": world.size,
+            "status": status,
+            "val_before": before,
             "params": {k: v.detach().clone() for k, v in loop.step.net.state_dict().items()},
-            "records": progress.records, "norms": sorted({type(m).__name__ for m in loop.step.net.modules()
-                                                           if "Norm" in type(m).__name__}),
-            "steps": progress.step, "buckets_reduced": loop.step.grad_sync.buckets_reduced, "backwards": backwards[0],
+            "records": progress.records,
+            "norms": sorted({type(m).__name__ for m in loop.step.net.modules() if "Norm" in type(m).__name__}),
+            "steps": progress.step,
+            "buckets_reduced": loop.step.grad_sync.buckets_reduced,
+            "backwards": backwards[0],
             "noise": loop.step.noise.scale.summary() if loop.step.noise is not None else None,
         }
     finally:
@@ -69,8 +81,15 @@ def sync_batchnorm(x: torch.Tensor, weight: torch.Tensor, dims: int, precision: 
         (out.float() * weight.chunk(size)[rank]).sum().div(len(x)).backward()
         grads = torch.cat([bn.weight.grad, bn.bias.grad])
         dist.all_reduce(grads)  # parameter gradients add up over ranks, as DDP's sum hook does
-        return {"rank": rank, "type": type(bn).__name__, "out": out.detach(), "grad_in": mine.grad, "dtype": out.dtype,
-                "grad_params": grads, "running": torch.cat([bn.running_mean, bn.running_var])}
+        return {
+            "rank": rank,
+            "type": type(bn).__name__,
+            "out": out.detach(),
+            "grad_in": mine.grad,
+            "dtype": out.dtype,
+            "grad_params": grads,
+            "running": torch.cat([bn.running_mean, bn.running_var]),
+        }
     finally:
         dist.destroy_process_group()
 
@@ -93,8 +112,12 @@ def find_and_train(cfg, limits_gb):
         loop = build_loop(cfg, world)
         limit_memory(world.device, int(limits_gb[world.rank] * 2**30))
         status = train(loop, TrainState())
-        return {"rank": world.rank, "plan": loop.policy.current, "status": status,
-                "tried": {t.size: t.ok for t in loop.policy.found.trials}}
+        return {
+            "rank": world.rank,
+            "plan": loop.policy.current,
+            "status": status,
+            "tried": {t.size: t.ok for t in loop.policy.found.trials},
+        }
     finally:
         close_world(world)
 
@@ -114,8 +137,13 @@ def train_with_room(cfg, rooms_mb):
             memory.return_freed_memory()
             memory.cap_memory(memory.held() + rooms_mb[world.rank] * memory.MIB)
         status = train(loop, TrainState())
-        return {"rank": world.rank, "status": status, "plan": loop.policy.current,
-                "oom_recoveries": loop.policy.oom_recoveries, "params": {k: v.detach().clone() for k, v in loop.step.net.state_dict().items()}}
+        return {
+            "rank": world.rank,
+            "status": status,
+            "plan": loop.policy.current,
+            "oom_recoveries": loop.policy.oom_recoveries,
+            "params": {k: v.detach().clone() for k, v in loop.step.net.state_dict().items()},
+        }
     finally:
         close_world(world)
 
@@ -130,8 +158,12 @@ def train_adaptive(cfg):
     try:
         loop = build_loop(cfg, world)
         status = train(loop, TrainState())
-        return {"status": status, "points": list(loop.policy.points), "decisions": list(loop.policy.decisions),
-                "sizes": list(loop.policy.run_steps.sizes),
-                "params": {k: v.detach().clone() for k, v in loop.step.net.state_dict().items()}}
+        return {
+            "status": status,
+            "points": list(loop.policy.points),
+            "decisions": list(loop.policy.decisions),
+            "sizes": list(loop.policy.run_steps.sizes),
+            "params": {k: v.detach().clone() for k, v in loop.step.net.state_dict().items()},
+        }
     finally:
         close_world(world)

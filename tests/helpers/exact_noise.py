@@ -6,10 +6,24 @@ from torch.func import functional_call, grad, vmap
 
 # Logistic regression (no hidden layer) on overlapping Gaussian classes, with an LR so small that
 # the parameters stay put: the exact |G|^2 and tr(Sigma) at those parameters are the target.
-LOGISTIC = ["data=synthetic", "data.shape=[1,8]", "data.num_classes=4", "data.noise=3.0", "data.num_samples=8100",
-            "data.val_size=100", "model=mlp", "model.hidden=[]", "optimizer.lr=1e-9", "optimizer.weight_decay=0",
-            "optimizer.momentum=0", "schedule.warmup_shape=none", "schedule.main=constant", "trainer.progress=false",
-            "trainer.eval_every_steps=1000", "epochs=10"]
+LOGISTIC = [
+    "data=synthetic",
+    "data.shape=[1,8]",
+    "data.num_classes=4",
+    "data.noise=3.0",
+    "data.num_samples=8100",
+    "data.val_size=100",
+    "model=mlp",
+    "model.hidden=[]",
+    "optimizer.lr=1e-9",
+    "optimizer.weight_decay=0",
+    "optimizer.momentum=0",
+    "schedule.warmup_shape=none",
+    "schedule.main=constant",
+    "trainer.progress=false",
+    "trainer.eval_every_steps=1000",
+    "epochs=10",
+]
 
 
 def exact_noise(loop) -> tuple[float, float]:

@@ -17,8 +17,9 @@ def effective_batch(batch: int, n_train: int = N_TRAIN) -> float:
     return n_train / math.ceil(n_train / batch)
 
 
-def synthetic_run(batch: int, seed: int, epochs: int, accuracy, n_train: int = N_TRAIN, eval_every: int = 1,
-                  **summary) -> dict:
+def synthetic_run(
+    batch: int, seed: int, epochs: int, accuracy, n_train: int = N_TRAIN, eval_every: int = 1, **summary
+) -> dict:
     """One sweep point as bsexp writes it: its overrides, summary.json and metrics.jsonl records,
     with `accuracy(step)` the val_acc after that many optimizer steps. Each epoch ends with the
     smaller step that drop_last=false keeps."""
@@ -30,22 +31,57 @@ def synthetic_run(batch: int, seed: int, epochs: int, accuracy, n_train: int = N
             last = epoch == epochs - 1 and i == len(sizes) - 1
             if step % eval_every == 0 or last:
                 acc = accuracy(step)
-                records.append({"epoch": round(epoch + (i + 1) / len(sizes), 4), "step": step,
-                                "samples_seen": samples, "val_acc": acc, "val_loss": 2.5 * (1.02 - acc),
-                                "train_acc": min(1.0, acc + 0.02), "gen_gap": 0.02})
+                records.append(
+                    {
+                        "epoch": round(epoch + (i + 1) / len(sizes), 4),
+                        "step": step,
+                        "samples_seen": samples,
+                        "val_acc": acc,
+                        "val_loss": 2.5 * (1.02 - acc),
+                        "train_acc": min(1.0, acc + 0.02),
+                        "gen_gap": 0.02,
+                    }
+                )
     final = records[-1]["val_acc"]
-    values = {"status": "completed", "batch_size": batch, "micro_size": batch, "accum_steps": 1, "world_size": 1,
-              "lr": 0.1 * batch / 128, "weight_decay": 5e-4, "epochs": float(epochs), "steps": step,
-              "samples_seen": samples, "val_acc": final, "test_acc": final, "train_acc": min(1.0, final + 0.02),
-              "gen_gap": 0.02, "best_val_acc": max(r["val_acc"] for r in records), "wall_time_s": 0.01 * step,
-              "samples_per_s": 1000.0 + batch, "peak_memory_mb": 100.0 + batch / 8, "seed": seed, "data": "mnist1d",
-              "model": "bsexp.models.CNN1d", "noise_b_simple": None, "noise_b_simple_mean": None,
-              "noise_measurements": 0} | summary
+    values = {
+        "status": "completed",
+        "batch_size": batch,
+        "micro_size": batch,
+        "accum_steps": 1,
+        "world_size": 1,
+        "lr": 0.1 * batch / 128,
+        "weight_decay": 5e-4,
+        "epochs": float(epochs),
+        "steps": step,
+        "samples_seen": samples,
+        "val_acc": final,
+        "test_acc": final,
+        "train_acc": min(1.0, final + 0.02),
+        "gen_gap": 0.02,
+        "best_val_acc": max(r["val_acc"] for r in records),
+        "wall_time_s": 0.01 * step,
+        "samples_per_s": 1000.0 + batch,
+        "peak_memory_mb": 100.0 + batch / 8,
+        "seed": seed,
+        "data": "mnist1d",
+        "model": "bsexp.models.CNN1d",
+        "noise_b_simple": None,
+        "noise_b_simple_mean": None,
+        "noise_measurements": 0,
+    } | summary
     return {"overrides": [f"batch.size={batch}", f"seed={seed}"], "summary": values, "records": records}
 
 
-def known_b_crit_runs(b_crit: float = 5000, s_min: float = 20, batches=(64, 128, 256, 512, 1024), seeds=(0, 1),
-                      epochs: int = 60, chance: float = 0.1, top: float = 0.9, eval_every: int = 1) -> list[dict]:
+def known_b_crit_runs(
+    b_crit: float = 5000,
+    s_min: float = 20,
+    batches=(64, 128, 256, 512, 1024),
+    seeds=(0, 1),
+    epochs: int = 60,
+    chance: float = 0.1,
+    top: float = 0.9,
+    eval_every: int = 1,
+) -> list[dict]:
     """Runs whose accuracy after s steps is chance + (top - chance)(1 - exp(-s / S)), with
     S = s_min (1 + b_crit / B) for B the samples per step actually taken (seeds 1 % apart): the
     steps to ANY accuracy then follow (S/S_min - 1)(E/E_min - 1) = 1 with B_crit = b_crit."""
@@ -59,6 +95,15 @@ def known_b_crit_runs(b_crit: float = 5000, s_min: float = 20, batches=(64, 128,
 
 
 def points(runs: list[dict]) -> list[Point]:
-    return [Point(f"{i}_{','.join(r['overrides'])}", tuple(o for o in r["overrides"] if not o.startswith("seed=")),
-                  tuple(r["overrides"]), {}, r["summary"], r["records"], r["summary"]["status"])
-            for i, r in enumerate(runs)]
+    return [
+        Point(
+            f"{i}_{','.join(r['overrides'])}",
+            tuple(o for o in r["overrides"] if not o.startswith("seed=")),
+            tuple(r["overrides"]),
+            {},
+            r["summary"],
+            r["records"],
+            r["summary"]["status"],
+        )
+        for i, r in enumerate(runs)
+    ]

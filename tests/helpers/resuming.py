@@ -14,9 +14,21 @@ from bsexp.loop import TrainState, build_loop, train
 from conftest import cli_env
 
 # About 10 ms a step on one thread, 180 steps: long enough to stop at a random step mid-epoch.
-SLOW = ["data=synthetic", "data.shape=[1,128]", "data.num_samples=4000", "data.val_size=200", "model=mlp",
-        "model.norm=none", "model.hidden=[1024,1024]", "epochs=3", "trainer.threads=1", "checkpoint.every_steps=7",
-        "checkpoint.keep=3", "logger=none", "trainer.progress=false"]
+SLOW = [
+    "data=synthetic",
+    "data.shape=[1,128]",
+    "data.num_samples=4000",
+    "data.val_size=200",
+    "model=mlp",
+    "model.norm=none",
+    "model.hidden=[1024,1024]",
+    "epochs=3",
+    "trainer.threads=1",
+    "checkpoint.every_steps=7",
+    "checkpoint.keep=3",
+    "logger=none",
+    "trainer.progress=false",
+]
 POLICIES = {
     "fixed": ["batch.size=64"],
     "accumulation": ["batch=accumulation", "batch.size=64", "batch.micro_size=16"],
@@ -26,8 +38,14 @@ POLICIES = {
 
 def start(data_root, cwd, *args, torchrun: int = 0) -> subprocess.Popen:
     launcher = ["-m", "torch.distributed.run", f"--nproc_per_node={torchrun}", "--standalone"] if torchrun else []
-    return subprocess.Popen([sys.executable, *launcher, "-m", "bsexp.train", *args], cwd=cwd, env=cli_env(data_root),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, *launcher, "-m", "bsexp.train", *args],
+        cwd=cwd,
+        env=cli_env(data_root),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def newest_step(run_dir: Path) -> int:

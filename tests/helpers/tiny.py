@@ -4,9 +4,18 @@ how two runs' parameters are compared."""
 import torch
 
 # A model without BatchNorm, so micro-batches and one big batch compute the same function.
-TINY = ["data=synthetic", "data.shape=[1,16]", "data.num_samples=600", "data.val_size=88",
-        "model=mlp", "model.norm=none", "model.hidden=[32]", "trainer.progress=false",
-        "schedule.warmup_shape=none", "schedule.main=constant"]
+TINY = [
+    "data=synthetic",
+    "data.shape=[1,16]",
+    "data.num_samples=600",
+    "data.val_size=88",
+    "model=mlp",
+    "model.norm=none",
+    "model.hidden=[32]",
+    "trainer.progress=false",
+    "schedule.warmup_shape=none",
+    "schedule.main=constant",
+]
 
 
 def params(loop):

@@ -11,8 +11,16 @@ from bsexp.batch import scaling
 from bsexp.loop import TrainState, build_loop, train
 
 # MNIST-1D's 1-D CNN (BatchNorm): B_simple rises past 100 within the first epoch.
-ADAPTIVE = ["batch=adaptive", "batch.size=32", "batch.find_micro_size=false", "batch.adaptive.interval=20",
-            "epochs=4", "trainer.progress=false", "trainer.eval_every_steps=0", "model.width=16"]
+ADAPTIVE = [
+    "batch=adaptive",
+    "batch.size=32",
+    "batch.find_micro_size=false",
+    "batch.adaptive.interval=20",
+    "epochs=4",
+    "trainer.progress=false",
+    "trainer.eval_every_steps=0",
+    "model.width=16",
+]
 
 
 def observed(loop) -> list[tuple[float, float]]:
@@ -20,7 +28,8 @@ def observed(loop) -> list[tuple[float, float]]:
     optimizer sees them when it steps."""
     seen = []
     loop.step.optimizer.register_step_pre_hook(
-        lambda opt, *_: seen.append((opt.param_groups[0]["lr"], opt.param_groups[0]["weight_decay"])))
+        lambda opt, *_: seen.append((opt.param_groups[0]["lr"], opt.param_groups[0]["weight_decay"]))
+    )
     return seen
 
 
@@ -35,8 +44,7 @@ def test_the_lr_and_weight_decay_follow_the_batch_with_the_schedule_counted_in_s
     # The schedule, rebuilt here from the config in samples: 2 warmup epochs of N samples, cosine
     # over 4 x N. Where each step stands is the samples taken before it, whatever their batches.
     n = run.n
-    schedule = scaling.LRSchedule(total=4 * n, warmup=2 * n, warmup_shape="linear", start_factor=1.0,
-                                  main="cosine")
+    schedule = scaling.LRSchedule(total=4 * n, warmup=2 * n, warmup_shape="linear", start_factor=1.0, main="cosine")
     before = 0
     for step, ((lr, wd), size, taken) in enumerate(zip(seen, sizes, run.taken)):
         k = size / 32  # against the first batch; hp.lr is the LR at batch 32 (linear rule)
@@ -112,8 +120,9 @@ def test_adascale_scales_the_lr_by_its_gain_and_advances_the_schedule_by_it(make
     gains = dict(policy.gains)
     assert any(1.0 < g for g in gains.values())
     position, gain = 0.0, 1.0
-    schedule = scaling.LRSchedule(total=4 * run.n, warmup=2 * run.n, warmup_shape="linear", start_factor=1.0,
-                                  main="cosine")
+    schedule = scaling.LRSchedule(
+        total=4 * run.n, warmup=2 * run.n, warmup_shape="linear", start_factor=1.0, main="cosine"
+    )
     budget = 4 * run.n  # 4 epochs of batch 32's steps: AdaScale's T, in samples of batch 32
     for step, ((lr, _), size, taken) in enumerate(zip(seen, run.sizes, run.taken)):
         gain = gains.get(step, gain)
@@ -134,9 +143,18 @@ def test_adascale_scales_the_lr_by_its_gain_and_advances_the_schedule_by_it(make
 
 
 def test_seesaw_multiplies_the_batch_by_alpha_and_the_lr_by_one_over_root_alpha_at_each_decay(make_cfg):
-    cfg = make_cfg("batch=scheduled", "batch.schedule.kind=seesaw", "batch.size=32", "schedule.main=step",
-                   "schedule.milestones=[2,3]", "schedule.factor=0.5", "schedule.warmup_shape=none", "epochs=4",
-                   "trainer.progress=false", "model.width=8")
+    cfg = make_cfg(
+        "batch=scheduled",
+        "batch.schedule.kind=seesaw",
+        "batch.size=32",
+        "schedule.main=step",
+        "schedule.milestones=[2,3]",
+        "schedule.factor=0.5",
+        "schedule.warmup_shape=none",
+        "epochs=4",
+        "trainer.progress=false",
+        "model.width=8",
+    )
     loop = build_loop(cfg)
     seen = observed(loop)
     assert train(loop, TrainState()) == "completed"
@@ -144,7 +162,7 @@ def test_seesaw_multiplies_the_batch_by_alpha_and_the_lr_by_one_over_root_alpha_
     starts = run.epoch_starts
     assert [run.sizes[s] for s in starts] == [32, 32, 64, 128]
     lrs = [seen[s][0] for s in starts]
-    assert lrs[2] / lrs[1] == pytest.approx(2 ** -0.5) and lrs[3] / lrs[2] == pytest.approx(2 ** -0.5)
+    assert lrs[2] / lrs[1] == pytest.approx(2**-0.5) and lrs[3] / lrs[2] == pytest.approx(2**-0.5)
 
 
 def test_a_batch_that_grows_at_an_epochs_last_step_waits_for_the_next_epoch(make_cfg):
@@ -152,8 +170,9 @@ def test_a_batch_that_grows_at_an_epochs_last_step_waits_for_the_next_epoch(make
     # the batch doubles once B_simple is known) sets 64. Its last step cannot share that rest with
     # the step before, which has been taken: at 64 it would train on 20 samples at the LR of 64.
     # The new batch starts with the next epoch; the epoch ends at 32.
-    loop = build_loop(make_cfg(*ADAPTIVE, "data.num_samples=1000", "data.val_size=140", "batch.adaptive.c=100",
-                               "epochs=3"))
+    loop = build_loop(
+        make_cfg(*ADAPTIVE, "data.num_samples=1000", "data.val_size=140", "batch.adaptive.c=100", "epochs=3")
+    )
     seen = observed(loop)
     assert train(loop, TrainState()) == "completed"
     run, hp = loop.policy.run_steps, loop.hp

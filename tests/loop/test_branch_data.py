@@ -17,7 +17,7 @@ def test_the_branchs_steps_take_the_samples_the_trunk_would_have_taken_next(make
     assert [n for *_, n in steps] == [256] * 11 + [44]
     start = 640
     for x, y, n in steps:
-        assert torch.equal(y, train.y[order[start:start + n]]) and torch.equal(x, train.x[order[start:start + n]])
+        assert torch.equal(y, train.y[order[start : start + n]]) and torch.equal(x, train.x[order[start : start + n]])
         start += n
     # the next epoch: a fresh order, the rest of the branch's samples (3000 - 2860 = 140)
     assert list(loop.policy.epoch_sizes(1)) == [140]

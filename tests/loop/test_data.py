@@ -115,8 +115,10 @@ def test_builders_return_disjoint_deterministic_splits(name, data_root):
     assert [labels[key] for key in train_eval] == splits.train_eval.y.tolist()
 
     again = build(data_root)
-    for a, b in zip((splits.train, splits.val, splits.train_eval, splits.test),
-                    (again.train, again.val, again.train_eval, again.test)):
+    for a, b in zip(
+        (splits.train, splits.val, splits.train_eval, splits.test),
+        (again.train, again.val, again.train_eval, again.test),
+    ):
         assert (a is None) == (b is None)
         if a is not None:
             assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y)
@@ -154,8 +156,7 @@ def test_digits_are_sklearn_digits_standardised_by_the_training_split():
 
 
 def test_synthetic_classes_are_gaussian_clusters_of_any_shape():
-    splits = synthetic(shape=[2, 3, 4], num_classes=4, num_samples=400, val_size=80, test_size=40,
-                       noise=0.05, seed=3)
+    splits = synthetic(shape=[2, 3, 4], num_classes=4, num_samples=400, val_size=80, test_size=40, noise=0.05, seed=3)
     assert splits.input_shape == (2, 3, 4)
     train_x, train_y = splits.train.x.flatten(1), splits.train.y
     centroids = torch.stack([train_x[train_y == c].mean(0) for c in range(4)])
@@ -165,8 +166,9 @@ def test_synthetic_classes_are_gaussian_clusters_of_any_shape():
     spread = (train_x - centroids[train_y]).std().item()
     assert 0.03 < spread < 0.07
     assert synthetic(num_samples=100, val_size=10, test_size=0).test is None
-    assert not torch.equal(synthetic(num_samples=100, val_size=10, seed=4).train.x,
-                           synthetic(num_samples=100, val_size=10, seed=5).train.x)
+    assert not torch.equal(
+        synthetic(num_samples=100, val_size=10, seed=4).train.x, synthetic(num_samples=100, val_size=10, seed=5).train.x
+    )
 
 
 def test_mnist1d_equals_the_reference_generator(data_root):
@@ -321,8 +323,7 @@ def test_torchvision_mnist_in_memory(fake_mnist):
 def test_torchvision_mnist_dataloader_matches_in_memory(fake_mnist):
     root, _ = fake_mnist
     memory = torchvision_dataset("mnist", root=str(root), val_size=100, augment=False)
-    datasets = torchvision_dataset("mnist", root=str(root), val_size=100, augment=False,
-                                   in_memory=False, num_workers=0)
+    datasets = torchvision_dataset("mnist", root=str(root), val_size=100, augment=False, in_memory=False, num_workers=0)
     assert not datasets.in_memory and datasets.num_workers == 0
     assert datasets.input_shape == (1, 28, 28) and datasets.num_classes == 10
     for name in ("train_eval", "val", "test"):

@@ -2,8 +2,17 @@
 
 from bsexp.loop import TrainState, build_loop, train
 
-DIVERGES = ["data=synthetic", "data.shape=[1,16]", "data.num_samples=1000", "data.val_size=100", "model=mlp",
-            "model.norm=none", "optimizer.lr=1e6", "schedule.warmup_shape=none", "trainer.progress=false"]
+DIVERGES = [
+    "data=synthetic",
+    "data.shape=[1,16]",
+    "data.num_samples=1000",
+    "data.val_size=100",
+    "model=mlp",
+    "model.norm=none",
+    "optimizer.lr=1e6",
+    "schedule.warmup_shape=none",
+    "trainer.progress=false",
+]
 
 
 def test_looking_at_the_losses_every_few_steps_finds_the_same_divergence(make_cfg):

@@ -18,8 +18,17 @@ from bsexp.loop import TrainState, build_loop, train
 from bsexp.preflight import check_all as check
 
 # Memory grows fast with the batch and compute does not: one wide hidden layer on 40 inputs.
-WIDE = ["data=synthetic", "data.shape=[1,40]", "data.num_samples=8000", "data.val_size=200",
-        "model=mlp", "model.hidden=[8192]", "batch=finder", "trainer.progress=false", "epochs=1"]
+WIDE = [
+    "data=synthetic",
+    "data.shape=[1,40]",
+    "data.num_samples=8000",
+    "data.val_size=200",
+    "model=mlp",
+    "model.hidden=[8192]",
+    "batch=finder",
+    "trainer.progress=false",
+    "epochs=1",
+]
 GIB = 2**30
 
 
@@ -61,8 +70,9 @@ def test_finding_leaves_the_run_exactly_as_a_fixed_run_at_that_size(make_cfg):
     finder_loop = build_loop(finder_cfg)
     size = finder_loop.policy.current.size
     rng_after_finder = torch.get_rng_state()
-    fixed_cfg = make_cfg(*[o for o in WIDE if o != "batch=finder"], "model.hidden=[64]", f"batch.size={size}",
-                         "trainer.max_steps=3")
+    fixed_cfg = make_cfg(
+        *[o for o in WIDE if o != "batch=finder"], "model.hidden=[64]", f"batch.size={size}", "trainer.max_steps=3"
+    )
     fixed_loop = build_loop(fixed_cfg)
     assert size == 190 and finder_loop.policy.found.trials  # 200 fits; 5 % below it
     assert torch.equal(torch.get_rng_state(), rng_after_finder)
@@ -133,8 +143,9 @@ def test_an_evaluation_batch_that_does_not_fit_is_a_clear_error_naming_it(make_c
     # Training steps of up to 16 samples fit in 150 MB; evaluating 4000 at once (~250 MB) does not.
     room_gb = (memory.held() + 150 * memory.MIB) / GIB
     with pytest.raises(ConfigError) as info:
-        find(make_cfg, "data.val_size=4000", "trainer.eval_batch_size=4000", "batch.finder.max_size=16",
-             limit_gb=room_gb)
+        find(
+            make_cfg, "data.val_size=4000", "trainer.eval_batch_size=4000", "batch.finder.max_size=16", limit_gb=room_gb
+        )
     assert info.value.key == "trainer.eval_batch_size" and info.value.value == 4000
     assert "evaluation pass (4,000 samples a batch) does not fit" in str(info.value)
     assert "training steps of 16 samples do" in str(info.value)
@@ -150,13 +161,22 @@ def test_an_error_that_is_not_out_of_memory_propagates_unchanged(make_cfg, tmp_p
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "raises.yaml").write_text("_target_: user_models.RaisesAbove\nabove: 100\n")
     with pytest.raises(ValueError, match=r"RaisesAbove: batch of \d+ > 100"):
-        find(make_cfg, f"hydra.searchpath=[file://{tmp_path}]", "model=raises",
-             base=[o for o in WIDE if not o.startswith("model")])
+        find(
+            make_cfg,
+            f"hydra.searchpath=[file://{tmp_path}]",
+            "model=raises",
+            base=[o for o in WIDE if not o.startswith("model")],
+        )
 
 
 def test_throughput_objective_takes_the_smallest_size_near_the_best_rate(make_cfg):
-    result = find(make_cfg, "model.hidden=[64]", "batch.finder.objective=throughput", "batch.finder.max_size=512",
-                  "batch.finder.throughput_tolerance=0.5")
+    result = find(
+        make_cfg,
+        "model.hidden=[64]",
+        "batch.finder.objective=throughput",
+        "batch.finder.max_size=512",
+        "batch.finder.throughput_tolerance=0.5",
+    )
     timed = [t for t in result.trials if t.ok and t.samples_per_s]
     best = max(t.samples_per_s for t in timed)
     near = sorted(t.size for t in timed if t.samples_per_s >= 0.5 * best)
@@ -170,9 +190,15 @@ def test_throughput_objective_takes_the_smallest_size_near_the_best_rate(make_cf
 def test_with_activation_checkpointing_the_finder_reports_its_trade(make_cfg):
     # Three conv blocks a stage: checkpointed, each keeps its input alone, not its conv, norm and
     # ReLU outputs, so a sample costs less memory and a second forward.
-    result = find(make_cfg, "model=cnn", "model.width=8", "model.activation_checkpointing=true",
-                  "batch.finder.max_size=256", base=[o for o in WIDE if not o.startswith(("model", "data.shape"))]
-                  + ["data.shape=[3,16,16]", "batch.finder.data_fraction=null"])
+    result = find(
+        make_cfg,
+        "model=cnn",
+        "model.width=8",
+        "model.activation_checkpointing=true",
+        "batch.finder.max_size=256",
+        base=[o for o in WIDE if not o.startswith(("model", "data.shape"))]
+        + ["data.shape=[3,16,16]", "batch.finder.data_fraction=null"],
+    )
     c = result.checkpointing
     assert c["checkpointing_found"] == 256 and c["plain_fits_there"] is True and c["checkpointing_compared_at"] <= 128
     assert c["plain_per_sample_mb"] > result.memory["per_sample_mb"] > 0  # the memory it saves, measured

@@ -26,8 +26,12 @@ def test_models_map_inputs_to_class_logits_and_learn(build, shape, norm):
     loss.backward()
     assert all(p.grad is not None for p in model.parameters())
     kinds = {type(m) for m in model.modules()}
-    expected = {"batch": (nn.BatchNorm1d, nn.BatchNorm2d), "group": (nn.GroupNorm,),
-                "layer": (nn.LayerNorm, nn.GroupNorm), "none": ()}[norm]
+    expected = {
+        "batch": (nn.BatchNorm1d, nn.BatchNorm2d),
+        "group": (nn.GroupNorm,),
+        "layer": (nn.LayerNorm, nn.GroupNorm),
+        "none": (),
+    }[norm]
     if expected:
         assert kinds & set(expected)
     else:

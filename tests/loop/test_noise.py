@@ -16,8 +16,16 @@ pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
 def test_steps_an_fp16_loss_scaler_skips_do_not_poison_the_noise_scale(make_cfg, caplog):
     # A loss scale of 2^50 overflows fp16 for real: the scaler skips those steps and halves the
     # scale each time; their gradients are not finite and must not enter the estimates.
-    cfg = make_cfg("batch=accumulation", "batch.size=128", "batch.micro_size=32", "precision=fp16", "epochs=2",
-                   "model.width=8", "trainer.progress=false", "trainer.eval_every_steps=10")
+    cfg = make_cfg(
+        "batch=accumulation",
+        "batch.size=128",
+        "batch.micro_size=32",
+        "precision=fp16",
+        "epochs=2",
+        "model.width=8",
+        "trainer.progress=false",
+        "trainer.eval_every_steps=10",
+    )
     loop = build_loop(cfg)
     scaler = loop.step.scaler  # the run's own, its scale set to 2^50 through its public API
     scaler.scale(torch.ones(()))
@@ -34,13 +42,27 @@ def test_steps_an_fp16_loss_scaler_skips_do_not_poison_the_noise_scale(make_cfg,
     assert "non-finite gradients" in caplog.text
 
 
-@pytest.mark.parametrize("model", [["model.width=8", "model.norm=batch"], ["model.width=8", "model.norm=group"], ["model.width=8", "model.norm=layer"],
-                                   ["model.width=8", "model.norm=none"], ["model=mlp", "model.dropout=0.3"]])
+@pytest.mark.parametrize(
+    "model",
+    [
+        ["model.width=8", "model.norm=batch"],
+        ["model.width=8", "model.norm=group"],
+        ["model.width=8", "model.norm=layer"],
+        ["model.width=8", "model.norm=none"],
+        ["model=mlp", "model.dropout=0.3"],
+    ],
+)
 def test_measuring_always_does_not_change_the_run(make_cfg, model):
     # BatchNorm normalises over the whole batch, dropout draws from the generator: measuring on the
     # side must leave both as they were, so the run equals the run that does not measure.
-    common = ["batch.size=64", "epochs=1", "trainer.max_steps=12", "trainer.progress=false",
-              "trainer.eval_every_steps=6", *model]
+    common = [
+        "batch.size=64",
+        "epochs=1",
+        "trainer.max_steps=12",
+        "trainer.progress=false",
+        "trainer.eval_every_steps=6",
+        *model,
+    ]
     loops = {}
     for mode in ("off", "always"):
         cfg = make_cfg(*common, f"trainer.noise_scale={mode}")
@@ -57,8 +79,15 @@ def test_the_half_measured_on_the_side_is_normalised_with_the_statistics_the_ste
     # With BatchNorm the half's gradient is taken through the whole batch's statistics (the
     # half's loss, the whole batch's forward): it changes when only the other half does. Without
     # BatchNorm the samples are independent and the other half cannot matter.
-    loop = build_loop(make_cfg("model.width=8", f"model.norm={norm}", "batch.size=64", "trainer.noise_scale=always",
-                               "trainer.progress=false"))
+    loop = build_loop(
+        make_cfg(
+            "model.width=8",
+            f"model.norm={norm}",
+            "batch.size=64",
+            "trainer.noise_scale=always",
+            "trainer.progress=false",
+        )
+    )
     step, meter = loop.step, loop.step.noise
     generator = torch.Generator().manual_seed(0)
     x, y = torch.randn(64, 1, 40, generator=generator), torch.randint(10, (64,), generator=generator)
@@ -87,15 +116,19 @@ def test_accumulation_measures_the_exact_noise_scale(make_cfg):
     assert found["noise_b_simple_mean"] == pytest.approx(tr / g2, rel=0.1)
 
 
-@pytest.mark.parametrize("measure", [["batch=accumulation", "batch.micro_size=8"], ["trainer.noise_scale=always"]],
-                         ids=["accumulation", "side-half"])
+@pytest.mark.parametrize(
+    "measure",
+    [["batch=accumulation", "batch.micro_size=8"], ["trainer.noise_scale=always"]],
+    ids=["accumulation", "side-half"],
+)
 def test_the_noise_scale_of_a_small_training_set_is_corrected_for_drawing_without_replacement(make_cfg, measure):
     # 64 training samples, steps of 32: a step's mean gradient varies by tr(Sigma)(1/32 - 1/64),
     # half what independent draws give, so uncorrected the |G|^2 estimate falls short by
     # tr(Sigma)/64 (a quarter here) and B_simple reads 1/(1/B_simple - 1/64), 30 % high.
     small = [o for o in LOGISTIC if not o.startswith(("data.num_samples", "data.val_size", "epochs"))]
-    loop = build_loop(make_cfg(*small, "data.num_samples=128", "data.val_size=64", "epochs=500", "batch.size=32",
-                               *measure))
+    loop = build_loop(
+        make_cfg(*small, "data.num_samples=128", "data.val_size=64", "epochs=500", "batch.size=32", *measure)
+    )
     assert train(loop, TrainState()) == "completed"
     g2, tr = exact_noise(loop)
     found = loop.step.noise.scale.summary()
@@ -113,8 +146,15 @@ def count_backwards(loop) -> list[int]:
 
 @pytest.mark.parametrize("mode", ["auto", "off"])
 def test_measuring_adds_no_backward_pass(make_cfg, mode):
-    cfg = make_cfg(*LOGISTIC, "epochs=1", "trainer.max_steps=5", "batch=accumulation", "batch.size=64",
-                   "batch.micro_size=16", f"trainer.noise_scale={mode}")
+    cfg = make_cfg(
+        *LOGISTIC,
+        "epochs=1",
+        "trainer.max_steps=5",
+        "batch=accumulation",
+        "batch.size=64",
+        "batch.micro_size=16",
+        f"trainer.noise_scale={mode}",
+    )
     loop = build_loop(cfg)
     calls = count_backwards(loop)
     train(loop, TrainState())
@@ -135,8 +175,14 @@ def test_always_measures_a_single_micro_batch_from_a_half_on_the_side_and_off_me
 
 
 def test_the_noise_scale_rises_as_the_training_loss_falls_on_mnist1d(make_cfg):
-    cfg = make_cfg("batch=accumulation", "batch.size=128", "batch.micro_size=32", "epochs=4", "trainer.progress=false",
-                   "trainer.noise_decay=0.9")
+    cfg = make_cfg(
+        "batch=accumulation",
+        "batch.size=128",
+        "batch.micro_size=32",
+        "epochs=4",
+        "trainer.progress=false",
+        "trainer.noise_decay=0.9",
+    )
     loop, progress = build_loop(cfg), TrainState()
     train(loop, progress)
     records = progress.records

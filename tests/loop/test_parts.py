@@ -20,8 +20,12 @@ def test_local_datasets_compose_and_build(make_cfg, name):
 
 @pytest.mark.parametrize(
     "model, data",
-    [("mlp", "mnist1d"), ("cnn1d", "mnist1d"), ("cnn", "digits"),
-     ("resnet18", "synthetic data.shape=[3,32,32] data.num_samples=600 data.val_size=100 data.test_size=0")],
+    [
+        ("mlp", "mnist1d"),
+        ("cnn1d", "mnist1d"),
+        ("cnn", "digits"),
+        ("resnet18", "synthetic data.shape=[3,32,32] data.num_samples=600 data.val_size=100 data.test_size=0"),
+    ],
 )
 def test_every_model_builds_for_its_data(make_cfg, model, data):
     cfg = make_cfg(f"model={model}", *f"data={data}".split())

@@ -19,9 +19,17 @@ HELPERS = Path(__file__).resolve().parents[1] / "helpers"
 
 
 # TINY: 512 training samples; batch 32 for an epoch, 64 for one, 128 for one.
-GROWING = ["batch=scheduled", "batch.size=32", "batch.schedule.milestones=[1,2]", "batch.schedule.factor=2",
-           "epochs=3", "trainer.eval_every_steps=1", "scaling.lr_rule=linear", "scaling.ref_batch=32",
-           "optimizer.lr=0.1"]
+GROWING = [
+    "batch=scheduled",
+    "batch.size=32",
+    "batch.schedule.milestones=[1,2]",
+    "batch.schedule.factor=2",
+    "epochs=3",
+    "trainer.eval_every_steps=1",
+    "scaling.lr_rule=linear",
+    "scaling.ref_batch=32",
+    "optimizer.lr=0.1",
+]
 
 
 def scheduled(make_cfg, *overrides):
@@ -31,18 +39,22 @@ def scheduled(make_cfg, *overrides):
     return loop, progress
 
 
-@pytest.mark.parametrize("couple, ramp, lrs", [
-    ("true", 0, [0.1] * 16 + [0.2] * 8 + [0.4] * 4),
-    ("false", 0, [0.1] * 28),
-    ("true", 4, [0.1] * 16 + [0.125, 0.15, 0.175] + [0.2] * 5 + [0.25, 0.3, 0.35, 0.4]),
-])
+@pytest.mark.parametrize(
+    "couple, ramp, lrs",
+    [
+        ("true", 0, [0.1] * 16 + [0.2] * 8 + [0.4] * 4),
+        ("false", 0, [0.1] * 28),
+        ("true", 4, [0.1] * 16 + [0.125, 0.15, 0.175] + [0.2] * 5 + [0.25, 0.3, 0.35, 0.4]),
+    ],
+)
 def test_every_step_trains_at_the_scheduled_batch_and_its_lr(make_cfg, couple, ramp, lrs):
     _, progress = scheduled(make_cfg, f"batch.schedule.couple_lr={couple}", f"batch.schedule.ramp_steps={ramp}")
     records = progress.records
     assert [r["batch_size"] for r in records] == [32] * 16 + [64] * 8 + [128] * 4
     assert [r["lr"] for r in records] == pytest.approx(lrs)
-    assert [r["samples_seen"] for r in records] == list(range(32, 513, 32)) + list(range(576, 1025, 64)) + \
-        list(range(1152, 1537, 128))
+    assert [r["samples_seen"] for r in records] == list(range(32, 513, 32)) + list(range(576, 1025, 64)) + list(
+        range(1152, 1537, 128)
+    )
 
 
 def test_weight_decay_stays_at_the_first_batch_value(make_cfg):
@@ -60,15 +72,29 @@ def test_batches_above_the_micro_cap_accumulate_to_the_same_parameters(make_cfg)
 
 
 # Memory grows fast with the batch and compute does not: one wide hidden layer on 40 inputs.
-WIDE = ["data=synthetic", "data.shape=[1,40]", "data.val_size=200", "model=mlp", "model.hidden=[8192]",
-        "model.norm=none", "trainer.eval_batch_size=256", "schedule.warmup_shape=none", "epochs=1"]
+WIDE = [
+    "data=synthetic",
+    "data.shape=[1,40]",
+    "data.val_size=200",
+    "model=mlp",
+    "model.hidden=[8192]",
+    "model.norm=none",
+    "trainer.eval_batch_size=256",
+    "schedule.warmup_shape=none",
+    "epochs=1",
+]
 
 
 def capped_train(tmp_path, name, room_mb, *overrides):
     """bsexp's training in a fresh process capped at what it holds plus room_mb (tests/capped_train.py)."""
     out = tmp_path / f"{name}.pt"
-    done = subprocess.run([sys.executable, str(HELPERS / "capped_train.py"), str(out), str(room_mb), *overrides],
-                          capture_output=True, text=True, timeout=300, env=cli_env(tmp_path))
+    done = subprocess.run(
+        [sys.executable, str(HELPERS / "capped_train.py"), str(out), str(room_mb), *overrides],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=cli_env(tmp_path),
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return torch.load(out, weights_only=False), done.stderr
 
@@ -91,10 +117,23 @@ def test_a_real_oom_halves_the_micro_batch_and_trains_as_if_started_there(tmp_pa
 
 def test_without_recovery_the_same_oom_ends_the_run(tmp_path):
     out = tmp_path / "x.pt"
-    done = subprocess.run([sys.executable, str(HELPERS / "capped_train.py"), str(out), "150", *WIDE,
-                           "data.num_samples=4300", "batch.size=2048", "trainer.max_steps=1",
-                           "trainer.oom_recovery=false"], capture_output=True, text=True, timeout=300,
-                          env=cli_env(tmp_path))
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(HELPERS / "capped_train.py"),
+            str(out),
+            "150",
+            *WIDE,
+            "data.num_samples=4300",
+            "batch.size=2048",
+            "trainer.max_steps=1",
+            "trainer.oom_recovery=false",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=cli_env(tmp_path),
+    )
     assert done.returncode != 0 and "can't allocate memory" in done.stderr and not out.exists()
 
 
@@ -114,7 +153,11 @@ def phase_means(make_cfg, arm: str) -> list[float]:
     bounds = sorted({int(m) for m in phases})
     means = []
     for start, stop in zip(bounds, bounds[1:]):
-        samples = [n for epoch in range(start, stop) for _, _, n in loop.batches.steps(epoch, loop.policy.run_steps.epoch(epoch))]
+        samples = [
+            n
+            for epoch in range(start, stop)
+            for _, _, n in loop.batches.steps(epoch, loop.policy.run_steps.epoch(epoch))
+        ]
         means.append(sum(samples) / len(samples))
     return means
 

@@ -46,8 +46,15 @@ def test_drop_last_skips_the_partial_step(make_cfg):
 def test_running_train_loss_is_the_mean_over_every_micro_batch(make_cfg):
     # With a vanishing LR the model stays put, so the epoch's running loss must equal the loss of
     # the whole training set, whatever the micro-batching (the last micro-batch is smaller).
-    loop, progress = trained(make_cfg, "batch=accumulation", "batch.size=64", "batch.micro_size=16",
-                             "optimizer.lr=1e-12", "optimizer.weight_decay=0", "epochs=1")
+    loop, progress = trained(
+        make_cfg,
+        "batch=accumulation",
+        "batch.size=64",
+        "batch.micro_size=16",
+        "optimizer.lr=1e-12",
+        "optimizer.weight_decay=0",
+        "epochs=1",
+    )
     total, count = 0.0, 0
     with torch.no_grad():
         for x, y in eval_batches(loop.splits.train, 1000, loop.world.device):
@@ -82,8 +89,15 @@ def test_train_accuracy_is_measured_like_validation(make_cfg):
 def test_a_run_cut_short_within_an_epoch_says_how_much_of_it_it_trained(make_cfg):
     # 84 training samples in steps of 32: 32, 32, 20. Four steps: one epoch and a third of the
     # next, not two epochs (the one step laid out for the cut second epoch is not all of it).
-    loop, progress = trained(make_cfg, "data.num_samples=100", "data.val_size=16", "epochs=2", "batch.size=32",
-                             "trainer.max_steps=4", "trainer.eval_every_steps=1")
+    loop, progress = trained(
+        make_cfg,
+        "data.num_samples=100",
+        "data.val_size=16",
+        "epochs=2",
+        "batch.size=32",
+        "trainer.max_steps=4",
+        "trainer.eval_every_steps=1",
+    )
     assert [r["samples_seen"] for r in progress.records] == [32, 64, 84, 116]
     assert [r["epoch"] for r in progress.records] == pytest.approx([1 / 3, 2 / 3, 1, 4 / 3], abs=1e-4)
     assert loop.policy.epochs_done(progress) == pytest.approx(4 / 3)
@@ -99,8 +113,15 @@ def test_same_seed_same_parameters_other_seed_other_parameters(make_cfg):
 
 def test_scaled_lr_warmup_and_weight_decay_reach_the_optimizer(make_cfg):
     # batch 512 at ref 128: k = 4, lr 0.1 -> 0.4 (linear), wd 5e-4 -> 1e-3 (sqrt); warmup from 0.1.
-    cfg = make_cfg(*TINY, "data.num_samples=3160", "batch.size=512", "schedule.warmup_shape=linear",
-                   "schedule.unit=steps", "schedule.warmup=4", "trainer.max_steps=6")
+    cfg = make_cfg(
+        *TINY,
+        "data.num_samples=3160",
+        "batch.size=512",
+        "schedule.warmup_shape=linear",
+        "schedule.unit=steps",
+        "schedule.warmup=4",
+        "trainer.max_steps=6",
+    )
     loop = build_loop(cfg)
     decay, no_decay = loop.step.optimizer.param_groups
     assert decay["weight_decay"] == pytest.approx(1e-3) and no_decay["weight_decay"] == 0.0
@@ -149,8 +170,15 @@ def test_reduced_precision_trains(make_cfg, precision):
 
 def test_a_warmup_longer_than_the_run_reports_the_lr_it_reached(make_cfg):
     # batch 512 at ref 128: target 0.4 from 0.1 over 8 steps, but the run stops after 4.
-    cfg = make_cfg(*TINY, "data.num_samples=3160", "batch.size=512", "schedule.warmup_shape=linear",
-                   "schedule.unit=steps", "schedule.warmup=8", "trainer.max_steps=4")
+    cfg = make_cfg(
+        *TINY,
+        "data.num_samples=3160",
+        "batch.size=512",
+        "schedule.warmup_shape=linear",
+        "schedule.unit=steps",
+        "schedule.warmup=8",
+        "trainer.max_steps=4",
+    )
     loop = build_loop(cfg)
     assert loop.hp.lr == pytest.approx(0.4)
     assert loop.hp.lr_peak == pytest.approx(0.1 + 0.3 * 3 / 8)  # the LR of the last step taken
@@ -163,8 +191,13 @@ def test_warmup_starts_at_the_reference_batchs_lr_under_every_rule(make_cfg, rul
     # whatever the rule makes of the target at batch 1024 (0.8 linear, 0.1 x sqrt 8 sqrt, 0.1 none).
     from bsexp.loop import build_loop
 
-    cfg = make_cfg("batch.size=1024", f"scaling.lr_rule={rule}", f"schedule.warmup_shape={shape}",
-                   "schedule.warmup=2", "trainer.progress=false")
+    cfg = make_cfg(
+        "batch.size=1024",
+        f"scaling.lr_rule={rule}",
+        f"schedule.warmup_shape={shape}",
+        "schedule.warmup=2",
+        "trainer.progress=false",
+    )
     loop = build_loop(cfg)
     target = {"linear": 0.8, "sqrt": 0.1 * math.sqrt(8), "none": 0.1}[rule]
     assert loop.hp.lr == pytest.approx(target)

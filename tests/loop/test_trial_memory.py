@@ -13,10 +13,22 @@ from bsexp.build import build_data
 # 17 M parameters and tiny activations: the gradients dominate what a step adds. Plain SGD
 # without weight decay updates in place (with weight decay, its foreach step makes a gradient-sized
 # copy of its own, which would hide the buffer this test looks for).
-BIG_GRADIENTS = ["data=synthetic", "data.shape=[1,40]", "data.num_samples=600", "data.val_size=100", "model=mlp",
-                 "model.hidden=[4096,4096]", "model.norm=none", "batch=finder", "trainer.noise_scale=off",
-                 "trainer.eval_batch_size=8", "distributed=ddp", "distributed.nproc_per_node=2", "optimizer.momentum=0",
-                 "optimizer.weight_decay=0"]
+BIG_GRADIENTS = [
+    "data=synthetic",
+    "data.shape=[1,40]",
+    "data.num_samples=600",
+    "data.val_size=100",
+    "model=mlp",
+    "model.hidden=[4096,4096]",
+    "model.norm=none",
+    "batch=finder",
+    "trainer.noise_scale=off",
+    "trainer.eval_batch_size=8",
+    "distributed=ddp",
+    "distributed.nproc_per_node=2",
+    "optimizer.momentum=0",
+    "optimizer.weight_decay=0",
+]
 
 
 def trial_peak_mb(make_cfg, *overrides) -> float:
@@ -43,8 +55,17 @@ def test_a_ddp_trial_with_oom_recovery_holds_the_flat_gradient_buffer_training_a
     assert recovering - overlapped == pytest.approx(flat_mb, rel=0.25), (recovering, overlapped, flat_mb)
 
 
-CONV_NET = ["data=synthetic", "data.shape=[3,32,32]", "data.num_samples=600", "data.val_size=100", "model=cnn",
-            "model.width=16", "batch=finder", "optimizer=adamw", "trainer.eval_batch_size=100"]
+CONV_NET = [
+    "data=synthetic",
+    "data.shape=[3,32,32]",
+    "data.num_samples=600",
+    "data.val_size=100",
+    "model=cnn",
+    "model.width=16",
+    "batch=finder",
+    "optimizer=adamw",
+    "trainer.eval_batch_size=100",
+]
 
 
 def test_trials_leave_room_for_the_kernels_trainings_onednn_cache_keeps(make_cfg, monkeypatch):
@@ -69,14 +90,24 @@ def test_trials_leave_room_for_the_kernels_trainings_onednn_cache_keeps(make_cfg
     assert none_mb < 1, none_mb
     # The same parent, the same limit: the budgets differ by what the cache keeps (and the few
     # MB the parent's resident memory moves between two starts).
-    assert uncached_budget - cached_budget == pytest.approx(cached_mb - none_mb, abs=6), \
-        (cached_budget, uncached_budget, cached_mb)
+    assert uncached_budget - cached_budget == pytest.approx(cached_mb - none_mb, abs=6), (
+        cached_budget,
+        uncached_budget,
+        cached_mb,
+    )
 
 
-
-MATRIX_PRODUCTS = ["data=synthetic", "data.shape=[3,32,32]", "data.num_samples=600", "data.val_size=100",
-                   "model=mlp", "model.hidden=[1024,1024]", "batch=finder", "optimizer=adamw",
-                   "trainer.eval_batch_size=100"]
+MATRIX_PRODUCTS = [
+    "data=synthetic",
+    "data.shape=[3,32,32]",
+    "data.num_samples=600",
+    "data.val_size=100",
+    "model=mlp",
+    "model.hidden=[1024,1024]",
+    "batch=finder",
+    "optimizer=adamw",
+    "trainer.eval_batch_size=100",
+]
 
 
 def test_a_trial_leaves_the_room_of_its_own_size_not_mkls_buffers_from_the_sizes_before(make_cfg):
@@ -105,8 +136,17 @@ def test_a_kernel_measurement_that_does_not_fit_leaves_the_search_running(make_c
     # The process that measures the kernel cache is capped like the probe process: where its
     # 64-sample step does not fit (here ~4 MB a sample in 80 MB), it reports nothing, the finder
     # says so, and the trials go on with the room they would have had.
-    cfg = make_cfg("data=synthetic", "data.shape=[3,64,64]", "data.num_samples=300", "data.val_size=50",
-                   "model=cnn", "model.width=64", "batch=finder", "optimizer=adamw", "trainer.eval_batch_size=4")
+    cfg = make_cfg(
+        "data=synthetic",
+        "data.shape=[3,64,64]",
+        "data.num_samples=300",
+        "data.val_size=50",
+        "model=cnn",
+        "model.width=64",
+        "batch=finder",
+        "optimizer=adamw",
+        "trainer.eval_batch_size=4",
+    )
     splits = build_data(cfg)
     with caplog.at_level("WARNING"):
         prober = ChildProber(cfg, splits, memory.held() + 80 * memory.MIB, distributed=False)
@@ -118,13 +158,21 @@ def test_a_kernel_measurement_that_does_not_fit_leaves_the_search_running(make_c
         prober.close()
 
 
-def test_a_probe_process_that_fails_far_sooner_at_a_smaller_size_is_replaced_and_the_size_tried_again(make_cfg,
-                                                                                                        caplog):
+def test_a_probe_process_that_fails_far_sooner_at_a_smaller_size_is_replaced_and_the_size_tried_again(make_cfg, caplog):
     # A bench search of ResNet-18 once saw every trial below a failure fail in 2 ms. Here the
     # probe process loses its room for real: its address-space cap is lowered from outside
     # (prlimit) to a little above what it has mapped, so its next trial fails at once.
-    cfg = make_cfg("data=synthetic", "data.shape=[3,32,32]", "data.num_samples=600", "data.val_size=100",
-                   "model=cnn", "model.width=64", "batch=finder", "optimizer=adamw", "trainer.eval_batch_size=8")
+    cfg = make_cfg(
+        "data=synthetic",
+        "data.shape=[3,32,32]",
+        "data.num_samples=600",
+        "data.val_size=100",
+        "model=cnn",
+        "model.width=64",
+        "batch=finder",
+        "optimizer=adamw",
+        "trainer.eval_batch_size=8",
+    )
     prober = ChildProber(cfg, build_data(cfg), memory.held() + 400 * memory.MIB, distributed=False)
     try:
         assert prober.attempt(64).ok
@@ -166,7 +214,9 @@ except RuntimeError as exc:
 def test_a_capped_process_cannot_outgrow_its_cap_through_another_threads_arena():
     # Before one_arena, glibc retried the refused 48 MiB in the worker thread's arena and it
     # succeeded: a run capped at 1.2 GB held 1.25 GB, and the finder's bench truth was inflated.
-    done = subprocess.run([sys.executable, "-c", ARENA_SCRIPT], check=False, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", ARENA_SCRIPT], check=False, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["refused", "True"], done.stdout
 
@@ -201,8 +251,9 @@ print(grown // memory.MIB, before // memory.MIB, after // memory.MIB, fits, refu
 def test_a_cap_counts_what_the_process_holds_not_its_librarys_resident_pages():
     # Before, the cap took the room from the resident set, library pages included: 300-311 MB of
     # torch's pages in five runs of one command, which moved every cap and every finder answer.
-    done = subprocess.run([sys.executable, "-c", LIBRARY_PAGES_SCRIPT], check=False, capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", LIBRARY_PAGES_SCRIPT], check=False, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     grown_mb, before_mb, after_mb, fits, refused = done.stdout.split()
     assert int(grown_mb) > 200  # the library's pages became resident
@@ -234,7 +285,8 @@ def test_training_starts_no_thread_for_its_progress_bar():
     import bsexp
 
     conf = Path(bsexp.__file__).parent / "conf"
-    out = subprocess.run([sys.executable, "-c", BAR_SCRIPT, str(conf)], capture_output=True, text=True, timeout=300,
-                         check=False)
+    out = subprocess.run(
+        [sys.executable, "-c", BAR_SCRIPT, str(conf)], capture_output=True, text=True, timeout=300, check=False
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "completed []", out.stdout

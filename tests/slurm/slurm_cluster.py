@@ -30,8 +30,11 @@ _UP = ("idle", "mixed", "allocated", "completing")
 
 def why_not() -> str | None:
     """Why the SLURM tests cannot run here, in one line; None when a cluster answers."""
-    start = ("start one with scripts/slurm_local.sh start" if os.geteuid() == 0 else
-             "not root, so scripts/slurm_local.sh cannot start one")
+    start = (
+        "start one with scripts/slurm_local.sh start"
+        if os.geteuid() == 0
+        else "not root, so scripts/slurm_local.sh cannot start one"
+    )
     missing = [c for c in ("sbatch", "srun", "sacct", "squeue", "scancel", "sinfo", "scontrol") if not shutil.which(c)]
     if missing:
         return f"SLURM packages missing (no {', '.join(missing)}): {start} (it installs them)"
@@ -48,8 +51,7 @@ def why_not() -> str | None:
 
 def _ask(*command: str) -> str | None:
     try:
-        out = subprocess.run(command, env=os.environ | {"SLURM_CONF": CONF}, capture_output=True, text=True,
-                             timeout=20)
+        out = subprocess.run(command, env=os.environ | {"SLURM_CONF": CONF}, capture_output=True, text=True, timeout=20)
     except subprocess.TimeoutExpired:
         return None
     return out.stdout if out.returncode == 0 else None
@@ -77,15 +79,22 @@ def slurm(*args: str) -> str:
 
 def bsexp(data_root: Path, cwd: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     """`python -m bsexp.train ARGS` on this machine, as a user types it; its jobs go to SLURM."""
-    return subprocess.run([sys.executable, "-m", "bsexp.train", *args], cwd=cwd, env=env(data_root),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "bsexp.train", *args],
+        cwd=cwd,
+        env=env(data_root),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def cancel(sweep: Path) -> None:
     """Cancel whatever is left of a sweep's jobs (nothing, when it ended as it should)."""
     if (sweep / ".submitit").is_dir() and job_ids(sweep):
-        subprocess.run(["scancel", *job_ids(sweep)], env=os.environ | {"SLURM_CONF": CONF}, capture_output=True,
-                       timeout=60)
+        subprocess.run(
+            ["scancel", *job_ids(sweep)], env=os.environ | {"SLURM_CONF": CONF}, capture_output=True, timeout=60
+        )
 
 
 def job_ids(sweep: Path) -> list[str]:

@@ -20,8 +20,14 @@ pytestmark = MARKS
 
 LAUNCHER = "hydra/launcher=slurm_local"
 # A tiny run on the default data and model: seconds a point.
-TINY = ["data.num_samples=1000", "data.val_size=100", "epochs=2", "model.width=8", "logger=none",
-        "trainer.progress=false"]
+TINY = [
+    "data.num_samples=1000",
+    "data.val_size=100",
+    "epochs=2",
+    "model.width=8",
+    "logger=none",
+    "trainer.progress=false",
+]
 
 
 def summaries(sweep: Path) -> dict[str, dict]:
@@ -51,8 +57,14 @@ def test_a_sweep_runs_each_point_as_a_slurm_job_and_reports(data_root, tmp_path)
         assert summary["steps"] == entry["steps"] == 2 * -(-summary["samples_seen"] // 2 // entry["batch_size"])
         seen.add(summary["samples_seen"])
     assert len(seen) == 1  # two whole epochs of the same data at every batch size
-    report = subprocess.run([sys.executable, "-m", "bsexp.report", str(sweep)], cwd=tmp_path, env=env(data_root),
-                            capture_output=True, text=True, timeout=300)
+    report = subprocess.run(
+        [sys.executable, "-m", "bsexp.report", str(sweep)],
+        cwd=tmp_path,
+        env=env(data_root),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert report.returncode == 0, report.stderr[-3000:]
     rows = (sweep / "report.csv").read_text().splitlines()
     assert len(rows) == 1 + 4  # header and one row per batch size
@@ -61,15 +73,34 @@ def test_a_sweep_runs_each_point_as_a_slurm_job_and_reports(data_root, tmp_path)
 
 # A model without BatchNorm, so that 2 ranks x 32 compute exactly what 1 process x 64 does (up to
 # float rounding in the all-reduce).
-NO_NORM = ["data=synthetic", "data.shape=[1,16]", "data.num_samples=1000", "data.val_size=100", "model=mlp",
-           "model.norm=none", "model.hidden=[32]", "epochs=2", "batch.size=64", "logger=none",
-           "trainer.progress=false"]
+NO_NORM = [
+    "data=synthetic",
+    "data.shape=[1,16]",
+    "data.num_samples=1000",
+    "data.val_size=100",
+    "model=mlp",
+    "model.norm=none",
+    "model.hidden=[32]",
+    "epochs=2",
+    "batch.size=64",
+    "logger=none",
+    "trainer.progress=false",
+]
 
 
 def test_ddp_inside_a_slurm_job_equals_one_process(data_root, tmp_path):
     sweep = tmp_path / "sweep"
-    out = bsexp(data_root, tmp_path, "-m", LAUNCHER, "hydra.launcher.cpus_per_task=2", "distributed=ddp",
-                "distributed.nproc_per_node=2", *NO_NORM, f"hydra.sweep.dir={sweep}")
+    out = bsexp(
+        data_root,
+        tmp_path,
+        "-m",
+        LAUNCHER,
+        "hydra.launcher.cpus_per_task=2",
+        "distributed=ddp",
+        "distributed.nproc_per_node=2",
+        *NO_NORM,
+        f"hydra.sweep.dir={sweep}",
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     [job] = job_ids(sweep)
     assert dict(accounting(job)) == {job: "COMPLETED"}
@@ -100,8 +131,13 @@ def preempt_once(data_root: Path, tmp_path: Path, *args: str) -> tuple[Path, str
     id, and the step the signal came after."""
     sweep = tmp_path / "sweep"
     log = open(tmp_path / "sweep.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "bsexp.train", "-m", LAUNCHER, *args, f"hydra.sweep.dir={sweep}"],
-                            cwd=tmp_path, env=env(data_root), stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bsexp.train", "-m", LAUNCHER, *args, f"hydra.sweep.dir={sweep}"],
+        cwd=tmp_path,
+        env=env(data_root),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         target, deadline = random.Random(len(args)).randrange(20, 45), time.time() + 300
         point = None
@@ -166,14 +202,27 @@ def test_a_failing_point_is_recorded_failed_and_the_others_complete(data_root, t
     (conf / "tiny.yaml").write_text("_target_: user_models.TinyNet\nhidden: 16\nfail_at_step: 0\n")
     sweep = tmp_path / "sweep"
     # fail_at_step=3: a real RuntimeError in the third training step of that point's job.
-    out = bsexp(data_root, tmp_path, "-m", LAUNCHER, f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]",
-                "model=tiny", "model.fail_at_step=0,3", "batch.size=32,64", *TINY[:3], "logger=none",
-                "trainer.progress=false", f"hydra.sweep.dir={sweep}")
+    out = bsexp(
+        data_root,
+        tmp_path,
+        "-m",
+        LAUNCHER,
+        f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]",
+        "model=tiny",
+        "model.fail_at_step=0,3",
+        "batch.size=32,64",
+        *TINY[:3],
+        "logger=none",
+        "trainer.progress=false",
+        f"hydra.sweep.dir={sweep}",
+    )
     assert out.returncode == 1
     [line] = [line for line in out.stderr.splitlines() if line.startswith("error:")]
     assert line.startswith("error: a sweep point failed (") and "failed on purpose at training step 3" in line
-    entries = {tuple(o for o in e["overrides"] if o.startswith(("model.fail_at_step=", "batch.size="))): e
-               for e in index(sweep)}
+    entries = {
+        tuple(o for o in e["overrides"] if o.startswith(("model.fail_at_step=", "batch.size="))): e
+        for e in index(sweep)
+    }
     assert len(entries) == 4
     for (failing, size), entry in entries.items():
         size = int(size.split("=")[1])

@@ -118,13 +118,16 @@ def test_steps_of_changing_sizes_within_an_epoch():
     assert torch.equal(torch.cat(x)[:, 0].long().sort().values, torch.arange(n))
 
 
-@pytest.mark.parametrize("plan, local, samples, expected", [
-    (make_plan(64, micro_size=16), 64, 64, [16, 16, 16, 16]),  # a full step
-    (make_plan(64, world_size=2, micro_size=16), 17, 33, [9, 8]),  # a last step, on the larger share
-    (make_plan(64, world_size=2, micro_size=16), 16, 33, [8, 8]),  # the same number on the other
-    (make_plan(64, micro_size=4), 7, 7, [4, 3]),
-    (make_plan(64, micro_size=1), 5, 5, [3, 2]),  # never below 2 samples a micro-batch
-])
+@pytest.mark.parametrize(
+    "plan, local, samples, expected",
+    [
+        (make_plan(64, micro_size=16), 64, 64, [16, 16, 16, 16]),  # a full step
+        (make_plan(64, world_size=2, micro_size=16), 17, 33, [9, 8]),  # a last step, on the larger share
+        (make_plan(64, world_size=2, micro_size=16), 16, 33, [8, 8]),  # the same number on the other
+        (make_plan(64, micro_size=4), 7, 7, [4, 3]),
+        (make_plan(64, micro_size=1), 5, 5, [3, 2]),  # never below 2 samples a micro-batch
+    ],
+)
 def test_micro_batch_sizes(plan, local, samples, expected):
     assert micro_sizes(local, samples, plan) == expected
 

@@ -45,11 +45,18 @@ def test_a_branch_across_an_epoch_end_keeps_the_epochs_samples(make_cfg):
 
 @pytest.mark.parametrize("rule", ["linear", "sqrt", "none"])
 def test_the_lr_is_the_trunks_schedule_times_the_rules_ratio(make_cfg, rule):
-    cfg, policy = laid_out(make_cfg, "batch.size=256", "branch.samples=1000", f"scaling.lr_rule={rule}",
-                           "schedule.warmup=0.5", "schedule.main=cosine")
+    cfg, policy = laid_out(
+        make_cfg,
+        "batch.size=256",
+        "branch.samples=1000",
+        f"scaling.lr_rule={rule}",
+        "schedule.warmup=0.5",
+        "schedule.main=cosine",
+    )
     hp, factors = policy.hparams()
-    trunk_cfg = make_cfg("epochs=2", "batch.size=64", f"scaling.lr_rule={rule}", "schedule.warmup=0.5",
-                         "schedule.main=cosine")
+    trunk_cfg = make_cfg(
+        "epochs=2", "batch.size=64", f"scaling.lr_rule={rule}", "schedule.warmup=0.5", "schedule.main=cosine"
+    )
     trunk = policy_for(trunk_cfg, 1)
     trunk.lay_out(N)
     trunk_hp, trunk_factors = trunk.hparams()
@@ -89,8 +96,9 @@ def _flat(cfg) -> dict:
 
 def test_the_critical_batch_experiments_branches_differ_from_its_trunks_only_where_a_branch_may(make_cfg):
     trunk = _flat(make_cfg("experiment=critical_batch", "experiment/critical_batch=trunk"))
-    branches = _flat(make_cfg("experiment=critical_batch", "branch.trunk=/t", "branch.at_samples=4096",
-                              "batch.size=256"))
+    branches = _flat(
+        make_cfg("experiment=critical_batch", "branch.trunk=/t", "branch.at_samples=4096", "batch.size=256")
+    )
     differing = {k for k in trunk.keys() | branches.keys() if str(trunk.get(k)) != str(branches.get(k))}
     assert differing, "the arms should differ in the branch's keys"
     assert all(any(k == d or k.startswith(d + ".") for d in branch.DIFFERS) for k in differing), differing
@@ -132,7 +140,6 @@ def test_a_branch_in_an_epoch_the_trunks_max_steps_cut_counts_it_against_a_whole
     # 350 samples into that epoch has trained a tenth of an epoch, not 350 of the 960 the cut left.
     from bsexp.loop import TrainState
 
-    _, policy = laid_out(make_cfg, "batch.size=64", "branch.samples=320", "trainer.max_steps=70",
-                         step=60, samples=3820)
+    _, policy = laid_out(make_cfg, "batch.size=64", "branch.samples=320", "trainer.max_steps=70", step=60, samples=3820)
     assert policy.lr_layout().epoch_samples() == [N, 960] and policy.lr_layout().cut_epoch
     assert policy.epochs_done(TrainState(epoch=1, samples_seen=N + 350)) == pytest.approx(1 + 350 / N)

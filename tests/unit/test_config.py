@@ -23,8 +23,11 @@ def test_every_group_has_its_options():
 
 @pytest.mark.parametrize(
     "overrides, plan",
-    [(["batch=fixed"], (128, 128, 1)), (["batch=accumulation", "batch.micro_size=64"], (512, 64, 8)),
-     (["batch=accumulation", "batch.accum_steps=4"], (512, 128, 4))],
+    [
+        (["batch=fixed"], (128, 128, 1)),
+        (["batch=accumulation", "batch.micro_size=64"], (512, 64, 8)),
+        (["batch=accumulation", "batch.accum_steps=4"], (512, 128, 4)),
+    ],
 )
 def test_batch_policies_make_their_plans(make_cfg, overrides, plan):
     p = check(make_cfg(*overrides))
@@ -37,8 +40,9 @@ def test_accumulation_asks_for_its_micro_batch_or_steps(make_cfg):
     assert info.value.key == "batch.micro_size" and "batch.accum_steps" in str(info.value)
 
 
-@pytest.mark.parametrize("override, key", [("+foo=1", "foo"), ("+trainer.max_step=5", "trainer.max_step"),
-                                           ("+model.depth=3", "model.depth")])
+@pytest.mark.parametrize(
+    "override, key", [("+foo=1", "foo"), ("+trainer.max_step=5", "trainer.max_step"), ("+model.depth=3", "model.depth")]
+)
 def test_keys_appended_past_the_schema_are_refused(make_cfg, override, key):
     with pytest.raises(ConfigError) as info:
         check(make_cfg(override))
@@ -53,9 +57,16 @@ def test_loggers_compose(make_cfg, logger):
 
 @pytest.mark.parametrize(
     "override, key",
-    [("epochs=abc", "epochs"), ("model.norm=foo", "model.norm"), ("model.widht=3", "model.widht"),
-     ("foo=1", "foo"), ("scaling.lr_rule=cube", "scaling.lr_rule"), ("precision=fp8", "precision"),
-     ("batch.micro_size=8", "batch.micro_size"), ("data.download=maybe", "data.download")],
+    [
+        ("epochs=abc", "epochs"),
+        ("model.norm=foo", "model.norm"),
+        ("model.widht=3", "model.widht"),
+        ("foo=1", "foo"),
+        ("scaling.lr_rule=cube", "scaling.lr_rule"),
+        ("precision=fp8", "precision"),
+        ("batch.micro_size=8", "batch.micro_size"),
+        ("data.download=maybe", "data.download"),
+    ],
 )
 def test_the_schema_rejects_wrong_types_and_unknown_keys(make_cfg, override, key):
     extra = ["data=mnist"] if override.startswith("data.download") else []

@@ -28,8 +28,11 @@ def test_the_critical_batch_is_the_largest_batch_within_epsilon_of_the_smallest(
 
 
 def test_the_loss_at_a_number_of_samples_is_interpolated_between_evaluations():
-    records = [{"samples_seen": 100, "val_loss": 2.0}, {"samples_seen": 300, "val_loss": 1.0},
-               {"samples_seen": 400, "val_loss": None}]
+    records = [
+        {"samples_seen": 100, "val_loss": 2.0},
+        {"samples_seen": 300, "val_loss": 1.0},
+        {"samples_seen": 400, "val_loss": None},
+    ]
     assert at_samples(records, 200) == pytest.approx(1.5)
     assert at_samples(records, 300) == 1.0
     assert at_samples(records, 350) is None and at_samples(records, 50) is None
@@ -43,8 +46,7 @@ def _write_run(path, summary, records):
 
 # Final losses by (branch point, batch): at 0 the critical batch is 64 for both seeds; at 4096,
 # 256 on the seeds' mean (seed 1 alone would say 512).
-LOSSES = {0: {32: 2.00, 64: 2.05, 128: 2.30, 256: 2.9},
-          4096: {32: 0.50, 64: 0.505, 128: 0.51, 256: 0.52, 512: 0.524}}
+LOSSES = {0: {32: 2.00, 64: 2.05, 128: 2.30, 256: 2.9}, 4096: {32: 0.50, 64: 0.505, 128: 0.51, 256: 0.52, 512: 0.524}}
 SEED_SHIFT = {0: 0.0, 1: 0.016}
 
 
@@ -52,8 +54,17 @@ def _branch_sweep(tmp_path):
     trunks, sweep, length = tmp_path / "trunks", tmp_path / "branches", 2048
     for seed in (0, 1):
         # The trunk: B_simple 100 + samples/100 at every 512 samples; val_acc rising.
-        records = [{"samples_seen": s, "step": s // 32, "noise/grad_sq_raw": 2.0, "noise/trace_sigma_raw": 200 + s / 50,
-                    "val_acc": 0.1 + s / 10_000, "val_loss": 2.0} for s in range(0, 8193, 512)]
+        records = [
+            {
+                "samples_seen": s,
+                "step": s // 32,
+                "noise/grad_sq_raw": 2.0,
+                "noise/trace_sigma_raw": 200 + s / 50,
+                "val_acc": 0.1 + s / 10_000,
+                "val_loss": 2.0,
+            }
+            for s in range(0, 8193, 512)
+        ]
         _write_run(trunks / f"{seed}_seed={seed}", {"status": "completed", "seed": seed}, records)
     job = 0
     for at, by_batch in LOSSES.items():
@@ -63,11 +74,21 @@ def _branch_sweep(tmp_path):
                 # evaluated at the start, half-way and at the end: the half-way loss is 3x the final's
                 # for batches above 64, so the half-length critical batch is 64 wherever it can be
                 half = final * (3 if batch > 64 else 1)
-                records = [{"samples_seen": at, "val_loss": 9.0}, {"samples_seen": at + length // 2, "val_loss": half},
-                           {"samples_seen": at + length, "val_loss": final}]
-                summary = {"status": "completed", "seed": seed,
-                           "branch": {"at_samples": at, "batch": batch, "samples": length,
-                                      "trunk": str(trunks / f"{seed}_seed={seed}")}}
+                records = [
+                    {"samples_seen": at, "val_loss": 9.0},
+                    {"samples_seen": at + length // 2, "val_loss": half},
+                    {"samples_seen": at + length, "val_loss": final},
+                ]
+                summary = {
+                    "status": "completed",
+                    "seed": seed,
+                    "branch": {
+                        "at_samples": at,
+                        "batch": batch,
+                        "samples": length,
+                        "trunk": str(trunks / f"{seed}_seed={seed}"),
+                    },
+                }
                 _write_run(sweep / f"{job}_b", summary, records)
                 job += 1
     return sweep
@@ -106,18 +127,24 @@ def test_b_crit_comes_from_the_fixed_sweeps_steps_to_the_trunks_accuracy(tmp_pat
 
 def test_the_report_command_refuses_a_directory_without_branches_in_one_line(tmp_path):
     (tmp_path / "empty").mkdir()
-    for args, key in ((["empty"], "sweep=empty"), (["missing"], "sweep=missing"),
-                      (["empty", "--epsilon", "0"], "--epsilon=0.0")):
-        out = subprocess.run([sys.executable, "-m", "bsexp.report.critical", *args], cwd=tmp_path,
-                             capture_output=True, text=True)
+    for args, key in (
+        (["empty"], "sweep=empty"),
+        (["missing"], "sweep=missing"),
+        (["empty", "--epsilon", "0"], "--epsilon=0.0"),
+    ):
+        out = subprocess.run(
+            [sys.executable, "-m", "bsexp.report.critical", *args], cwd=tmp_path, capture_output=True, text=True
+        )
         assert out.returncode == 2 and key in out.stderr, out.stderr
         assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
 
 
 def test_b_simple_over_a_window_is_the_ratio_of_the_averages_or_unresolved_where_the_signal_is_not_positive():
-    records = [{"samples_seen": 0, "noise/grad_sq_raw": 1.0, "noise/trace_sigma_raw": 100.0},
-               {"samples_seen": 10, "noise/grad_sq_raw": 3.0, "noise/trace_sigma_raw": 500.0},
-               {"samples_seen": 20, "noise/grad_sq_raw": -5.0, "noise/trace_sigma_raw": 100.0}]
+    records = [
+        {"samples_seen": 0, "noise/grad_sq_raw": 1.0, "noise/trace_sigma_raw": 100.0},
+        {"samples_seen": 10, "noise/grad_sq_raw": 3.0, "noise/trace_sigma_raw": 500.0},
+        {"samples_seen": 20, "noise/grad_sq_raw": -5.0, "noise/trace_sigma_raw": 100.0},
+    ]
     assert window_b_simple(records, 0, 10) == (pytest.approx(300 / 2), "")  # not the mean of 100 and 166.7
     value, why = window_b_simple(records, 0, 20)
     assert value is None and "unresolved" in why  # |G|² averages -1/3

@@ -9,10 +9,18 @@ from bsexp.errors import ConfigError
 from bsexp.runtime import resolve_device
 
 
-@pytest.mark.parametrize("choice, local_rank, gpus, device", [
-    ("auto", 0, 0, "cpu"), ("cpu", 0, 4, "cpu"), ("cpu", 3, 0, "cpu"),
-    ("auto", 0, 1, "cuda:0"), ("cuda", 0, 1, "cuda:0"), ("auto", 2, 4, "cuda:2"), ("cuda", 3, 4, "cuda:3"),
-])
+@pytest.mark.parametrize(
+    "choice, local_rank, gpus, device",
+    [
+        ("auto", 0, 0, "cpu"),
+        ("cpu", 0, 4, "cpu"),
+        ("cpu", 3, 0, "cpu"),
+        ("auto", 0, 1, "cuda:0"),
+        ("cuda", 0, 1, "cuda:0"),
+        ("auto", 2, 4, "cuda:2"),
+        ("cuda", 3, 4, "cuda:3"),
+    ],
+)
 def test_a_gpu_always_comes_with_its_index(choice, local_rank, gpus, device):
     resolved = resolve_device(choice, local_rank, cuda_devices=gpus)
     assert resolved == torch.device(device)
@@ -37,15 +45,18 @@ def test_more_self_launched_ranks_than_gpus_is_one_line_before_any_worker_starts
     cfg = make_cfg("distributed=ddp", "distributed.nproc_per_node=3", f"device={device}")
     with pytest.raises(ConfigError) as info:
         check_gpus(cfg, count=2)
-    assert str(info.value) == ("distributed.nproc_per_node=3: 2 GPUs visible and each rank needs its own; valid: at "
-                               "most 2, or device=cpu to run the ranks on the CPU")
+    assert str(info.value) == (
+        "distributed.nproc_per_node=3: 2 GPUs visible and each rank needs its own; valid: at "
+        "most 2, or device=cpu to run the ranks on the CPU"
+    )
     check_gpus(cfg, count=3)  # one each: fine
     check_gpus(make_cfg("distributed=ddp", "distributed.nproc_per_node=3", "device=cpu"), count=2)
 
 
 def test_torchruns_ranks_on_a_node_are_counted_against_its_gpus(make_cfg, monkeypatch):
-    for name, value in dict(TORCHELASTIC_RUN_ID="x", RANK="0", LOCAL_RANK="0", WORLD_SIZE="4",
-                            LOCAL_WORLD_SIZE="2").items():
+    for name, value in dict(
+        TORCHELASTIC_RUN_ID="x", RANK="0", LOCAL_RANK="0", WORLD_SIZE="4", LOCAL_WORLD_SIZE="2"
+    ).items():
         monkeypatch.setenv(name, value)
     cfg = make_cfg("distributed=ddp")
     with pytest.raises(ConfigError) as info:

@@ -49,11 +49,16 @@ def test_group_options_do_not_repeat_their_schemas_defaults():
         if group in ("experiment", "hydra"):
             continue
         node = yaml.safe_load(path.read_text()) or {}
-        [schema_name] = [d.split("@")[0].strip("/").removeprefix("schema_") for d in node.get("defaults", [])
-                         if isinstance(d, str) and d.startswith("/schema_")]
+        [schema_name] = [
+            d.split("@")[0].strip("/").removeprefix("schema_")
+            for d in node.get("defaults", [])
+            if isinstance(d, str) and d.startswith("/schema_")
+        ]
         cls = by_name[schema_name]
-        defaults = {f.name: (f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
-                    for f in dataclasses.fields(cls)}
+        defaults = {
+            f.name: (f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
+            for f in dataclasses.fields(cls)
+        }
         for key, value in node.items():
             if key != "defaults" and key in defaults and str(defaults[key]) == str(value):
                 repeated.append(f"{path.relative_to(CONF)}: {key}")
@@ -68,9 +73,11 @@ def test_the_config_is_shipped_inside_the_package():
 def test_the_pure_modules_do_not_import_torch():
     # The batch math, the policies, the config and its checks are read, and run, without torch:
     # a bad config is refused in a second, and the unit tier stays fast.
-    code = ("import sys; import bsexp.batch.plan, bsexp.batch.schedule, bsexp.batch.scaling, bsexp.batch.policy, "
-            "bsexp.batch.finder.search, bsexp.config.schema, bsexp.config.checks, bsexp.config.env, bsexp.preflight, "
-            "bsexp.report.analysis; print('torch' in sys.modules)")
+    code = (
+        "import sys; import bsexp.batch.plan, bsexp.batch.schedule, bsexp.batch.scaling, bsexp.batch.policy, "
+        "bsexp.batch.finder.search, bsexp.config.schema, bsexp.config.checks, bsexp.config.env, bsexp.preflight, "
+        "bsexp.report.analysis; print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"

@@ -1,6 +1,5 @@
 """The gradient noise scale's estimates (McCandlish et al. 2018, App. A.1) on known moments."""
 
-
 import pytest
 import torch
 
@@ -11,10 +10,24 @@ pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
 
 # Logistic regression (no hidden layer) on overlapping Gaussian classes, with an LR so small that
 # the parameters stay put: the exact |G|^2 and tr(Sigma) at those parameters are the target.
-LOGISTIC = ["data=synthetic", "data.shape=[1,8]", "data.num_classes=4", "data.noise=3.0", "data.num_samples=8100",
-            "data.val_size=100", "model=mlp", "model.hidden=[]", "optimizer.lr=1e-9", "optimizer.weight_decay=0",
-            "optimizer.momentum=0", "schedule.warmup_shape=none", "schedule.main=constant", "trainer.progress=false",
-            "trainer.eval_every_steps=1000", "epochs=10"]
+LOGISTIC = [
+    "data=synthetic",
+    "data.shape=[1,8]",
+    "data.num_classes=4",
+    "data.noise=3.0",
+    "data.num_samples=8100",
+    "data.val_size=100",
+    "model=mlp",
+    "model.hidden=[]",
+    "optimizer.lr=1e-9",
+    "optimizer.weight_decay=0",
+    "optimizer.momentum=0",
+    "schedule.warmup_shape=none",
+    "schedule.main=constant",
+    "trainer.progress=false",
+    "trainer.eval_every_steps=1000",
+    "epochs=10",
+]
 
 
 def test_the_estimates_are_unbiased_on_known_moments():

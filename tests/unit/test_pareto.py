@@ -14,8 +14,10 @@ def job(sweep, n, overrides, batch, curve, rate=1000.0):
     d = sweep / f"{n}_{n}"
     (d / ".hydra").mkdir(parents=True)
     (d / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
-    records = [{"step": 10 * (i + 1), "samples_seen": 10 * (i + 1) * batch, "val_acc": acc, "samples_per_s": rate}
-               for i, acc in enumerate(curve)]
+    records = [
+        {"step": 10 * (i + 1), "samples_seen": 10 * (i + 1) * batch, "val_acc": acc, "samples_per_s": rate}
+        for i, acc in enumerate(curve)
+    ]
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     (d / "summary.json").write_text(json.dumps({"status": "completed", "batch_size": batch, "val_acc": curve[-1]}))
 
@@ -26,12 +28,22 @@ def test_the_target_the_tuned_baseline_and_the_goal_verdict_hold_the_known_numbe
     for lr, finals in (("0.1", (0.95, 0.97)), ("0.05", (0.90, 0.90))):  # lr 0.1 is batch 64's tuned LR
         for seed, final in enumerate(finals):
             curve = [0.5] * 9 + [0.95] + [final] * 5  # reaches 0.95 at step 100
-            job(fixed, n, ["experiment/adaptive_vs_fixed=fixed", "batch.size=64", f"optimizer.lr={lr}",
-                           f"seed={seed}"], 64, curve)
+            job(
+                fixed,
+                n,
+                ["experiment/adaptive_vs_fixed=fixed", "batch.size=64", f"optimizer.lr={lr}", f"seed={seed}"],
+                64,
+                curve,
+            )
             n += 1
     for seed in (0, 1):  # batch 256 never reaches the target
-        job(fixed, n, ["experiment/adaptive_vs_fixed=fixed", "batch.size=256", "optimizer.lr=0.1", f"seed={seed}"],
-            256, [0.5, 0.93, 0.93])
+        job(
+            fixed,
+            n,
+            ["experiment/adaptive_vs_fixed=fixed", "batch.size=256", "optimizer.lr=0.1", f"seed={seed}"],
+            256,
+            [0.5, 0.93, 0.93],
+        )
         n += 1
     n = 0
     arms = {  # each arm's val_acc curve on seeds 0 and 1, and its batch
@@ -56,8 +68,13 @@ def test_the_target_the_tuned_baseline_and_the_goal_verdict_hold_the_known_numbe
     assert float(rows["adaptive_noise"]["to_target_samples"]) == pytest.approx(60 * 32)
     assert rows["fixed 64"]["to_target_seconds"] == "6.4"  # 6,400 samples at 1,000 a second
     verdicts = {line[2:].split(":")[0]: line.rsplit(")", 1)[1] for line in md.splitlines() if line.startswith("- ")}
-    assert verdicts == {"adaptive_noise": " met.", "slower": " not met.", "hungrier": " not met.",
-                        "falls_back": " not met.", "lucky": " not met."}
+    assert verdicts == {
+        "adaptive_noise": " met.",
+        "slower": " not met.",
+        "hungrier": " not met.",
+        "falls_back": " not met.",
+        "lucky": " not met.",
+    }
     assert "- adaptive_noise: 0.60 x its steps, 0.30 x its samples" in md
     assert "- slower: 0.80 x its steps" in md and "- hungrier: 0.60 x its steps, 1.20 x its samples" in md
     assert (tmp_path / "out" / "pareto.png").stat().st_size > 10_000
@@ -67,13 +84,23 @@ def test_a_fixed_batch_that_reaches_the_target_on_one_seed_only_is_not_the_basel
     fixed, others = tmp_path / "fixed", tmp_path / "arms"
     n = 0
     for seed in (0, 1, 2):  # batch 64 reaches 0.95 at step 100 on every seed
-        job(fixed, n, ["experiment/adaptive_vs_fixed=fixed", "batch.size=64", "optimizer.lr=0.1", f"seed={seed}"], 64,
-            [0.5] * 9 + [0.96] * 3)
+        job(
+            fixed,
+            n,
+            ["experiment/adaptive_vs_fixed=fixed", "batch.size=64", "optimizer.lr=0.1", f"seed={seed}"],
+            64,
+            [0.5] * 9 + [0.96] * 3,
+        )
         n += 1
     for seed in (0, 1, 2):  # batch 512 reaches it at step 20 on seed 0 only
         curve = [0.5, 0.96, 0.96] if seed == 0 else [0.5, 0.9, 0.9]
-        job(fixed, n, ["experiment/adaptive_vs_fixed=fixed", "batch.size=512", "optimizer.lr=0.1", f"seed={seed}"],
-            512, curve)
+        job(
+            fixed,
+            n,
+            ["experiment/adaptive_vs_fixed=fixed", "batch.size=512", "optimizer.lr=0.1", f"seed={seed}"],
+            512,
+            curve,
+        )
         n += 1
     for seed in (0, 1, 2):  # the arm: step 60 on every seed
         job(others, seed, ["experiment/adaptive_vs_fixed=adaptive_noise", f"seed={seed}"], 32, [0.5] * 5 + [0.96] * 3)
@@ -86,14 +113,27 @@ def test_a_fixed_batch_that_reaches_the_target_on_one_seed_only_is_not_the_basel
 def test_an_arm_run_at_several_lrs_is_one_row_at_its_best_lr(tmp_path):
     fixed, others = tmp_path / "fixed", tmp_path / "arms"
     for seed in (0, 1):  # batch 64 reaches 0.95 at step 100 on every seed
-        job(fixed, seed, ["experiment/adaptive_vs_fixed=fixed", "batch.size=64", "optimizer.lr=0.1", f"seed={seed}"],
-            64, [0.5] * 9 + [0.96] * 3)
+        job(
+            fixed,
+            seed,
+            ["experiment/adaptive_vs_fixed=fixed", "batch.size=64", "optimizer.lr=0.1", f"seed={seed}"],
+            64,
+            [0.5] * 9 + [0.96] * 3,
+        )
     n = 0
-    for lr, curve in (("0.02", [0.5] * 9 + [0.955] * 3), ("0.05", [0.5] * 5 + [0.97] * 3),
-                      ("0.2", [0.5, 0.96, 0.94])):  # 0.05 ends best, neither the lowest LR nor the highest
+    for lr, curve in (
+        ("0.02", [0.5] * 9 + [0.955] * 3),
+        ("0.05", [0.5] * 5 + [0.97] * 3),
+        ("0.2", [0.5, 0.96, 0.94]),
+    ):  # 0.05 ends best, neither the lowest LR nor the highest
         for seed in (0, 1):
-            job(others, n, ["experiment/adaptive_vs_fixed=adaptive_noise", f"optimizer.lr={lr}", f"seed={seed}"], 32,
-                curve)
+            job(
+                others,
+                n,
+                ["experiment/adaptive_vs_fixed=adaptive_noise", f"optimizer.lr={lr}", f"seed={seed}"],
+                32,
+                curve,
+            )
             n += 1
     assert main([str(others), str(fixed), "--out", str(tmp_path / "out")]) == 0
     rows = list(__import__("csv").DictReader((tmp_path / "out" / "pareto.csv").open()))
@@ -107,14 +147,25 @@ def staged(sweep, n, batch, seed, stages, setting="", first=50):
     the first), evaluated every step from step `first` to 20 steps past the last stage."""
     d = sweep / f"{n}_{n}"
     (d / ".hydra").mkdir(parents=True)
-    (d / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(
-        ["experiment/adaptive_vs_fixed=fixed", f"batch.size={batch}", "optimizer.lr=0.1", f"seed={seed}",
-         *([setting] if setting else [])]))
-    records = [{"step": t, "samples_seen": t * batch, "val_acc": max([a for at, a in stages if t >= at], default=0.2)}
-               for t in range(first, stages[-1][0] + 20)]
+    (d / ".hydra" / "overrides.yaml").write_text(
+        yaml.safe_dump(
+            [
+                "experiment/adaptive_vs_fixed=fixed",
+                f"batch.size={batch}",
+                "optimizer.lr=0.1",
+                f"seed={seed}",
+                *([setting] if setting else []),
+            ]
+        )
+    )
+    records = [
+        {"step": t, "samples_seen": t * batch, "val_acc": max([a for at, a in stages if t >= at], default=0.2)}
+        for t in range(first, stages[-1][0] + 20)
+    ]
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    (d / "summary.json").write_text(json.dumps({"status": "completed", "batch_size": batch,
-                                                "val_acc": records[-1]["val_acc"]}))
+    (d / "summary.json").write_text(
+        json.dumps({"status": "completed", "batch_size": batch, "val_acc": records[-1]["val_acc"]})
+    )
 
 
 def model_stages(batch, noise=(10, 10, 200)):
@@ -175,13 +226,28 @@ def test_no_bound_where_the_fit_at_the_target_itself_fails(tmp_path):
 def test_an_arm_run_at_several_settings_is_one_row_per_setting_and_shared_overrides_name_no_row(tmp_path):
     fixed, others = tmp_path / "fixed", tmp_path / "arms"
     for seed in (0, 1):  # batch 64 reaches 0.95 at step 100 on every seed
-        job(fixed, seed, ["data=digits", "experiment/adaptive_vs_fixed=fixed", "batch.size=64", "optimizer.lr=0.1",
-                          f"seed={seed}"], 64, [0.5] * 9 + [0.96] * 3)
+        job(
+            fixed,
+            seed,
+            ["data=digits", "experiment/adaptive_vs_fixed=fixed", "batch.size=64", "optimizer.lr=0.1", f"seed={seed}"],
+            64,
+            [0.5] * 9 + [0.96] * 3,
+        )
     n = 0
     for setting, curve in ((None, [0.5] * 5 + [0.97] * 3), ("batch.adaptive.c=0.5", [0.5] * 7 + [0.96] * 3)):
         for seed in (0, 1):
-            job(others, n, ["data=digits", "experiment/adaptive_vs_fixed=adaptive_noise", *([setting] if setting else []),
-                            f"seed={seed}"], 32, curve)
+            job(
+                others,
+                n,
+                [
+                    "data=digits",
+                    "experiment/adaptive_vs_fixed=adaptive_noise",
+                    *([setting] if setting else []),
+                    f"seed={seed}",
+                ],
+                32,
+                curve,
+            )
             n += 1
     assert main([str(others), str(fixed), "--out", str(tmp_path / "out")]) == 0
     rows = {r["arm"]: r for r in __import__("csv").DictReader((tmp_path / "out" / "pareto.csv").open())}
@@ -194,8 +260,13 @@ def test_an_arm_run_at_several_settings_is_one_row_per_setting_and_shared_overri
 def test_each_verdict_says_how_much_it_moves_when_the_seeds_are_drawn_again(tmp_path):
     fixed, others = tmp_path / "fixed", tmp_path / "arms"
     for seed in (0, 1):  # the baseline: batch 64 reaches 0.95 at step 100 on both seeds, 6,400 samples
-        job(fixed, seed, ["experiment/adaptive_vs_fixed=fixed", "batch.size=64", "optimizer.lr=0.1", f"seed={seed}"],
-            64, [0.5] * 9 + [0.96] * 3)
+        job(
+            fixed,
+            seed,
+            ["experiment/adaptive_vs_fixed=fixed", "batch.size=64", "optimizer.lr=0.1", f"seed={seed}"],
+            64,
+            [0.5] * 9 + [0.96] * 3,
+        )
     arms = {  # each arm's val_acc curve on seeds 0 and 1, batch 32 (step 10 i: 320 i samples)
         "steady": ([0.5] * 5 + [0.96] * 3,) * 2,  # step 60 on both seeds: 0.6 x in every draw
         "spread": ([0.5] * 3 + [0.96] * 3, [0.5] * 7 + [0.96] * 3),  # steps 40 and 80: 0.4 / 0.6 / 0.8 x
@@ -209,8 +280,10 @@ def test_each_verdict_says_how_much_it_moves_when_the_seeds_are_drawn_again(tmp_
     assert main([str(others), str(fixed), "--out", str(tmp_path / "out")]) == 0
     lines = (tmp_path / "out" / "pareto.md").read_text().splitlines()
     spread = {lines[i - 1][2:].split(":")[0]: line for i, line in enumerate(lines) if line.startswith("  - ")}
-    assert "0.60-0.60 x the steps, 0.30-0.30 x the samples; steps and samples within the goal's in 100 % of " \
-           "the draws, the whole goal in 100 %" in spread["steady"]
+    assert (
+        "0.60-0.60 x the steps, 0.30-0.30 x the samples; steps and samples within the goal's in 100 % of "
+        "the draws, the whole goal in 100 %" in spread["steady"]
+    )
     # both seeds at 40 (a quarter of the draws), both at 80 (a quarter): the 5th and 95th percentiles;
     # the goal (<= 0.7 x) fails only where both drawn seeds took 80 steps
     efficient, held = (float(spread["spread"].split(key, 1)[1].split(" %")[0]) for key in ("goal's in ", "goal in "))

@@ -121,8 +121,9 @@ def test_the_default_target_is_reached_by_every_point_within_the_first_half_of_i
     for point in (p for r in rows for p in r.done):
         assert reach(point, "val_acc", target.value).samples <= TARGET_BY * point.final_samples
     # ... and it is the highest such target: a little higher, some point needs more than half its samples.
-    assert any(reach(p, "val_acc", target.value + 1e-3).samples > TARGET_BY * p.final_samples
-               for r in rows for p in r.done)
+    assert any(
+        reach(p, "val_acc", target.value + 1e-3).samples > TARGET_BY * p.final_samples for r in rows for p in r.done
+    )
     # The lowest final accuracy of any batch, the old target, is one the slowest batch reaches only at its end.
     lowest_best = min(max(rec["val_acc"] for rec in p.records) for r in rows for p in r.done)
     assert lowest_best > target.value
@@ -149,7 +150,7 @@ def test_the_breaking_point_is_the_first_batch_above_the_best_outside_the_tolera
     rows = rows_with_means({b: [m - 0.003, m, m + 0.003] for b, m in means.items()})
     found = breaking_point(rows, "val_acc")
     assert found.best.batch == 32 and found.row.batch == 128 and found.held.batch == 64
-    se = math.sqrt(2 * 0.003 ** 2 / 3)  # both rows' spread: the standard error of the difference
+    se = math.sqrt(2 * 0.003**2 / 3)  # both rows' spread: the standard error of the difference
     assert found.tolerance == pytest.approx(TOLERANCE_SE * se)
 
 
@@ -172,7 +173,7 @@ def test_no_breaking_point_within_the_swept_range_and_none_judged_without_spread
 
 def test_a_row_of_one_seed_borrows_the_other_rows_spread():
     one, three = rows_with_means({32: [0.9], 64: [0.85, 0.89, 0.93]})
-    assert difference_se(one, three, "val_acc") == pytest.approx(math.sqrt(0.04 ** 2 / 1 + 0.04 ** 2 / 3))
+    assert difference_se(one, three, "val_acc") == pytest.approx(math.sqrt(0.04**2 / 1 + 0.04**2 / 3))
 
 
 # ----------------------------------------------------------------------------- rows, chance, noise (item 10)
@@ -183,12 +184,20 @@ def test_rows_at_chance_level_did_not_train_with_the_classes_summary_json_gives(
     assert [r.did_not_train("val_acc") for r in rows] == [False, True]  # mnist1d: 10 classes
     hundred = rows_of([synthetic_run(64, 0, 1, lambda s: 0.12, num_classes=100)])
     assert hundred[0].chance == pytest.approx(0.01) and not hundred[0].did_not_train("val_acc")
-    configured = Point("0", (), (), {"data": {"_target_": "bsexp.data.synthetic", "num_classes": 4}},
-                       {"status": "completed", "data": "synthetic"}, (), "completed")
+    configured = Point(
+        "0",
+        (),
+        (),
+        {"data": {"_target_": "bsexp.data.synthetic", "num_classes": 4}},
+        {"status": "completed", "data": "synthetic"},
+        (),
+        "completed",
+    )
     assert configured.num_classes == 4
     # A row that did not train is left out of the fit, and the fit says so.
-    critical = critical_batch(rows_of(known_b_crit_runs(batches=(64, 128, 256, 512))
-                                      + [synthetic_run(1024, 0, 60, lambda s: 0.1)]), "val_acc")
+    critical = critical_batch(
+        rows_of(known_b_crit_runs(batches=(64, 128, 256, 512)) + [synthetic_run(1024, 0, 60, lambda s: 0.1)]), "val_acc"
+    )
     assert "batch 1024: did not train" in critical.left_out and 1024 not in critical.batches
 
 
@@ -199,16 +208,25 @@ def test_a_sweep_of_the_batch_alone_has_no_configuration_column_and_names_the_da
     assert analysis.labels.epochs == (20.0,) and analysis.labels.seeds == (0, 1)
     assert analysis.labels.seeds_per_row == (2, 2)
     mixed = points(known_b_crit_runs(batches=(64, 128), epochs=2))
-    mixed[0] = Point(mixed[0].name, ("batch.size=64", "model.norm=group"), mixed[0].overrides, {},
-                     mixed[0].summary, mixed[0].records, "completed")
+    mixed[0] = Point(
+        mixed[0].name,
+        ("batch.size=64", "model.norm=group"),
+        mixed[0].overrides,
+        {},
+        mixed[0].summary,
+        mixed[0].records,
+        "completed",
+    )
     assert analyse(mixed).varies_configuration
 
 
 def test_the_noise_scale_says_why_it_is_absent_and_is_the_mean_where_measured():
     fixed = analyse(points(known_b_crit_runs(batches=(64, 128), epochs=2)))
     assert fixed.noise.b_simple is None and "no two batch sizes" in fixed.noise.absent
-    off = [Point(p.name, p.setting, p.overrides, {"trainer": {"noise_scale": "off"}}, p.summary, p.records, p.status)
-           for p in fixed.points]
+    off = [
+        Point(p.name, p.setting, p.overrides, {"trainer": {"noise_scale": "off"}}, p.summary, p.records, p.status)
+        for p in fixed.points
+    ]
     assert "trainer.noise_scale=off" in analyse(off).noise.absent
     measured = [synthetic_run(64, s, 2, lambda st: 0.5, noise_b_simple_mean=v) for s, v in ((0, 300.0), (1, 500.0))]
     assert analyse(points(measured)).noise.b_simple == pytest.approx(400.0)

@@ -100,12 +100,15 @@ def test_a_one_step_run_uses_the_start_of_its_schedule():
     assert LRSchedule(total=1, warmup=3, start_factor=0.25, main="cosine")(0) == 0.25
 
 
-@pytest.mark.parametrize("multiplier, warmup_steps, warned", [
-    (26.0, 2, True),     # the default finder batch before its cap: x26 in 2 steps of warmup
-    (26.0, 24, True),    # 24 steps raise the LR by more than the reference LR in each
-    (26.0, 25, False),   # 25 steps of one reference LR each reach x26
-    (1.0, 0, False),     # at the reference batch there is nothing to carry
-])
+@pytest.mark.parametrize(
+    "multiplier, warmup_steps, warned",
+    [
+        (26.0, 2, True),  # the default finder batch before its cap: x26 in 2 steps of warmup
+        (26.0, 24, True),  # 24 steps raise the LR by more than the reference LR in each
+        (26.0, 25, False),  # 25 steps of one reference LR each reach x26
+        (1.0, 0, False),  # at the reference batch there is nothing to carry
+    ],
+)
 def test_an_lr_scaled_past_what_the_warmup_can_carry_is_cautioned(multiplier, warmup_steps, warned):
     found = scaling.cautions(multiplier, "linear", warmup_steps, total_steps=1000, steps_per_epoch=100)
     carry = [what for key, what in found if key == "schedule.warmup" and "lengthen it" in what]

@@ -46,8 +46,10 @@ def test_a_batch_the_run_chose_never_ends_an_epoch_with_a_step_of_a_few_samples(
         taken, sizes = run.epoch_taken(epoch), run.epoch(epoch)
         assert sum(taken) == 3500 and all(t > s / 2 for t, s in zip(taken, sizes))
     assert run.epoch_taken(1)[-2:] == (221, 220)  # 441 left after 7 x 437: shared, not 437 + 4
-    dropped = [BatchSchedule(32, kind="by_step", step_points=changes, balance_tail=balance).run_steps(
-        3, 3500, drop_last=True) for balance in (True, False)]
+    dropped = [
+        BatchSchedule(32, kind="by_step", step_points=changes, balance_tail=balance).run_steps(3, 3500, drop_last=True)
+        for balance in (True, False)
+    ]
     assert dropped[0] == dropped[1]  # with drop_last the short step is dropped: nothing to share
 
 
@@ -76,15 +78,21 @@ def test_a_factor_that_makes_a_fractional_batch_is_refused(make_cfg):
 
 @pytest.mark.parametrize("points, key", [("[[0,32],[2,3]]", "batch.schedule"), ("[[1,32]]", "batch.schedule.points")])
 def test_a_schedule_below_what_the_ranks_need_is_refused(make_cfg, points, key):
-    cfg = make_cfg("batch=scheduled", "batch.schedule.kind=list", f"batch.schedule.points={points}",
-                   "distributed=ddp", "distributed.nproc_per_node=2")
+    cfg = make_cfg(
+        "batch=scheduled",
+        "batch.schedule.kind=list",
+        f"batch.schedule.points={points}",
+        "distributed=ddp",
+        "distributed.nproc_per_node=2",
+    )
     with pytest.raises(ConfigError) as info:
         check(cfg)
     assert info.value.key == key
 
 
-@pytest.mark.parametrize("rule, expected", [("linear", [1, 1, 5, 5, 25]), ("sqrt", [1, 1, math.sqrt(5), math.sqrt(5), 5]),
-                                            ("none", [1] * 5)])
+@pytest.mark.parametrize(
+    "rule, expected", [("linear", [1, 1, 5, 5, 25]), ("sqrt", [1, 1, math.sqrt(5), math.sqrt(5), 5]), ("none", [1] * 5)]
+)
 def test_the_lr_follows_the_batch_through_the_rule(rule, expected):
     sizes = (32, 32, 160, 160, 800)
     assert lr_coupling(sizes, 64, rule, True, 0) == pytest.approx(expected)  # relative to the first step

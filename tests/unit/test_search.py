@@ -108,8 +108,11 @@ def test_every_search_returns_a_size_it_tried_that_fit_and_never_more_than_max_s
         boundary, max_size = rng.randint(10, 20_000), rng.randint(10, 30_000)
         attempt, tried, budget = oracle(boundary, per_sample=rng.uniform(1e3, 1e6), noise_below=rng.choice([0, 100]))
         searcher = Searcher(attempt, rng.randint(3, 14), max_size)
-        found = {"power": lambda s=searcher: s.power(8), "binsearch": lambda s=searcher: s.binsearch(8),
-                 "fit": lambda s=searcher, b=budget: s.fit(8, b)}[mode]()
+        found = {
+            "power": lambda s=searcher: s.power(8),
+            "binsearch": lambda s=searcher: s.binsearch(8),
+            "fit": lambda s=searcher, b=budget: s.fit(8, b),
+        }[mode]()
         assert all(size <= max_size for size in tried)
         assert found is None or (found in tried and found <= min(boundary, max_size))
 
@@ -126,8 +129,13 @@ def test_predict_size_on_the_line_through_two_measurements():
 
 
 def test_throughput_choice_is_the_smallest_size_near_the_best_rate():
-    attempts = [Attempt(64, True, 1, 900.0), Attempt(128, True, 1, 980.0), Attempt(256, True, 1, 1000.0),
-                Attempt(512, True, 1, 1001.0), Attempt(1024, False)]
+    attempts = [
+        Attempt(64, True, 1, 900.0),
+        Attempt(128, True, 1, 980.0),
+        Attempt(256, True, 1, 1000.0),
+        Attempt(512, True, 1, 1001.0),
+        Attempt(1024, False),
+    ]
     assert throughput_choice(attempts, 0.05) == 128
     assert throughput_choice(attempts, 0.0) == 512
 
@@ -186,8 +194,15 @@ def test_the_memory_breakdown_fits_its_line_through_sizes_far_apart():
     def trial(size: int, noise_mb: float = 0.0, probe: bool = False) -> Trial:
         return Trial(size, True, backward_peak_mb=3.0 + 0.5 * size + noise_mb, probe=probe)
 
-    trials = [trial(8, probe=True), trial(32, probe=True), trial(128, probe=True), trial(512, probe=True),
-              trial(1256, noise_mb=4.0), trial(1260, noise_mb=-3.0), Trial(1270, False)]
+    trials = [
+        trial(8, probe=True),
+        trial(32, probe=True),
+        trial(128, probe=True),
+        trial(512, probe=True),
+        trial(1256, noise_mb=4.0),
+        trial(1260, noise_mb=-3.0),
+        Trial(1270, False),
+    ]
     per_sample, at_zero = peak_line(trials)
     assert per_sample == pytest.approx(0.5, rel=0.02) and at_zero == pytest.approx(3.0, abs=3.0)
 
@@ -313,7 +328,7 @@ def test_a_pass_a_step_below_a_failure_settles_the_edge():
     attempt, tried, budget = oracle(5_000)
     found = Searcher(attempt, 12, 100_000).fit(8, budget * 1.004)
     failure = next(size for size in tried if size > 5_000)
-    assert tried[tried.index(failure) + 1:] == [found] and 0.99 * 5_000 <= found <= 5_000, tried
+    assert tried[tried.index(failure) + 1 :] == [found] and 0.99 * 5_000 <= found <= 5_000, tried
 
 
 def test_fits_probe_past_a_rising_slope_goes_at_least_half_the_chords_way():

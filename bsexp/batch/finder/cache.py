@@ -23,19 +23,25 @@ def cache_key(cfg: DictConfig, world: World, splits: Splits, keep_size: int | No
     parts = {
         # The answer depends on the global batch kept (its micro-batch must divide it) and on the
         # largest size asked for, besides what decides the memory.
-        "keep_size": keep_size, "largest": largest,
+        "keep_size": keep_size,
+        "largest": largest,
         "model": OmegaConf.to_container(cfg.model, resolve=True, enum_to_str=True),
         "optimizer": OmegaConf.to_container(cfg.optimizer, resolve=True, enum_to_str=True),
         "finder": OmegaConf.to_container(cfg.batch.finder, resolve=True, enum_to_str=True),
-        "input_shape": list(splits.input_shape), "classes": splits.num_classes,
-        "train": len(splits.train), "precision": str(cfg.precision), "world": world.size,
+        "input_shape": list(splits.input_shape),
+        "classes": splits.num_classes,
+        "train": len(splits.train),
+        "precision": str(cfg.precision),
+        "world": world.size,
         # A limit of the machine's own varies with what else runs; the machine identifies it.
         "limit": cfg.batch.finder.memory_limit_gb or f"auto:{memory.total_memory()}",
         "device": torch.cuda.get_device_name(world.device) if world.device.type == "cuda" else "cpu",
-        "eval_batch_size": cfg.trainer.eval_batch_size, "sync_batchnorm": cfg.distributed.sync_batchnorm,
+        "eval_batch_size": cfg.trainer.eval_batch_size,
+        "sync_batchnorm": cfg.distributed.sync_batchnorm,
         # What training's oneDNN kernel cache will keep, left out of the trials' room since
         # version 2 (answers stored before left no room for it).
-        "kernel_cache": os.environ.get(CACHE_CAPACITY), "version": 3,
+        "kernel_cache": os.environ.get(CACHE_CAPACITY),
+        "version": 3,
     }
     parts["finder"].pop("cache", None)
     parts["finder"].pop("cache_dir", None)

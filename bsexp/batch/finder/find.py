@@ -36,8 +36,15 @@ def memory_limit(cfg: DictConfig, device: torch.device) -> int:
     return memory.held() + memory.available_memory()
 
 
-def find_plan(cfg: DictConfig, world: World, splits: Splits, model: torch.nn.Module,
-              limit_bytes: int | None = None, keep_size: int | None = None, largest: int | None = None) -> FinderResult:
+def find_plan(
+    cfg: DictConfig,
+    world: World,
+    splits: Splits,
+    model: torch.nn.Module,
+    limit_bytes: int | None = None,
+    keep_size: int | None = None,
+    largest: int | None = None,
+) -> FinderResult:
     """Search, agree over the ranks, and turn the chosen micro-batch into a plan: for
     `keep_size` (a global batch kept through accumulation), else the found size x ranks.
     `largest` caps the micro-batches tried (besides batch.finder.max_size and the data)."""
@@ -53,50 +60,72 @@ def find_plan(cfg: DictConfig, world: World, splits: Splits, model: torch.nn.Mod
     if largest is not None:
         bounds["the largest scheduled batch per rank"] = largest
     if keep_size is None and largest is None and node.data_fraction is not None:
-        bounds[f"batch.finder.data_fraction={node.data_fraction:g} of {n_train:,} training samples"] = \
-            max(MIN_MICRO, math.floor(node.data_fraction * n_train / world.size))
+        bounds[f"batch.finder.data_fraction={node.data_fraction:g} of {n_train:,} training samples"] = max(
+            MIN_MICRO, math.floor(node.data_fraction * n_train / world.size)
+        )
     bound_by, max_size = min(bounds.items(), key=lambda item: item[1])
     key = cache_key(cfg, world, splits, keep_size, largest)
     cached = cache_load(cfg, key)
     if cached is not None:
         trials = [Trial(**t) for t in cached["trials"]]
-        result = _result(cfg, world, trials, cached["micro_size"], limit, cached["budget_mb"], keep_size, True,
-                         (max_size, bound_by))
+        result = _result(
+            cfg, world, trials, cached["micro_size"], limit, cached["budget_mb"], keep_size, True, (max_size, bound_by)
+        )
         result.memory = cached.get("memory", {})  # a JSON file's contents (entries cached before there was one)
         log.info("finder: micro-batch %d from the cache (%s)", result.micro_size, node.cache_dir)
         return result
     started = time.perf_counter()
     with preserved_rng():
-        prober = (InProcessProber(cfg, splits, model, world, limit) if world.device.type == "cuda"
-                  else ChildProber(cfg, splits, limit, world.distributed))
+        prober = (
+            InProcessProber(cfg, splits, model, world, limit)
+            if world.device.type == "cuda"
+            else ChildProber(cfg, splits, limit, world.distributed)
+        )
         try:
             # The smallest budget of any rank (a max of negatives).
-            budget = -world.all_reduce(torch.tensor([-float(prober.budget_bytes)], device=world.device), op="max").item()
+            budget = -world.all_reduce(
+                torch.tensor([-float(prober.budget_bytes)], device=world.device), op="max"
+            ).item()
             trials: dict[int, Trial] = {}
 
             def attempt(size: int, probe: bool = False) -> Attempt:
                 trial = _agree(world, prober.attempt(size, probe=probe))
                 trials[size] = trial  # a size probed, then tried in full: the full trial
-                log.info("finder: micro-batch %d %s%s", size, "fits" if trial.ok else f"does not fit ({trial.failed_in})",
-                         " (probe: one step)" if probe else "")
+                log.info(
+                    "finder: micro-batch %d %s%s",
+                    size,
+                    "fits" if trial.ok else f"does not fit ({trial.failed_in})",
+                    " (probe: one step)" if probe else "",
+                )
                 return trial.attempt()
 
             searcher = Searcher(attempt, node.max_trials, int(max_size), probe=lambda size: attempt(size, probe=True))
-            best = {"power": lambda: searcher.power(node.init), "binsearch": lambda: searcher.binsearch(node.init),
-                    "fit": lambda: searcher.fit(node.init, budget)}[str(node.mode)]()
+            best = {
+                "power": lambda: searcher.power(node.init),
+                "binsearch": lambda: searcher.binsearch(node.init),
+                "fit": lambda: searcher.fit(node.init, budget),
+            }[str(node.mode)]()
             if best is None:
                 seen = trials[min(trials)]
-                raise ConfigError("batch.finder.init", node.init,
-                                  f"even {min(trials)} samples do not fit in {limit / memory.GIB:.2f} GB "
-                                  f"({budget / memory.MIB:,.0f} MB above the model, data and optimizer state; out of "
-                                  f"memory in {seen.failed_in}); try precision=bf16, a smaller model or "
-                                  f"trainer.eval_batch_size, or batch=accumulation with a small batch.micro_size")
+                raise ConfigError(
+                    "batch.finder.init",
+                    node.init,
+                    f"even {min(trials)} samples do not fit in {limit / memory.GIB:.2f} GB "
+                    f"({budget / memory.MIB:,.0f} MB above the model, data and optimizer state; out of "
+                    f"memory in {seen.failed_in}); try precision=bf16, a smaller model or "
+                    f"trainer.eval_batch_size, or batch=accumulation with a small batch.micro_size",
+                )
             evaluation = prober.evaluation()  # checked now only where no trial as large passed
-            if world.all_reduce(torch.tensor([float(not evaluation["eval_fits"])], device=world.device), op="max").item():
-                raise ConfigError("trainer.eval_batch_size", cfg.trainer.eval_batch_size,
-                                  f"the evaluation pass ({evaluation['eval_size']:,} samples a batch) does not fit in "
-                                  f"{limit / memory.GIB:.2f} GB beside the model and its optimizer state, though "
-                                  f"training steps of {best:,} samples do; lower trainer.eval_batch_size")
+            if world.all_reduce(
+                torch.tensor([float(not evaluation["eval_fits"])], device=world.device), op="max"
+            ).item():
+                raise ConfigError(
+                    "trainer.eval_batch_size",
+                    cfg.trainer.eval_batch_size,
+                    f"the evaluation pass ({evaluation['eval_size']:,} samples a batch) does not fit in "
+                    f"{limit / memory.GIB:.2f} GB beside the model and its optimizer state, though "
+                    f"training steps of {best:,} samples do; lower trainer.eval_batch_size",
+                )
             # The margin: headroom below the largest size that fit, for what trials cannot show
             # (fragmentation over a long run, a busier process).
             chosen = max(MIN_MICRO, math.floor(best * (1 - node.margin)))
@@ -116,18 +145,33 @@ def find_plan(cfg: DictConfig, world: World, splits: Splits, model: torch.nn.Mod
             # not tried again (a confirmation cost a large trial and could only pass).
         finally:
             prober.close()
-        result = _result(cfg, world, list(trials.values()), chosen, limit, budget / memory.MIB, keep_size, False,
-                         (max_size, bound_by))
+        result = _result(
+            cfg,
+            world,
+            list(trials.values()),
+            chosen,
+            limit,
+            budget / memory.MIB,
+            keep_size,
+            False,
+            (max_size, bound_by),
+        )
         result.seconds = time.perf_counter() - started
         result.memory = memory_breakdown({**prober.model_memory, **evaluation}, result.trials)
         result.startup = prober.startup
         if checkpointed:
             result.checkpointing = plain_comparison
         result.loader_samples_per_s = _loader_rate(splits, cfg, result.plan, world)
-    if result.loader_samples_per_s and result.step_samples_per_s and result.loader_samples_per_s < result.step_samples_per_s:
-        result.note += (f" The input pipeline ({result.loader_samples_per_s:,.0f} samples/s) is slower than the "
-                        f"training step ({result.step_samples_per_s:,.0f} samples/s): data loading, not memory, "
-                        f"bounds this run.")
+    if (
+        result.loader_samples_per_s
+        and result.step_samples_per_s
+        and result.loader_samples_per_s < result.step_samples_per_s
+    ):
+        result.note += (
+            f" The input pipeline ({result.loader_samples_per_s:,.0f} samples/s) is slower than the "
+            f"training step ({result.step_samples_per_s:,.0f} samples/s): data loading, not memory, "
+            f"bounds this run."
+        )
     if world.is_main:
         cache_store(cfg, key, result)
     return result
@@ -149,9 +193,11 @@ def _compare_plain(world: World, prober, trials: list[Trial], best: int, budget:
     line = peak_line(trials)
     at_zero = line[1] if line is not None else 0.0  # what the checkpointed step holds at no samples
     plain_per_sample = (plain.growing_peak_mb - at_zero) / same.size
-    out.update(slowdown_per_sample=plain.samples_per_s / same.samples_per_s, plain_per_sample_mb=plain_per_sample,
-               plain_size_estimate=int((budget / memory.MIB - at_zero) / plain_per_sample) if plain_per_sample > 0
-               else None)
+    out.update(
+        slowdown_per_sample=plain.samples_per_s / same.samples_per_s,
+        plain_per_sample_mb=plain_per_sample,
+        plain_size_estimate=int((budget / memory.MIB - at_zero) / plain_per_sample) if plain_per_sample > 0 else None,
+    )
     return out
 
 
@@ -160,38 +206,86 @@ def _agree(world: World, trial: Trial) -> Trial:
     speed the slowest rank's (times the ranks: the global rate)."""
     if not world.distributed:
         return trial
-    values = torch.tensor([float(not trial.ok), trial.peak_mb or 0.0, trial.reserved_mb or 0.0,
-                           -(trial.samples_per_s or 0.0), trial.seconds], dtype=torch.float64, device=world.device)
+    values = torch.tensor(
+        [
+            float(not trial.ok),
+            trial.peak_mb or 0.0,
+            trial.reserved_mb or 0.0,
+            -(trial.samples_per_s or 0.0),
+            trial.seconds,
+        ],
+        dtype=torch.float64,
+        device=world.device,
+    )
     failed, peak, reserved, neg_rate, seconds = world.all_reduce(values, op="max").tolist()
     phases = ["", "train", "killed"]
     code = world.all_reduce(torch.tensor([float(phases.index(trial.failed_in or ""))], device=world.device), op="max")
     rate = -neg_rate * world.size if not failed else None
     failed_in = (phases[int(code.item())] or None) if failed else None
-    train_peak = world.all_reduce(torch.tensor([trial.train_peak_mb or 0.0], dtype=torch.float64,
-                                               device=world.device), op="max").item()
-    backward_peak = world.all_reduce(torch.tensor([trial.backward_peak_mb or 0.0], dtype=torch.float64,
-                                                  device=world.device), op="max").item()
-    return replace(trial, ok=not failed, failed_in=failed_in, peak_mb=peak, reserved_mb=reserved, seconds=seconds,
-                   samples_per_s=rate, train_peak_mb=train_peak or None, mapped_peak_mb=None, room_mb=None,
-                   backward_peak_mb=backward_peak or None)
+    train_peak = world.all_reduce(
+        torch.tensor([trial.train_peak_mb or 0.0], dtype=torch.float64, device=world.device), op="max"
+    ).item()
+    backward_peak = world.all_reduce(
+        torch.tensor([trial.backward_peak_mb or 0.0], dtype=torch.float64, device=world.device), op="max"
+    ).item()
+    return replace(
+        trial,
+        ok=not failed,
+        failed_in=failed_in,
+        peak_mb=peak,
+        reserved_mb=reserved,
+        seconds=seconds,
+        samples_per_s=rate,
+        train_peak_mb=train_peak or None,
+        mapped_peak_mb=None,
+        room_mb=None,
+        backward_peak_mb=backward_peak or None,
+    )
     # (Each rank's address space is its own: the search, which must choose the same sizes on every
     # rank, then fits the agreed resident peaks.)
 
 
-def _result(cfg: DictConfig, world: World, trials: list[Trial], micro: int, limit: int, budget_mb: float,
-            keep_size: int | None, cached: bool, bound: tuple[int, str]) -> FinderResult:
+def _result(
+    cfg: DictConfig,
+    world: World,
+    trials: list[Trial],
+    micro: int,
+    limit: int,
+    budget_mb: float,
+    keep_size: int | None,
+    cached: bool,
+    bound: tuple[int, str],
+) -> FinderResult:
     node = cfg.batch.finder
-    plan = (make_plan(micro * world.size, world.size) if keep_size is None
-            else make_plan(keep_size, world.size, micro_size=micro))
+    plan = (
+        make_plan(micro * world.size, world.size)
+        if keep_size is None
+        else make_plan(keep_size, world.size, micro_size=micro)
+    )
     # The speed of the nearest size that passed at or above the chosen one (it is rarely tried itself).
     chosen = min((t for t in trials if t.ok and t.size >= micro), key=lambda t: t.size, default=None)
     note = ""
     if str(node.objective) == "throughput":
-        note = (f"Throughput objective: the smallest size within {100 * node.throughput_tolerance:.0f} % of the "
-                f"best measured samples/s, not the largest that fits.")
-    return FinderResult(str(node.mode), str(node.objective), limit / memory.GIB, node.margin, budget_mb,
-                        trials, micro, plan, note, step_samples_per_s=chosen.samples_per_s if chosen else None,
-                        cached=cached, world_size=world.size, max_size=bound[0], max_size_by=bound[1])
+        note = (
+            f"Throughput objective: the smallest size within {100 * node.throughput_tolerance:.0f} % of the "
+            f"best measured samples/s, not the largest that fits."
+        )
+    return FinderResult(
+        str(node.mode),
+        str(node.objective),
+        limit / memory.GIB,
+        node.margin,
+        budget_mb,
+        trials,
+        micro,
+        plan,
+        note,
+        step_samples_per_s=chosen.samples_per_s if chosen else None,
+        cached=cached,
+        world_size=world.size,
+        max_size=bound[0],
+        max_size_by=bound[1],
+    )
 
 
 def _loader_rate(splits: Splits, cfg: DictConfig, plan: BatchPlan, world: World, seconds: float = 1.0) -> float | None:

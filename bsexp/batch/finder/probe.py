@@ -65,9 +65,19 @@ class ChildProber:
         self.kernels: dict | None = None
         self._kernels_conn, child = self.context.Pipe()
         self._kernels_process = self.context.Process(
-            target=_serve, daemon=True,
-            args=(child, _kernel_cache, cfg, data, distributed, torch.get_num_threads(), os.environ.get(CACHE_CAPACITY),
-                  limit_bytes - parent_held))
+            target=_serve,
+            daemon=True,
+            args=(
+                child,
+                _kernel_cache,
+                cfg,
+                data,
+                distributed,
+                torch.get_num_threads(),
+                os.environ.get(CACHE_CAPACITY),
+                limit_bytes - parent_held,
+            ),
+        )
         self._kernels_process.start()
         child.close()
         self._start()
@@ -89,8 +99,10 @@ class ChildProber:
                 self._kernels_process.join(timeout=30)
                 self._kernels_conn.close()
                 if self.kernels["state_bytes"] is None:
-                    log.warning("finder: the step that measures oneDNN's kernel cache did not fit under the "
-                                "limit; the trials' room leaves nothing for the kernels training will keep")
+                    log.warning(
+                        "finder: the step that measures oneDNN's kernel cache did not fit under the "
+                        "limit; the trials' room leaves nothing for the kernels training will keep"
+                    )
             with contextlib.suppress(BrokenPipeError, OSError):  # died building the model: said next
                 self.conn.send(("go", None))
             startup, self.model_memory = self._receive("ready")
@@ -103,8 +115,11 @@ class ChildProber:
         except BaseException:
             self.close()
             raise
-        self.model_memory = {**self.model_memory, "kernel_cache_train_bytes": train_kernels,
-                             "kernel_cache_eval_bytes": self.kernels["eval_bytes"]}
+        self.model_memory = {
+            **self.model_memory,
+            "kernel_cache_train_bytes": train_kernels,
+            "kernel_cache_eval_bytes": self.kernels["eval_bytes"],
+        }
         # What the child did not time itself: forking from the server (or waiting for it to finish
         # importing torch and bsexp) and building the optimizer.
         if self.startup is None:  # the first start is the one reported
@@ -131,9 +146,15 @@ class ChildProber:
             # it: failing far sooner than a larger one did means this process, not the size, is
             # at fault (once, a ResNet-18 search saw every trial below a failure fail in 2 ms,
             # and then the evaluation check). A fresh process tries the size again.
-            log.warning("finder: micro-batch %d failed after %.3f s, far sooner than %d did in the same probe "
-                        "process (%.2f s): trying it again in a fresh one (%s)", size, trial.seconds, sooner.size,
-                        sooner.seconds, trial.error)
+            log.warning(
+                "finder: micro-batch %d failed after %.3f s, far sooner than %d did in the same probe "
+                "process (%.2f s): trying it again in a fresh one (%s)",
+                size,
+                trial.seconds,
+                sooner.size,
+                sooner.seconds,
+                trial.error,
+            )
             self._restart()
             return self.attempt(size, plain, probe)  # a fresh process has no failures to be sooner than
         self.failures.append(trial)
@@ -141,8 +162,11 @@ class ChildProber:
             # When the cap refuses a large mapping, glibc falls back to its heap, which a small
             # block left on top can keep from shrinking: memory stranded that no later trial would
             # have. A fresh probe process starts clean.
-            log.info("finder: %.0f MB stranded after the failure at %d; restarting the probe process",
-                     trial.reserved_mb, size)
+            log.info(
+                "finder: %.0f MB stranded after the failure at %d; restarting the probe process",
+                trial.reserved_mb,
+                size,
+            )
             self._restart()
             trial.room_mb = None  # the room it left is not the fresh process's
         return trial
@@ -215,8 +239,9 @@ def _serve(conn, work, *args) -> None:
     os._exit(0)
 
 
-def _trials(conn, cfg: DictConfig, data: TrialData, limit_bytes: int, parent_held: int, distributed: bool,
-            threads: int) -> None:
+def _trials(
+    conn, cfg: DictConfig, data: TrialData, limit_bytes: int, parent_held: int, distributed: bool, threads: int
+) -> None:
     """The probe process: the run's model and first step, then trials as the parent asks."""
     started = time.perf_counter()
     model, group = _model(cfg, data, distributed, threads)
@@ -235,8 +260,11 @@ def _trials(conn, cfg: DictConfig, data: TrialData, limit_bytes: int, parent_hel
     # this process's.
     budget = limit_bytes - parent_held - runner.state_bytes - kernel_bytes
     if budget <= 0:
-        raise ConfigError("batch.finder.memory_limit_gb", round(limit_bytes / memory.GIB, 3),
-                          str(memory.CapBelowUse(parent_held + runner.state_bytes + kernel_bytes, limit_bytes)))
+        raise ConfigError(
+            "batch.finder.memory_limit_gb",
+            round(limit_bytes / memory.GIB, 3),
+            str(memory.CapBelowUse(parent_held + runner.state_bytes + kernel_bytes, limit_bytes)),
+        )
     memory.cap_room(budget)
     gc.freeze()  # the model and optimizer too (_serve froze what was imported)
     conn.send(("capped", budget))
@@ -250,8 +278,9 @@ def _trials(conn, cfg: DictConfig, data: TrialData, limit_bytes: int, parent_hel
         conn.send(("trial", runner.run(size, plain=kind == "plain", probe=kind == "probe")))
 
 
-def _kernel_cache(conn, cfg: DictConfig, data: TrialData, distributed: bool, threads: int,
-                  capacity: str | None, room_bytes: int) -> None:
+def _kernel_cache(
+    conn, cfg: DictConfig, data: TrialData, distributed: bool, threads: int, capacity: str | None, room_bytes: int
+) -> None:
     """What the first training step leaves mapped and what an evaluation forward adds
     (TrialRunner.eval_kernel_bytes), with oneDNN's kernel cache as the training process has it:
     on unless the user's environment set its capacity. Capped like the probe process (the room
@@ -309,8 +338,14 @@ class InProcessProber:
         if world.distributed:  # every rank in a group of its own: an OOM on one cannot hang the others
             group, _ = dist.new_subgroups(group_size=1)
         cap_device_memory(device, limit_bytes)
-        self.runner = TrialRunner(cfg, TrialData.of(splits, cfg.trainer.eval_batch_size), device, copy.deepcopy(model),
-                                  world.distributed, group)
+        self.runner = TrialRunner(
+            cfg,
+            TrialData.of(splits, cfg.trainer.eval_batch_size),
+            device,
+            copy.deepcopy(model),
+            world.distributed,
+            group,
+        )
         self.budget_bytes = limit_bytes - torch.cuda.memory_allocated(device)
         self.startup = {"first_step_s": self.runner.first_step_s}
         self.model_memory = self.runner.model_memory()

@@ -36,8 +36,15 @@ class Trial:
         """What the search sees: the training step's peak, and on CPU the address space (what the
         cap limits) at the peak where measured and the room the cap left."""
         mib = lambda v: None if v is None else v * memory.MIB  # noqa: E731
-        return Attempt(self.size, self.ok, mib(self.growing_peak_mb), self.samples_per_s, mib(self.room_mb),
-                       mib(self.mapped_peak_mb), verified=not self.probe)
+        return Attempt(
+            self.size,
+            self.ok,
+            mib(self.growing_peak_mb),
+            self.samples_per_s,
+            mib(self.room_mb),
+            mib(self.mapped_peak_mb),
+            verified=not self.probe,
+        )
 
     @property
     def growing_peak_mb(self) -> float | None:
@@ -70,53 +77,93 @@ class FinderResult:
 
     def summary(self) -> dict[str, Any]:
         """The short form for summary.json (finder.json holds every trial)."""
-        keys = ("mode", "objective", "limit_gb", "margin", "budget_mb", "micro_size", "note",
-                "loader_samples_per_s", "step_samples_per_s", "cached", "seconds", "noise_b_simple", "max_size",
-                "max_size_by")
-        return {**{k: getattr(self, k) for k in keys}, **self.memory, **self.startup, **self.checkpointing,
-                "trials": len(self.trials),
-                "batch_size": self.plan.size, "accum_steps": self.plan.accum_steps}
+        keys = (
+            "mode",
+            "objective",
+            "limit_gb",
+            "margin",
+            "budget_mb",
+            "micro_size",
+            "note",
+            "loader_samples_per_s",
+            "step_samples_per_s",
+            "cached",
+            "seconds",
+            "noise_b_simple",
+            "max_size",
+            "max_size_by",
+        )
+        return {
+            **{k: getattr(self, k) for k in keys},
+            **self.memory,
+            **self.startup,
+            **self.checkpointing,
+            "trials": len(self.trials),
+            "batch_size": self.plan.size,
+            "accum_steps": self.plan.accum_steps,
+        }
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.summary(), "memory": self.memory, "startup": self.startup, "plan": asdict(self.plan),
-                "trials": [asdict(t) for t in self.trials]}
+        return {
+            **self.summary(),
+            "memory": self.memory,
+            "startup": self.startup,
+            "plan": asdict(self.plan),
+            "trials": [asdict(t) for t in self.trials],
+        }
 
     def table(self) -> str:
-        lines = [f"finder ({self.mode}, objective {self.objective}, limit {self.limit_gb:.2f} GB, margin "
-                 f"{100 * self.margin:.0f} %, budget above baseline {self.budget_mb:,.0f} MB, "
-                 f"{self.seconds:.1f} s{', from cache' if self.cached else ''}):",
-                 f"  {'size':>6}  {'result':<10}  {'peak MB':>9}  {'reserved MB':>11}  {'retries':>7}  "
-                 f"{'seconds':>7}  {'samples/s':>9}  fwd/bwd/opt s"]
+        lines = [
+            f"finder ({self.mode}, objective {self.objective}, limit {self.limit_gb:.2f} GB, margin "
+            f"{100 * self.margin:.0f} %, budget above baseline {self.budget_mb:,.0f} MB, "
+            f"{self.seconds:.1f} s{', from cache' if self.cached else ''}):",
+            f"  {'size':>6}  {'result':<10}  {'peak MB':>9}  {'reserved MB':>11}  {'retries':>7}  "
+            f"{'seconds':>7}  {'samples/s':>9}  fwd/bwd/opt s",
+        ]
         for t in sorted(self.trials, key=lambda t: t.size):
             result = ("ok (probe)" if t.probe else "ok") if t.ok else f"OOM ({t.failed_in})"
             fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
             parts = "/".join(fmt(v, ".2f") for v in (t.forward_s, t.backward_s, t.optimizer_s))
-            lines.append(f"  {t.size:>6}  {result:<10}  {fmt(t.peak_mb, '9,.1f')}  {fmt(t.reserved_mb, '11,.1f')}  "
-                         f"{fmt(t.alloc_retries, '7d')}  {t.seconds:7.2f}  {fmt(t.samples_per_s, '9,.0f')}  {parts}")
+            lines.append(
+                f"  {t.size:>6}  {result:<10}  {fmt(t.peak_mb, '9,.1f')}  {fmt(t.reserved_mb, '11,.1f')}  "
+                f"{fmt(t.alloc_retries, '7d')}  {t.seconds:7.2f}  {fmt(t.samples_per_s, '9,.0f')}  {parts}"
+            )
         if self.memory:
             lines.append("  " + memory_line(self.memory))
             m = self.memory
             if m.get("eval_shown_by"):
-                lines.append(f"  evaluation ({m['eval_size']:,} samples a batch): no check needed, the trial at "
-                             f"{m['eval_shown_by']:,} passed and a forward without gradients holds less")
+                lines.append(
+                    f"  evaluation ({m['eval_size']:,} samples a batch): no check needed, the trial at "
+                    f"{m['eval_shown_by']:,} passed and a forward without gradients holds less"
+                )
             elif m.get("eval_peak_mb") is not None:
-                lines.append(f"  evaluation ({m['eval_size']:,} samples a batch): checked, peak {m['eval_peak_mb']:,.1f} MB")
+                lines.append(
+                    f"  evaluation ({m['eval_size']:,} samples a batch): checked, peak {m['eval_peak_mb']:,.1f} MB"
+                )
         c = self.checkpointing
         if c.get("slowdown_per_sample"):
-            lines.append(f"  activation checkpointing: {c['checkpointing_found']:,} fit with it, about "
-                         f"{c['plain_size_estimate'] or 0:,} without ({c['plain_per_sample_mb']:.3f} MB a sample without "
-                         f"it); {c['slowdown_per_sample']:.2f} x the seconds per sample (both at "
-                         f"{c['checkpointing_compared_at']:,})")
+            lines.append(
+                f"  activation checkpointing: {c['checkpointing_found']:,} fit with it, about "
+                f"{c['plain_size_estimate'] or 0:,} without ({c['plain_per_sample_mb']:.3f} MB a sample without "
+                f"it); {c['slowdown_per_sample']:.2f} x the seconds per sample (both at "
+                f"{c['checkpointing_compared_at']:,})"
+            )
         elif c:
-            lines.append(f"  activation checkpointing: {c['checkpointing_found']:,} fit with it; without it "
-                         f"{c['checkpointing_compared_at']:,} did not")
+            lines.append(
+                f"  activation checkpointing: {c['checkpointing_found']:,} fit with it; without it "
+                f"{c['checkpointing_compared_at']:,} did not"
+            )
         if self.startup:
-            lines.append("  before the first trial: " + ", ".join(f"{k[:-2].replace('_', ' ')} {v:.1f} s"
-                                                               for k, v in self.startup.items()))
+            lines.append(
+                "  before the first trial: "
+                + ", ".join(f"{k[:-2].replace('_', ' ')} {v:.1f} s" for k, v in self.startup.items())
+            )
         if self.max_size is not None:
             lines.append(f"  sizes considered up to {self.max_size:,} per rank, set by {self.max_size_by}")
-        lines.append(f"  chosen: micro-batch {self.micro_size} -> batch {self.plan.size} = {self.plan.micro_size} "
-                     f"x {self.plan.accum_steps} x {self.plan.world_size}. {self.note}".rstrip())
+        lines.append(
+            f"  chosen: micro-batch {self.micro_size} -> batch {self.plan.size} = {self.plan.micro_size} "
+            f"x {self.plan.accum_steps} x {self.plan.world_size}. {self.note}".rstrip()
+        )
         return "\n".join(lines)
 
 
@@ -136,15 +183,25 @@ def memory_breakdown(model: dict[str, Any], trials: list[Trial]) -> dict[str, An
     if slots == 1 and not model["momentum"]:
         slots = 0
     analytic = None if slots is None else param_mb * (2 + slots)
-    out = {"params": model["params"], "optimizer": model["optimizer"], "param_mb": param_mb,
-           "analytic_bytes_per_param": None if slots is None else 4 * (2 + slots),
-           "optimizer_state_mb": state_mb, "fixed_mb": None, "fixed_analytic_mb": analytic,
-           "fixed_vs_analytic": None, "per_sample_mb": None, "eval_peak_mb": model.get("eval_peak_mb"),
-           "eval_size": model.get("eval_size"), "eval_shown_by": model.get("eval_shown_by"),
-           # CPU: what oneDNN's kernel cache will keep in the training process, left out of the
-           # trials' room (bsexp.batch.finder.probe.ChildProber)
-           "kernel_cache_mb": None if "kernel_cache_train_bytes" not in model else
-           (model["kernel_cache_train_bytes"] + model["kernel_cache_eval_bytes"]) / mib}
+    out = {
+        "params": model["params"],
+        "optimizer": model["optimizer"],
+        "param_mb": param_mb,
+        "analytic_bytes_per_param": None if slots is None else 4 * (2 + slots),
+        "optimizer_state_mb": state_mb,
+        "fixed_mb": None,
+        "fixed_analytic_mb": analytic,
+        "fixed_vs_analytic": None,
+        "per_sample_mb": None,
+        "eval_peak_mb": model.get("eval_peak_mb"),
+        "eval_size": model.get("eval_size"),
+        "eval_shown_by": model.get("eval_shown_by"),
+        # CPU: what oneDNN's kernel cache will keep in the training process, left out of the
+        # trials' room (bsexp.batch.finder.probe.ChildProber)
+        "kernel_cache_mb": None
+        if "kernel_cache_train_bytes" not in model
+        else (model["kernel_cache_train_bytes"] + model["kernel_cache_eval_bytes"]) / mib,
+    }
     line = peak_line(trials)
     if line is not None:
         per_sample, at_zero = line
@@ -152,8 +209,7 @@ def memory_breakdown(model: dict[str, Any], trials: list[Trial]) -> dict[str, An
         # behind (the optimizer's state), the line's value at no samples is what a step holds
         # whatever the batch (gradients, the optimizer's temporaries).
         fixed = param_mb + model["first_step_bytes"] / mib + at_zero
-        out.update(per_sample_mb=per_sample, fixed_mb=fixed,
-                   fixed_vs_analytic=fixed / analytic if analytic else None)
+        out.update(per_sample_mb=per_sample, fixed_mb=fixed, fixed_vs_analytic=fixed / analytic if analytic else None)
     return out
 
 
@@ -163,8 +219,9 @@ def peak_line(trials: list[Trial]) -> tuple[float, float] | None:
     it (else the next largest): sizes far apart, so that a few MB of noise in a peak move the
     slope little (the two largest passes of a settled search lie a percent apart: the conv net's
     at 1,256 and 1,260 samples gave -0.26 MB a sample); None with fewer than two passes."""
-    points = sorted((a for a in (t.attempt() for t in trials) if a.ok and a.peak_bytes is not None),
-                    key=lambda a: a.size)
+    points = sorted(
+        (a for a in (t.attempt() for t in trials) if a.ok and a.peak_bytes is not None), key=lambda a: a.size
+    )
     if len(points) < 2:
         return None
     top = points[-1]
@@ -176,12 +233,20 @@ def peak_line(trials: list[Trial]) -> tuple[float, float] | None:
 def memory_line(m: dict[str, Any]) -> str:
     """One line of the trial table: measured beside analytic."""
     fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
-    analytic = ("no estimate for this optimizer" if m["fixed_analytic_mb"] is None else
-                f"analytic {m['fixed_analytic_mb']:,.1f} MB from {m['params']:,} parameters x "
-                f"{m['analytic_bytes_per_param']} B ({m['optimizer']})")
+    analytic = (
+        "no estimate for this optimizer"
+        if m["fixed_analytic_mb"] is None
+        else f"analytic {m['fixed_analytic_mb']:,.1f} MB from {m['params']:,} parameters x "
+        f"{m['analytic_bytes_per_param']} B ({m['optimizer']})"
+    )
     ratio = "" if m["fixed_vs_analytic"] is None else f", measured/analytic {m['fixed_vs_analytic']:.2f}"
-    return (f"memory: fixed {fmt(m['fixed_mb'], ',.1f')} MB measured (params, grads, optimizer state "
-            f"{m['optimizer_state_mb']:,.1f} MB, step overhead) vs {analytic}{ratio}; "
-            f"per sample {fmt(m['per_sample_mb'], ',.3f')} MB (activations)"
-            + ("" if m.get("kernel_cache_mb") is None else
-               f"; oneDNN's kernel cache {m['kernel_cache_mb']:,.1f} MB, left out of the trials' room"))
+    return (
+        f"memory: fixed {fmt(m['fixed_mb'], ',.1f')} MB measured (params, grads, optimizer state "
+        f"{m['optimizer_state_mb']:,.1f} MB, step overhead) vs {analytic}{ratio}; "
+        f"per sample {fmt(m['per_sample_mb'], ',.3f')} MB (activations)"
+        + (
+            ""
+            if m.get("kernel_cache_mb") is None
+            else f"; oneDNN's kernel cache {m['kernel_cache_mb']:,.1f} MB, left out of the trials' room"
+        )
+    )

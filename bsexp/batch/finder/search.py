@@ -62,8 +62,13 @@ class Searcher:
     peak as well but proves less where it passes (one training step instead of several); fit's
     small probes use it, and a search never returns a size only a probe passed."""
 
-    def __init__(self, attempt: Callable[[int], Attempt], max_trials: int, max_size: int,
-                 probe: Callable[[int], Attempt] | None = None) -> None:
+    def __init__(
+        self,
+        attempt: Callable[[int], Attempt],
+        max_trials: int,
+        max_size: int,
+        probe: Callable[[int], Attempt] | None = None,
+    ) -> None:
         self._attempt, self._probe, self.max_size = attempt, probe or attempt, max_size
         self.budget = Budget(max_trials, {})
 
@@ -152,8 +157,12 @@ class Searcher:
         # probes already lie on one line (fixed costs no longer hide the per-sample cost: an
         # MLP's small activations sit in the allocator's heap until a few hundred samples) and
         # it puts the next probe there, go to the edge instead.
-        while (large.ok and large.size < self.max_size and self.budget.left > 2
-               and (large.peak_bytes or 0) - (small.peak_bytes or 0) < GROWN * budget_bytes):
+        while (
+            large.ok
+            and large.size < self.max_size
+            and self.budget.left > 2
+            and (large.peak_bytes or 0) - (small.peak_bytes or 0) < GROWN * budget_bytes
+        ):
             guess = _fit(self.budget.attempts.values(), budget_bytes)
             if guess is not None and 4 * large.size > guess / 4 and _straight(self.budget.attempts.values()):
                 break
@@ -168,8 +177,9 @@ class Searcher:
             # at a new size most of a full trial's cost, the first step mapping the new memory;
             # the bench's MLP at 0.8 GB, 2,860 probed in 0.7 s, then 3,106 in full in 1.4 s,
             # against two full trials.)
-            large = self.attempt(_rising_edge(self.budget.attempts.values(), large, predicted, budget_bytes,
-                                              self.max_size), probe=True)
+            large = self.attempt(
+                _rising_edge(self.budget.attempts.values(), large, predicted, budget_bytes, self.max_size), probe=True
+            )
             predicted, shorted = _fit(self.budget.attempts.values(), budget_bytes), True
         settle = tolerance  # how far short of its line's edge a pass may settle
         if not large.ok:  # the edge lies below the last probe: the line's guess, else the middle
@@ -210,16 +220,26 @@ class Searcher:
             # largest pass (and below the smallest failure); else step from the side just tried,
             # never beyond the middle of the bracket.
             guess = _fit(self.budget.attempts.values(), budget_bytes)
-            if (passed and size == low and guess is not None and guess < math.ceil(low * (1 + settle))
-                    and self.budget.attempts[size].room_bytes is not None):
+            if (
+                passed
+                and size == low
+                and guess is not None
+                and guess < math.ceil(low * (1 + settle))
+                and self.budget.attempts[size].room_bytes is not None
+            ):
                 # The line through this pass leaves no room for a size a step larger (or, where
                 # fit aimed below the line, one more than the aim larger), under the room the cap
                 # measurably leaves (CPU): settled. Where the room is the budget's estimate
                 # (CUDA), a step up shows it.
                 return
             top = self.max_size + 1 if high is None else high
-            if (guess is not None and low is not None and low < guess < top and guess not in self.budget.attempts
-                    and (passed or guess <= _step_below(high, step))):  # a failure's guess moves a step
+            if (
+                guess is not None
+                and low is not None
+                and low < guess < top
+                and guess not in self.budget.attempts
+                and (passed or guess <= _step_below(high, step))
+            ):  # a failure's guess moves a step
                 size, step = guess, tolerance
             elif passed:
                 size = min(math.ceil(low * (1 + step)), self.max_size if high is None else (low + high) // 2)
@@ -234,7 +254,9 @@ def _still_rising(attempts, large: Attempt, predicted: int | None) -> bool:
     """Whether the line's edge lies past the last probe `large` and the probes' slope still
     rises there (the last per-sample cost more than STRAIGHT above the one before)."""
     rising = _rising(attempts)
-    return large.ok and predicted is not None and predicted > large.size and rising is not None and rising > 1 + STRAIGHT
+    return (
+        large.ok and predicted is not None and predicted > large.size and rising is not None and rising > 1 + STRAIGHT
+    )
 
 
 def _rising_edge(attempts, large: Attempt, predicted: int, budget_bytes: float, max_size: int) -> int:

@@ -17,8 +17,15 @@ import signal
 # (an optimizer's first parameter group imports it, ~1 s), and what the entry point imports
 # (Hydra's, ~0.25 s): multiprocessing runs the entry point again in every child as `__mp_main__`.
 # Not the entry point itself: runpy warns when the module it runs was imported already.
-PRELOAD = ["bsexp.batch.finder.probe", "torch._dynamo", "hydra.main", "hydra.core.hydra_config", "bsexp.config.env",
-           "bsexp.resume", "bsexp.sweep"]
+PRELOAD = [
+    "bsexp.batch.finder.probe",
+    "torch._dynamo",
+    "hydra.main",
+    "hydra.core.hydra_config",
+    "bsexp.config.env",
+    "bsexp.resume",
+    "bsexp.sweep",
+]
 
 CACHE_CAPACITY = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"  # kernels oneDNN keeps (1,024 unless set; 0: none)
 

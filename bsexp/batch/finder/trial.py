@@ -44,9 +44,15 @@ class TrialData:
     def of(cls, splits: Splits, eval_batch_size: int) -> TrialData:
         x, y = _cached_batch(splits.train, CACHED_BATCH)
         augment = splits.augment if isinstance(splits.train, TensorSplit) else None
-        return cls(x.cpu(), y.cpu(), augment, splits.train.black if augment is not None else 0.0,
-                   min(eval_batch_size, max(len(splits.val), len(splits.train_eval))), splits.input_shape,
-                   splits.num_classes)
+        return cls(
+            x.cpu(),
+            y.cpu(),
+            augment,
+            splits.train.black if augment is not None else 0.0,
+            min(eval_batch_size, max(len(splits.val), len(splits.train_eval))),
+            splits.input_shape,
+            splits.num_classes,
+        )
 
 
 class TrialRunner:
@@ -54,8 +60,16 @@ class TrialRunner:
     `distributed`: whether the run trains on several ranks; the trial then runs in a world of its
     own (`process_group`, one rank) with the same modules and gradient reduction."""
 
-    def __init__(self, cfg: DictConfig, data: TrialData, device: torch.device, model: torch.nn.Module,
-                 distributed: bool = False, process_group=None, first_size: int = MIN_MICRO) -> None:
+    def __init__(
+        self,
+        cfg: DictConfig,
+        data: TrialData,
+        device: torch.device,
+        model: torch.nn.Module,
+        distributed: bool = False,
+        process_group=None,
+        first_size: int = MIN_MICRO,
+    ) -> None:
         self.cfg, self.device = cfg, device
         self.steps = cfg.batch.finder.steps_per_trial
         self.eval_size = data.eval_size
@@ -100,12 +114,20 @@ class TrialRunner:
         """What the model holds whatever the batch: its parameters and the optimizer's state, as
         tensors (exact), and the resident memory the first step added (measured)."""
         params = list(self.step.net.parameters())
-        state = [v for s in self.step.optimizer.state.values() for v in s.values()
-                 if isinstance(v, torch.Tensor) and v.numel() > 1]  # moments, not step counters
-        return {"params": sum(p.numel() for p in params), "param_bytes": sum(p.numel() * p.element_size() for p in params),
-                "state_bytes": sum(v.numel() * v.element_size() for v in state), "first_step_bytes": self.state_bytes,
-                "optimizer": type(self.step.optimizer).__name__,
-                "momentum": any(g.get("momentum", 0) for g in self.step.optimizer.param_groups)}
+        state = [
+            v
+            for s in self.step.optimizer.state.values()
+            for v in s.values()
+            if isinstance(v, torch.Tensor) and v.numel() > 1
+        ]  # moments, not step counters
+        return {
+            "params": sum(p.numel() for p in params),
+            "param_bytes": sum(p.numel() * p.element_size() for p in params),
+            "state_bytes": sum(v.numel() * v.element_size() for v in state),
+            "first_step_bytes": self.state_bytes,
+            "optimizer": type(self.step.optimizer).__name__,
+            "momentum": any(g.get("momentum", 0) for g in self.step.optimizer.param_groups),
+        }
 
     def _batch(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
         idx = torch.arange(size, device=self.device) % len(self.y)
@@ -124,8 +146,12 @@ class TrialRunner:
         forward and backward at the same size), else checked now (`check_eval`)."""
         if self.eval_fits is None:
             self.check_eval()
-        return {"eval_fits": self.eval_fits, "eval_size": self.eval_size, "eval_peak_mb": self.eval_peak_mb,
-                "eval_shown_by": self.eval_shown_by}
+        return {
+            "eval_fits": self.eval_fits,
+            "eval_size": self.eval_size,
+            "eval_peak_mb": self.eval_peak_mb,
+            "eval_shown_by": self.eval_shown_by,
+        }
 
     def check_eval(self) -> None:
         """The evaluation pass at trainer.eval_batch_size, once, under the cap. Its memory does
@@ -245,8 +271,25 @@ class TrialRunner:
         # Forward, backward (with the loss) and optimizer seconds of the last training step.
         forward_s, backward_s, optimizer_s = parts[-1] if parts else (None, None, None)
         backward_peak = self._peaks["resident"] - base if ok and "resident" in self._peaks else None
-        return Trial(size, ok, None if ok else "train", mib(peak), reserved, retries, seconds, rate, mib(train_peak),
-                     forward_s, backward_s, optimizer_s, mapped_peak, room, mib(backward_peak), probe, error)
+        return Trial(
+            size,
+            ok,
+            None if ok else "train",
+            mib(peak),
+            reserved,
+            retries,
+            seconds,
+            rate,
+            mib(train_peak),
+            forward_s,
+            backward_s,
+            optimizer_s,
+            mapped_peak,
+            room,
+            mib(backward_peak),
+            probe,
+            error,
+        )
 
     def _rewrap(self) -> None:
         """The same module and optimizer in a fresh DDP wrapper (its reducer reset)."""
