@@ -231,7 +231,8 @@ def print_table(rows: list[dict]) -> None:
                 ratios.append(seconds / bis)
             vs = f"{seconds / bis:.2f}" if bis else "-"
             print(
-                f"| {of[0]} | {of[1]:g} | {runs[0]['truth']:,} | {mode} | {_span(r['found'] / r['truth'] for r in runs)} "
+                f"| {of[0]} | {of[1]:g} | {runs[0]['truth']:,} | {mode} | "
+                f"{_span(r['found'] / r['truth'] for r in runs)} "
                 f"| {_span(r['verified'] / r['truth'] for r in runs)} | {trials} | {seconds:.1f} ({each}) | {vs} "
                 f"| {'yes' if all(r['trains'] for r in runs) else 'NO'} |"
             )

@@ -1,4 +1,5 @@
-"""Checkpoints and resume through the CLI: bit-identical continuation after a kill or a signal, divergence, corrupt and foreign checkpoints; W&B that cannot start."""
+"""Checkpoints and resume through the CLI: bit-identical continuation after a kill or a signal,
+divergence, corrupt and foreign checkpoints; W&B that cannot start."""
 
 import json
 import signal

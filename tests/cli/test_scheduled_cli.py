@@ -1,4 +1,5 @@
-"""batch=scheduled through the CLI: where the batch ended, OOM that cannot be recovered, a schedule that outgrows memory, experiment=increase_batch."""
+"""batch=scheduled through the CLI: where the batch ended, OOM that cannot be recovered, a schedule
+that outgrows memory, experiment=increase_batch."""
 
 import json
 

@@ -1,4 +1,5 @@
-"""The gradient noise scale in training: against exact per-example gradients, with no extra backward pass, unchanged runs, fp16 overflows, and its rise as training goes on."""
+"""The gradient noise scale in training: against exact per-example gradients, with no extra
+backward pass, unchanged runs, fp16 overflows, and its rise as training goes on."""
 
 import math
 
