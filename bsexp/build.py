@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from bsexp.batch.scaling import LRFactors, ScaledHparams
+from bsexp.batch.scaling import ScaledHparams
 from bsexp.config.checks import call_target
 from bsexp.config.schema import LoggerKind, NoiseMode
 from bsexp.data import Splits
@@ -24,7 +24,7 @@ from bsexp.errors import ConfigError
 from bsexp.metrics import JsonlSink, Sinks, WandbSink
 from bsexp.models import checkpoint_blocks, ghost_batchnorm
 from bsexp.noise import NoiseMeter, NoiseScale
-from bsexp.optim import build_optimizer, build_scheduler
+from bsexp.optim import build_optimizer
 from bsexp.runtime import autocast, grad_scaler
 from bsexp.step import Step
 from bsexp.syncbn import convert_sync_batchnorm
@@ -123,7 +123,6 @@ def make_step(
     world: World,
     distributed: bool,
     hp: ScaledHparams,
-    factors: LRFactors | None,
     grad_sync: GradSync | None,
     on_oom=None,
     measure_noise: bool = False,
@@ -164,7 +163,6 @@ def make_step(
         autocast=autocast(world.device, precision),
         world=world,
         reduce=reduce,
-        scheduler=build_scheduler(optimizer, factors) if factors is not None else None,
         clip_grad_norm=cfg.trainer.clip_grad_norm,
         grad_sync=grad_sync,
         noise=noise,

@@ -110,7 +110,7 @@ def identity(cfg: DictConfig, loop) -> dict[str, Any]:
     """What a checkpoint must share with the run that resumes from it."""
     return {
         "model": cfg.model._target_,
-        "batch_size": loop.policy.first_batch(),
+        "batch_size": loop.batching.layout.batch,
         "world_size": loop.world.size,
         "shapes": {k: list(v.shape) for k, v in loop.step.net.state_dict().items()},
     }
@@ -197,9 +197,8 @@ class Checkpointer:
             "last_finite_loss": state.last_finite_loss,
             "model": step.net.state_dict(),
             "optimizer": step.optimizer.state_dict(),
-            "scheduler": step.scheduler.state_dict(),
             "scaler": step.scaler.state_dict(),
-            "policy": loop.policy.state_dict(),
+            "policy": loop.batching.state_dict(),
             "noise": asdict(noise.scale) if noise is not None else None,
             "ranks": ranks,
             "identity": identity(self.cfg, loop),
@@ -241,8 +240,7 @@ def restore(cfg: DictConfig, loop, state, path: Path, saved: dict[str, Any], bra
         raise ConfigError("resume", str(path), f"holds {len(ranks)} rank(s), this run has {loop.world.size}")
     step = loop.step
     step.net.load_state_dict(saved["model"])
-    step.optimizer.load_state_dict(saved["optimizer"])
-    step.scheduler.load_state_dict(saved["scheduler"])
+    step.optimizer.load_state_dict(saved["optimizer"])  # its LR and weight decay are rewritten before each step
     if saved["scaler"]:
         step.scaler.load_state_dict(saved["scaler"])
     if step.noise is not None and saved["noise"] is not None:
@@ -262,8 +260,8 @@ def restore(cfg: DictConfig, loop, state, path: Path, saved: dict[str, Any], bra
             state.epoch,
             state.step,
             state.samples_seen,
-            loop.policy.run_steps.total - state.step,
+            loop.batching.layout.total - state.step,
         )
         return None
-    log.info("resumed from %s: epoch %d, step %d of %d", path, state.epoch, state.step, loop.policy.run_steps.total)
+    log.info("resumed from %s: epoch %d, step %d of %d", path, state.epoch, state.step, loop.batching.layout.total)
     return saved["wandb_id"]

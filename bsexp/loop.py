@@ -23,8 +23,11 @@ import torch
 from omegaconf import DictConfig, open_dict
 from tqdm import tqdm
 
+from bsexp.batch.batching import Batching
 from bsexp.batch.finder import server
-from bsexp.batch.policy import BatchPolicy, Probe, policy_for
+from bsexp.batch.finder.find import find_plan
+from bsexp.batch.hparams import Rules, scaled
+from bsexp.batch.policies import Probe, policy_for
 from bsexp.batch.scaling import ScaledHparams
 from bsexp.build import build_data, build_model, make_step, sync_batchnorm, wrap_model
 from bsexp.checkpoint import Checkpointer
@@ -34,6 +37,7 @@ from bsexp.data import Splits, train_batches
 from bsexp.distributed import World
 from bsexp.evaluate import Evaluator
 from bsexp.metrics import Sinks
+from bsexp.optim import Hyperparameters
 from bsexp.runtime import preserved_rng, resolve_device, seed_everything
 from bsexp.step import Step, train_step
 
@@ -133,7 +137,8 @@ class Loop:
     """A run's parts, built once by `build_loop`."""
 
     step: Step
-    policy: BatchPolicy
+    batching: Batching  # the batch policy's layout in force, and the plan of every step
+    hyperparameters: Hyperparameters  # writes each step's LR and weight decay
     splits: Splits
     batches: Any  # TensorBatches or LoaderBatches
     hp: ScaledHparams
@@ -154,7 +159,7 @@ class Loop:
     def norm_batch(self) -> int:
         """Samples a BatchNorm layer normalises over in one forward: the micro-batch, over all
         ranks with SyncBatchNorm; with ghost batches, the smallest of the micro-batch's chunks."""
-        plan = self.policy.current
+        plan = self.batching.current
         chunks = plan.micro_size // self.ghost_batch if self.ghost_batch else 1
         if chunks >= 2:
             return plan.micro_size // chunks
@@ -182,38 +187,51 @@ def build_loop(
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
     # The CPU finder's probe processes fork from a server that imports torch and bsexp while this
-    # process builds the data and the model; it is stopped once the policy has resolved.
-    with server.running(resumed is None and world.device.type == "cpu" and policy.searches()):
+    # process builds the data and the model; it is stopped once the policy has laid the run out.
+    with server.running(resumed is None and world.device.type == "cpu" and getattr(policy, "searches", bool)()):
         seed_everything(cfg.seed, cfg.trainer.deterministic)
         splits = build_data(cfg).to(world.device)
-        policy.check_data(len(splits.train), splits.name)
+        n_train = len(splits.train)
+        policy.check_data(n_train, splits.name)
         model = build_model(cfg, splits)
-        measure = lambda batch, steps: _measure_noise(cfg, world, len(splits.train), batch, steps)  # noqa: E731
-        policy.resolve(Probe(splits, model, world, measure), None if resumed is None else resumed["policy"])
+        probe = Probe(
+            n_train,
+            splits.name,
+            world,
+            find=lambda **bounds: find_plan(cfg, world, splits, model.to(world.device), **bounds),
+            measure_noise=lambda batch, steps: _measure_noise(cfg, world, n_train, batch, steps),
+        )
+        state = None if resumed is None else resumed["policy"]
+        batching = Batching(policy, policy.lay_out(probe, state))
+        if state is not None:
+            batching.load_state_dict(state)
     model, grad_sync = wrap_model(cfg, model, world.device, world.distributed)
-    hp, factors = policy.hparams()
+    rules = Rules.of(cfg)
+    hp, _ = scaled(batching.layout, rules)
     step = make_step(
         cfg,
         model,
         world,
         world.distributed,
         hp,
-        factors,
         grad_sync,
-        on_oom=policy.after_oom if cfg.trainer.oom_recovery else None,
-        measure_noise=policy.measures_noise,
-        n_train=len(splits.train),
+        on_oom=batching.after_oom if cfg.trainer.oom_recovery else None,
+        measure_noise=batching.measures_noise,
+        n_train=n_train,
     )
     sinks = Sinks()
     node = cfg.checkpoint
     return Loop(
         step=step,
-        policy=policy,
+        batching=batching,
+        hyperparameters=Hyperparameters(step.optimizer, rules, batching.layout),
         splits=splits,
         batches=train_batches(splits, cfg.seed, world.device),
         hp=hp,
         drop_last=cfg.batch.drop_last,
-        evaluator=Evaluator(cfg.trainer.eval_every_steps, cfg.trainer.eval_batch_size, sinks, policy.eval_steps()),
+        evaluator=Evaluator(
+            cfg.trainer.eval_every_steps, cfg.trainer.eval_batch_size, sinks, batching.layout.eval_steps
+        ),
         watch=Watch(every=1 if world.device.type == "cpu" else 16),
         sinks=sinks,
         sync_batchnorm=sync_batchnorm(cfg, world.distributed),
@@ -246,76 +264,73 @@ def train(loop: Loop, state: TrainState) -> str:
     """Train for the run's steps from where `state` stands (a resumed run continues mid-epoch);
     returns the status: completed, diverged (a non-finite loss) or preempted (a signal: a
     checkpoint is saved first)."""
-    world, policy = loop.world, loop.policy
+    world, batching = loop.world, loop.batching
     loop.step.model.train()
     if loop.checkpointer is not None:
         loop.checkpointer.start(loop, state)
     epoch = state.epoch
-    while epoch < len(policy.run_steps.epoch_starts):  # as laid out now: AdaScale's run grows or shrinks
-        sizes = policy.epoch_sizes(epoch)  # read step by step: a closed-loop policy changes the steps ahead
+    while epoch < len(batching.layout.run.epoch_starts):  # as laid out now: AdaScale's run grows or shrinks
+        sizes = batching.epoch_sizes(epoch)  # read step by step: a closed-loop policy changes the steps ahead
         if not len(sizes):
             break
         skip = state.in_epoch if epoch == state.epoch else 0
-        bar = EpochBar(
-            total=len(sizes),
-            initial=skip,
-            desc=f"epoch {epoch + 1}/{len(policy.run_steps.epoch_starts)}",
-            unit="step",
-            leave=False,
-            dynamic_ncols=True,
-            disable=None if loop.show_progress and world.is_main else True,
-        )
+        bar = EpochBar.of(loop, epoch, len(sizes), skip)
         clock = _Clock(state)
         batches = loop.batches.steps(epoch, sizes, world.rank, world.size, loop.drop_last, skip=skip)
         for in_epoch, (x, y, samples) in enumerate(batches, start=skip + 1):
-            state.lr = loop.step.optimizer.param_groups[0]["lr"]
-            loss_sum, correct, _ = train_step(loop.step, x, y, samples, policy.plan(state.step))
+            state.lr = loop.hyperparameters.apply(state.step, batching.layout)
+            loss_sum, correct, _ = train_step(loop.step, x, y, samples, batching.plan(state.step))
             state.add(loss_sum, correct, len(y))
             state.step, state.samples_seen = state.step + 1, state.samples_seen + samples
-            policy.adapt(state.step, loop.step)
+            batching.adapt(state.step, world, loop.step.noise)
             at_epoch_end = in_epoch == len(sizes)
             state.epoch, state.in_epoch = (epoch + 1, 0) if at_epoch_end else (epoch, in_epoch)
             bar.total = len(sizes)
             bar.update()
             loop.watch.add(loss_sum, len(y))
-            total = policy.run_steps.total
-            eval_due = loop.evaluator.due(state.step, at_epoch_end, total)
-            save_due = loop.checkpointer is not None and loop.checkpointer.due(
-                state.step, at_epoch_end, total, state.samples_seen
-            )
-            diverged = stop = False
-            if eval_due or save_due or loop.watch.ready:
-                diverged, stop = loop.watch.look(world, state)
-            if diverged:  # no evaluation, no checkpoint: the last good one stays as it was
+            status = _after_step(loop, state, at_epoch_end, bar, clock)
+            if status is not None:
                 clock.stop()
                 bar.close()
-                log.error(
-                    "the training loss is not finite at step %d (last finite: %s): stopping, status diverged",
-                    state.diverged_at_step,
-                    state.last_finite_loss,
-                )
-                return "diverged"
-            if not bar.disable and (state.step % 10 == 0 or bar.n == bar.total):
-                _show_postfix(bar, state, clock.seconds())
-            if eval_due:
-                with clock.paused():
-                    loop.evaluator.log(loop, state, policy.epochs_done(state))
-            if loop.checkpointer is not None and (stop or save_due):
-                with clock.paused():
-                    loop.checkpointer.save(loop, state)
-            if stop:
-                clock.stop()
-                bar.close()
-                log.warning(
-                    "signal %d: checkpoint saved at step %d; stopping, status preempted",
-                    loop.watch.stop_signal,
-                    state.step,
-                )
-                return "preempted"
+                return status
         clock.stop()
         bar.close()
         epoch += 1
     return "completed"
+
+
+def _after_step(loop: Loop, state: TrainState, at_epoch_end: bool, bar: tqdm, clock: _Clock) -> str | None:
+    """What is due after a step: a look at the losses and signals, the progress bar, an evaluation,
+    a checkpoint. The status where the run must stop (diverged, preempted), else None."""
+    total = loop.batching.layout.total
+    eval_due = loop.evaluator.due(state.step, at_epoch_end, total)
+    save_due = loop.checkpointer is not None and loop.checkpointer.due(
+        state.step, at_epoch_end, total, state.samples_seen
+    )
+    diverged = stop = False
+    if eval_due or save_due or loop.watch.ready:
+        diverged, stop = loop.watch.look(loop.world, state)
+    if diverged:  # no evaluation, no checkpoint: the last good one stays as it was
+        log.error(
+            "the training loss is not finite at step %d (last finite: %s): stopping, status diverged",
+            state.diverged_at_step,
+            state.last_finite_loss,
+        )
+        return "diverged"
+    if not bar.disable and (state.step % 10 == 0 or bar.n == bar.total):
+        _show_postfix(bar, state, clock.seconds())
+    if eval_due:
+        with clock.paused():
+            loop.evaluator.log(loop, state, loop.batching.epochs_done(state))
+    if loop.checkpointer is not None and (stop or save_due):
+        with clock.paused():
+            loop.checkpointer.save(loop, state)
+    if stop:
+        log.warning(
+            "signal %d: checkpoint saved at step %d; stopping, status preempted", loop.watch.stop_signal, state.step
+        )
+        return "preempted"
+    return None
 
 
 class EpochBar(tqdm):
@@ -325,6 +340,19 @@ class EpochBar(tqdm):
     print too rarely; an epoch's bar updates every step."""
 
     monitor_interval = 0
+
+    @classmethod
+    def of(cls, loop: Loop, epoch: int, steps: int, done: int) -> EpochBar:
+        """The bar of `epoch` (`steps` steps, `done` of them already), shown on rank 0 only."""
+        return cls(
+            total=steps,
+            initial=done,
+            desc=f"epoch {epoch + 1}/{len(loop.batching.layout.run.epoch_starts)}",
+            unit="step",
+            leave=False,
+            dynamic_ncols=True,
+            disable=None if loop.show_progress and loop.world.is_main else True,
+        )
 
 
 class _Clock:

@@ -1,7 +1,10 @@
-"""Optimizer and LR scheduler from the config and the scaled hyper-parameters.
+"""The optimizer, and the one writer of its hyper-parameters after it is built.
 
-The values in `optimizer.*` hold at `scaling.ref_batch`; the batch policy turns them into the
-values used (bsexp.batch.policy.BatchPolicy.hparams, through the rules in bsexp.batch.scaling).
+The values in `optimizer.*` hold at `scaling.ref_batch`; the rules of bsexp.batch.hparams turn
+them into the values used at every step, from the batch policy's layout. `Hyperparameters` writes
+them into the optimizer's parameter groups before each step, and nothing else does: the LR and
+weight decay of a step are a function of the step and the layout in force, so a resumed run, a
+branch and a closed-loop policy's new layout need nothing restored or patched.
 """
 
 from __future__ import annotations
@@ -10,7 +13,9 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from bsexp.batch.scaling import LRFactors, ScaledHparams
+from bsexp.batch.hparams import Rules, scaled
+from bsexp.batch.layout import Layout
+from bsexp.batch.scaling import ScaledHparams
 from bsexp.config.checks import call_target
 
 # Given to the optimizer by bsexp, scaled and per parameter group, not as written in the config.
@@ -37,5 +42,37 @@ def build_optimizer(cfg: DictConfig, model: nn.Module, hp: ScaledHparams) -> tor
     return call_target("optimizer", node, groups, exclude=_APPLIED_BY_BSEXP, lr=hp.lr)
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, factors: LRFactors):
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factors)
+class Hyperparameters:
+    """Writes each step's LR and weight decay into the optimizer's parameter groups: the LR built
+    with (the scaled LR at the layout's base batch) times the schedule's and the batch's multiplier
+    at the step, and each group's weight decay as the layout moves it."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, rules: Rules, layout: Layout) -> None:
+        self.optimizer, self.rules = optimizer, rules
+        self.lrs = [group["lr"] for group in optimizer.param_groups]  # as built, before any checkpoint is loaded
+        self.decays = [group["weight_decay"] for group in optimizer.param_groups]
+        self.layout: Layout | None = None
+        self.apply(0, layout)  # the first step's, as the optimizer stands before it
+
+    def _follow(self, layout: Layout) -> None:
+        self.layout = layout
+        self.hp, self.factors = scaled(layout, self.rules)
+        self.weight_decays = [layout.weight_decays(decay) for decay in self.decays]
+
+    def values(self, step: int, layout: Layout) -> tuple[float, float]:
+        """The LR and the (first group's) weight decay of step `step` under `layout`."""
+        if layout is not self.layout:
+            self._follow(layout)
+        decays = self.weight_decays[0]
+        return self.lrs[0] * self.factors(step), decays[min(step, len(decays) - 1)] if decays else self.decays[0]
+
+    def apply(self, step: int, layout: Layout) -> float:
+        """Set the optimizer's LR and weight decay for step `step`; returns the LR."""
+        if layout is not self.layout:
+            self._follow(layout)
+        factor = self.factors(step)
+        for group, lr, decays in zip(self.optimizer.param_groups, self.lrs, self.weight_decays):
+            group["lr"] = lr * factor
+            if decays:
+                group["weight_decay"] = decays[min(step, len(decays) - 1)]
+        return self.optimizer.param_groups[0]["lr"]

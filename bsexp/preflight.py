@@ -16,9 +16,9 @@ from omegaconf import DictConfig
 from bsexp import branch, resume
 from bsexp.batch.finder import server
 from bsexp.batch.plan import BatchPlan
-from bsexp.batch.policy import policy_for
+from bsexp.batch.policies import policy_for
 from bsexp.config.checks import check
-from bsexp.config.env import env_rank, launches_workers, restarted, under_torchrun
+from bsexp.config.env import env_rank, launches_workers, restarted, under_torchrun, world_size
 from bsexp.errors import ConfigError, exit_on_config_error, one_line
 
 RESULTS = ("summary.json", "metrics.jsonl")
@@ -29,7 +29,7 @@ def check_all(cfg: DictConfig) -> BatchPlan | None:
     """Everything that can be checked without data, torch or a process group; the first step's
     plan where the config alone decides it."""
     check(cfg)
-    return policy_for(cfg).check()
+    return policy_for(cfg, world_size(cfg)).check()
 
 
 def check_output_dir(key: str, path: str) -> None:
@@ -106,7 +106,7 @@ def _searches_on_cpu(cfg: DictConfig) -> bool:
             cfg.get("resume") is None
             and str(cfg.device) in ("cpu", "auto")
             and not launches_workers(cfg)
-            and policy_for(cfg).searches()
+            and getattr(policy_for(cfg, world_size(cfg)), "searches", bool)()
         )
     except ConfigError:  # reported by the checks
         return False

@@ -61,6 +61,19 @@ def _completed(world: World, run_dir: Path, step: int) -> dict[str, Any] | None:
     return summary if done else None
 
 
+def _figures(loop, records: list[dict], run_dir: Path) -> None:
+    """A figure of the batch over training, where the batch policy moved it (batch=adaptive): the
+    batch against its target and B_simple, in the run directory and to the sinks."""
+    key = loop.batching.batch_figure
+    if key is None:
+        return
+    from bsexp.report.render import batch_figure
+
+    name = batch_figure(records, run_dir)
+    if name:
+        loop.sinks.image(key, run_dir / name)
+
+
 def _share_cores(cfg: DictConfig, world: World) -> None:
     """Say where this run and others on the machine ask for more threads than it has cores, and
     the share that would let each run near its speed alone (bsexp.cores). Only where the threads
@@ -105,7 +118,7 @@ def _run_on(world: World, cfg: DictConfig, run_dir: Path, started: float) -> dic
     wandb_id = None if resumed is None else ckpt.restore(cfg, loop, state, *resumed)
     if trunk is not None:  # a new run from the trunk's checkpoint, its batch (LR, weight decay) its own
         ckpt.restore(cfg, loop, state, trunk[0], trunk[1], branch=True)
-        loop.policy.begin(loop.step, state.step)
+        loop.batching.begin(state.step, *loop.hyperparameters.values(state.step, loop.batching.layout))
     hparams = hyperparameters(cfg, loop)
     if world.is_main:
         for key, was, now in changed:  # taken with checkpoint.allow_mismatch=true, and recorded
@@ -114,13 +127,13 @@ def _run_on(world: World, cfg: DictConfig, run_dir: Path, started: float) -> dic
         # Resumed: the records up to the checkpoint; started over by a resume: none of the earlier ones.
         keep = len(state.records) if resumed else (0 if cfg.resume is not None else None)
         loop.sinks.attach(build_sinks(cfg, run_dir, hparams, keep_records=keep, wandb_id=wandb_id))
-        found = loop.policy.found
+        found = loop.batching.found
         if found is not None:
             log.info(found.table())
             write_json(run_dir / "finder.json", found.to_json())
             loop.sinks.table("finder/trials", [asdict(t) for t in found.trials])
     if trunk is not None:  # where the branch starts: the trunk's model, at the branch's batch
-        loop.evaluator.log(loop, state, loop.policy.epochs_done(state))
+        loop.evaluator.log(loop, state, loop.batching.epochs_done(state))
     if world.device.type == "cpu":
         _share_cores(cfg, world)
     if cfg.trainer.memory_limit_gb is not None:
@@ -148,8 +161,7 @@ def _run_on(world: World, cfg: DictConfig, run_dir: Path, started: float) -> dic
             summary["preempted_by"] = signal.Signals(loop.watch.stop_signal).name
         if world.is_main:
             write_json(run_dir / "summary.json", summary)
-            for key, name in loop.policy.figures(state.records, run_dir).items():
-                loop.sinks.image(key, run_dir / name)
+            _figures(loop, state.records, run_dir)
             loop.sinks.summary(summary)
             loop.sinks.close(status)
     if world.is_main:

@@ -42,7 +42,6 @@ class Step:
     autocast: Callable[[], Any]
     world: World
     reduce: str = "none"
-    scheduler: Any = None  # stepped after every optimizer step
     clip_grad_norm: float | None = None
     grad_sync: GradSync | None = None  # the DDP communication hook's state
     noise: NoiseMeter | None = None
@@ -81,8 +80,6 @@ def train_step(step: Step, x: torch.Tensor, y: torch.Tensor, step_samples: int, 
         nn.utils.clip_grad_norm_(step.model.parameters(), step.clip_grad_norm)
     step.scaler.step(step.optimizer)
     step.scaler.update()
-    if step.scheduler is not None:
-        step.scheduler.step()
     return outcome[0], outcome[1], plan
 
 

@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 def hyperparameters(cfg: DictConfig, loop) -> dict[str, Any]:
     """What the batch policy and the scaling rules made of the config: logged, and in summary.json
     (the plan the run starts with; `final_*` in the summary say where it ended)."""
-    plan, hp = loop.policy.current, loop.policy.described(loop.hp)
+    plan, hp = loop.batching.current, loop.batching.described(loop.hp)
     return {
         "batch_size": plan.size,
         "micro_size": plan.micro_size,
@@ -76,9 +76,9 @@ def announce(cfg: DictConfig, loop, hparams: dict[str, Any]) -> None:
         h["warmup_steps"],
         h["total_steps"],
     )
-    if not loop.policy.own_setup:  # the trunk's set-up was cautioned about; a branch only continues it
+    if not loop.batching.own_setup:  # the trunk's set-up was cautioned about; a branch only continues it
         return
-    run = loop.policy.run_steps
+    run = loop.batching.layout.run
     per_epoch = run.epoch_steps(0) if run.epoch_starts else run.total  # a whole epoch's, where max_steps cut it
     for key, what in cautions(
         h["lr"] / h["base_lr"],
@@ -102,7 +102,7 @@ def make_summary(
 ) -> dict[str, Any]:
     """summary.json: the run's final figures (DESIGN.md's contract), with what it used."""
     last = state.records[-1] if state.records else {}
-    plan, device, noise = loop.policy.current, loop.world.device, loop.step.noise
+    plan, device, noise = loop.batching.current, loop.world.device, loop.step.noise
     return {
         "status": status,
         **hparams,
@@ -110,7 +110,7 @@ def make_summary(
         "last_finite_loss": state.last_finite_loss,
         "final_batch_size": plan.size,  # where a batch schedule ended
         "final_micro_size": plan.micro_size,  # after any OOM recovery
-        "oom_recoveries": loop.policy.oom_recoveries,
+        "oom_recoveries": loop.batching.oom_recoveries,
         "epochs": last.get("epoch", 0),  # completed, as a fraction where the run stopped mid-epoch
         "steps": state.step,
         "samples_seen": state.samples_seen,
@@ -138,8 +138,8 @@ def make_summary(
         "precision": str(cfg.precision),
         "device": str(device),
         "threads": torch.get_num_threads(),
-        "finder": loop.policy.found.summary() if loop.policy.found is not None else None,
-        **loop.policy.summary(state.samples_seen),
+        "finder": loop.batching.found.summary() if loop.batching.found is not None else None,
+        **loop.batching.summary(state.samples_seen),
         **(noise.scale if noise is not None else NoiseScale()).summary(),
         "provenance": provenance(),
     }

@@ -1,6 +1,6 @@
 """Batch plans: how a global batch is split over ranks and micro-steps.
 
-Pure arithmetic, no torch. Every batch policy (bsexp.batch.policy) ends in `BatchPlan`s; the
+Pure arithmetic, no torch. Every batch policy (bsexp.batch.policies) ends in `BatchPlan`s; the
 training loop consumes plans and never derives batch math of its own. `plan_for` splits a global
 batch into micro-batches no larger than the micro-batch known to fit, accumulating the rest, so
 the global batch is kept exactly; `micro_sizes` says how one step's samples are cut.
@@ -10,15 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from bsexp.errors import ConfigError
+
 MIN_MICRO = 2  # samples: BatchNorm cannot normalise a single sample in training
 
 
-class PlanError(ValueError):
-    """An impossible batch plan. `key` names the config key at fault."""
-
-    def __init__(self, key: str, value: object, expected: str) -> None:
-        super().__init__(f"{key}={value}: {expected}")
-        self.key, self.value, self.expected = key, value, expected
+class PlanError(ConfigError, ValueError):
+    """An impossible batch plan: a configuration error (one line naming the key, exit code 2)."""
 
     def __reduce__(self):
         return PlanError, (self.key, self.value, self.expected)

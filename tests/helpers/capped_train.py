@@ -40,8 +40,8 @@ def main(out: str, room_mb: str, *overrides: str) -> None:
         {
             "status": status,
             "params": loop.step.model.state_dict(),
-            "plan": loop.policy.current,
-            "oom_recoveries": loop.policy.oom_recoveries,
+            "plan": loop.batching.current,
+            "oom_recoveries": loop.batching.oom_recoveries,
             "records": progress.records,
         },
         out,

@@ -114,9 +114,9 @@ def find_and_train(cfg, limits_gb):
         status = train(loop, TrainState())
         return {
             "rank": world.rank,
-            "plan": loop.policy.current,
+            "plan": loop.batching.current,
             "status": status,
-            "tried": {t.size: t.ok for t in loop.policy.found.trials},
+            "tried": {t.size: t.ok for t in loop.batching.found.trials},
         }
     finally:
         close_world(world)
@@ -140,8 +140,8 @@ def train_with_room(cfg, rooms_mb):
         return {
             "rank": world.rank,
             "status": status,
-            "plan": loop.policy.current,
-            "oom_recoveries": loop.policy.oom_recoveries,
+            "plan": loop.batching.current,
+            "oom_recoveries": loop.batching.oom_recoveries,
             "params": {k: v.detach().clone() for k, v in loop.step.net.state_dict().items()},
         }
     finally:
@@ -160,9 +160,9 @@ def train_adaptive(cfg):
         status = train(loop, TrainState())
         return {
             "status": status,
-            "points": list(loop.policy.points),
-            "decisions": list(loop.policy.decisions),
-            "sizes": list(loop.policy.run_steps.sizes),
+            "points": list(loop.batching.policy.points),
+            "decisions": list(loop.batching.policy.decisions),
+            "sizes": list(loop.batching.layout.run.sizes),
             "params": {k: v.detach().clone() for k, v in loop.step.net.state_dict().items()},
         }
     finally:

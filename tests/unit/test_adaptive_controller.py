@@ -142,12 +142,13 @@ def test_goodput_breaks_a_tie_towards_the_smaller_batch():
 
 @pytest.mark.parametrize("max_size, expected", [(None, 3500), (1024, 1024), (10_000, 3500)])
 def test_the_policy_never_lets_the_batch_grow_past_the_training_set(make_cfg, max_size, expected):
-    from bsexp.batch.policy import AdaptivePolicy, policy_for
+    from bsexp.batch.policies import Probe, policy_for
+    from bsexp.batch.policies.adaptive import Adaptive
 
     node = f"batch.adaptive.max_size={'null' if max_size is None else max_size}"
     policy = policy_for(make_cfg("batch=adaptive", "batch.find_micro_size=false", node), 2)
-    assert isinstance(policy, AdaptivePolicy)
-    policy._start(None, None, 3500)  # MNIST-1D's training samples
+    assert isinstance(policy, Adaptive)
+    policy.lay_out(Probe(3500))  # MNIST-1D's training samples
     controller = policy.controller()
     assert controller.max_size == expected and controller.quantum == 2
     # A measured noise scale far above the data: the batch stops at the cap, a multiple of the ranks.

@@ -9,7 +9,9 @@ from omegaconf import OmegaConf
 
 from bsexp import branch, resume
 from bsexp.batch import scaling
-from bsexp.batch.policy import BranchPolicy, policy_for
+from bsexp.batch.hparams import Rules, scaled
+from bsexp.batch.policies import Probe, policy_for
+from bsexp.batch.policies.branch import Branch
 from bsexp.errors import ConfigError
 
 N = 3500  # MNIST-1D's training samples
@@ -18,34 +20,41 @@ N = 3500  # MNIST-1D's training samples
 def laid_out(make_cfg, *overrides, trunk_batch=64, step=10, samples=640):
     cfg = make_cfg("epochs=2", "branch.trunk=/nowhere", "branch.at_samples=640", *overrides)
     policy = policy_for(cfg, 1)
-    assert isinstance(policy, BranchPolicy)
+    assert isinstance(policy, Branch)
     policy.check()
     policy.trunk = {"batch": trunk_batch, "step": step, "samples": samples}
-    policy._start(None, None, N)
-    policy.lay_out(N, trunk_batch)
-    return cfg, policy
+    return cfg, policy, policy.lay_out(Probe(N))
+
+
+def hparams(cfg, layout):
+    return scaled(layout, Rules.of(cfg))
+
+
+def trunk_layout(make_cfg, *overrides):
+    cfg = make_cfg("epochs=2", "batch.size=64", *overrides)
+    return cfg, policy_for(cfg, 1).lay_out(Probe(N))
 
 
 def test_the_branch_takes_the_trunks_steps_then_its_batch_for_exactly_its_samples(make_cfg):
-    _, policy = laid_out(make_cfg, "batch.size=256", "branch.samples=1000")
-    run = policy.run_steps
+    _, _, layout = laid_out(make_cfg, "batch.size=256", "branch.samples=1000")
+    run = layout.run
     assert run.sizes == (64,) * 10 + (256,) * 4
     assert run.taken == (64,) * 10 + (256, 256, 256, 232)  # the last step takes only what is left
     assert run.total_samples == 640 + 1000
     # Evaluations along the branch at a quarter of it each: the first step at or past each mark.
-    assert policy.eval_steps() == (11, 12, 13, 14)
+    assert layout.eval_steps == (11, 12, 13, 14)
 
 
 def test_a_branch_across_an_epoch_end_keeps_the_epochs_samples(make_cfg):
-    _, policy = laid_out(make_cfg, "batch.size=512", "branch.samples=2000", step=50, samples=3200)
-    run = policy.run_steps
+    _, _, layout = laid_out(make_cfg, "batch.size=512", "branch.samples=2000", step=50, samples=3200)
+    run = layout.run
     assert run.epoch_samples() == [3500, 1700]  # 300 left of epoch 0 (one short step), then 1700 of epoch 1
     assert run.taken[50:] == (300, 512, 512, 512, 164)
 
 
 @pytest.mark.parametrize("rule", ["linear", "sqrt", "none"])
 def test_the_lr_is_the_trunks_schedule_times_the_rules_ratio(make_cfg, rule):
-    cfg, policy = laid_out(
+    cfg, policy, layout = laid_out(
         make_cfg,
         "batch.size=256",
         "branch.samples=1000",
@@ -53,14 +62,10 @@ def test_the_lr_is_the_trunks_schedule_times_the_rules_ratio(make_cfg, rule):
         "schedule.warmup=0.5",
         "schedule.main=cosine",
     )
-    hp, factors = policy.hparams()
-    trunk_cfg = make_cfg(
-        "epochs=2", "batch.size=64", f"scaling.lr_rule={rule}", "schedule.warmup=0.5", "schedule.main=cosine"
-    )
-    trunk = policy_for(trunk_cfg, 1)
-    trunk.lay_out(N)
-    trunk_hp, trunk_factors = trunk.hparams()
-    assert hp.lr == trunk_hp.lr  # the base the scheduler multiplies: the trunk's LR at its batch
+    hp, factors = hparams(cfg, layout)
+    trunk_cfg, trunk = trunk_layout(make_cfg, f"scaling.lr_rule={rule}", "schedule.warmup=0.5", "schedule.main=cosine")
+    trunk_hp, trunk_factors = hparams(trunk_cfg, trunk)
+    assert hp.lr == trunk_hp.lr  # the base the factors multiply: the trunk's LR at its batch
     ratio = scaling.rule_multiplier(rule, 256 / 128) / scaling.rule_multiplier(rule, 64 / 128)
     for step in range(10):  # the trunk's own steps: its LR
         assert factors(step) == pytest.approx(trunk_factors(step))
@@ -82,10 +87,10 @@ def test_a_branch_needs_its_length_and_branch_point_and_a_fixed_batch(make_cfg):
         policy_for(make_cfg("branch.trunk=/x", "branch.samples=10"), 1).check()
     with pytest.raises(ConfigError, match="batch.policy"):
         policy_for(make_cfg("batch=finder", "branch.trunk=/x", "branch.at_samples=0", "branch.samples=10"), 1).check()
-    _, policy = laid_out(make_cfg, "batch.size=256", "branch.samples=10")
+    _, policy, _ = laid_out(make_cfg, "batch.size=256", "branch.samples=10")
     policy.cfg.branch.samples = 7000  # 640 + 7000 > 2 epochs of 3500
     with pytest.raises(ConfigError, match=r"branch.samples.*at most 6360"):
-        policy.lay_out(N, 64)
+        policy.lay_out(Probe(N))
 
 
 def _flat(cfg) -> dict:
@@ -110,29 +115,29 @@ def test_the_critical_batch_experiments_branches_differ_from_its_trunks_only_whe
 
 
 def test_a_branch_from_the_initialisation_takes_its_batch_from_the_first_step(make_cfg):
-    cfg, policy = laid_out(make_cfg, "batch.size=256", "branch.samples=1024", step=0, samples=0)
-    assert policy.run_steps.sizes == (256,) * 4
-    hp, factors = policy.hparams()
-    assert policy.first_batch() == 64  # known by the trunk's batch: its checkpoint's identity
+    cfg, _, layout = laid_out(make_cfg, "batch.size=256", "branch.samples=1024", step=0, samples=0)
+    assert layout.run.sizes == (256,) * 4
+    hp, factors = hparams(cfg, layout)
+    assert layout.batch == 64  # known by the trunk's batch: its checkpoint's identity
     assert hp.lr == pytest.approx(scaling.scaled_lr(0.1, 64 / 128, "linear"))
     # the trunk's warmup start (the 0.1 of ref 128 over 0.05 at 64, capped at 1) times 256/64
-    trunk = policy_for(make_cfg("epochs=2", "batch.size=64"), 1)
-    trunk.lay_out(N)
-    assert factors(0) * hp.lr == pytest.approx(trunk.hparams()[1](0) * trunk.hparams()[0].lr * 4)
+    trunk_cfg, trunk = trunk_layout(make_cfg)
+    trunk_hp, trunk_factors = hparams(trunk_cfg, trunk)
+    assert factors(0) * hp.lr == pytest.approx(trunk_factors(0) * trunk_hp.lr * 4)
 
 
 def test_the_branchs_last_step_cut_short_takes_the_rules_lr_for_its_samples_unless_an_epoch_ended_it(make_cfg):
-    _, policy = laid_out(make_cfg, "batch.size=256", "branch.samples=1000")
-    hp, factors = policy.hparams()
+    cfg, _, layout = laid_out(make_cfg, "batch.size=256", "branch.samples=1000")
+    hp, factors = hparams(cfg, layout)
     assert factors(13) == pytest.approx(factors(12) * 232 / 256)  # cut by the branch's end
     # ending at the epoch's end (640 + 2860 = 3500): the epoch's own short step keeps the batch's LR
-    _, policy = laid_out(make_cfg, "batch.size=256", "branch.samples=2860", "schedule.main=constant")
-    assert policy.run_steps.taken[-1] == 44
-    hp, factors = policy.hparams()
-    assert factors(policy.run_steps.total - 1) == pytest.approx(factors(11))
+    cfg, _, layout = laid_out(make_cfg, "batch.size=256", "branch.samples=2860", "schedule.main=constant")
+    assert layout.run.taken[-1] == 44
+    hp, factors = hparams(cfg, layout)
+    assert factors(layout.run.total - 1) == pytest.approx(factors(11))
     # a remainder too small for a micro-batch: the branch ends a step early
-    _, policy = laid_out(make_cfg, "batch.size=256", "branch.samples=1025")
-    assert policy.run_steps.taken[10:] == (256, 256, 256, 256)
+    _, _, layout = laid_out(make_cfg, "batch.size=256", "branch.samples=1025")
+    assert layout.run.taken[10:] == (256, 256, 256, 256)
 
 
 def test_a_branch_in_an_epoch_the_trunks_max_steps_cut_counts_it_against_a_whole_epoch(make_cfg):
@@ -140,6 +145,9 @@ def test_a_branch_in_an_epoch_the_trunks_max_steps_cut_counts_it_against_a_whole
     # 350 samples into that epoch has trained a tenth of an epoch, not 350 of the 960 the cut left.
     from bsexp.loop import TrainState
 
-    _, policy = laid_out(make_cfg, "batch.size=64", "branch.samples=320", "trainer.max_steps=70", step=60, samples=3820)
-    assert policy.lr_layout().epoch_samples() == [N, 960] and policy.lr_layout().cut_epoch
-    assert policy.epochs_done(TrainState(epoch=1, samples_seen=N + 350)) == pytest.approx(1 + 350 / N)
+    _, _, layout = laid_out(
+        make_cfg, "batch.size=64", "branch.samples=320", "trainer.max_steps=70", step=60, samples=3820
+    )
+    assert layout.lr_run.epoch_samples() == [N, 960] and layout.lr_run.cut_epoch
+    state = TrainState(epoch=1, samples_seen=N + 350)
+    assert layout.epochs_done(state.epoch, state.in_epoch, state.samples_seen) == pytest.approx(1 + 350 / N)

@@ -74,7 +74,10 @@ def test_the_pure_modules_do_not_import_torch():
     # The batch math, the policies, the config and its checks are read, and run, without torch:
     # a bad config is refused in a second, and the unit tier stays fast.
     code = (
-        "import sys; import bsexp.batch.plan, bsexp.batch.schedule, bsexp.batch.scaling, bsexp.batch.policy, "
+        "import sys; import bsexp.batch.plan, bsexp.batch.schedule, bsexp.batch.scaling, bsexp.batch.layout, "
+        "bsexp.batch.hparams, bsexp.batch.batching, bsexp.batch.policies, bsexp.batch.policies.fixed, "
+        "bsexp.batch.policies.accumulation, bsexp.batch.policies.finder, bsexp.batch.policies.scheduled, "
+        "bsexp.batch.policies.adaptive, bsexp.batch.policies.branch, "
         "bsexp.batch.finder.search, bsexp.config.schema, bsexp.config.checks, bsexp.config.env, bsexp.preflight, "
         "bsexp.report.analysis; print('torch' in sys.modules)"
     )

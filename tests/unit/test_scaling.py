@@ -5,7 +5,11 @@ import math
 import pytest
 
 from bsexp.batch import scaling
+from bsexp.batch.hparams import Rules, scaled
+from bsexp.batch.layout import Layout
+from bsexp.batch.plan import plan_for
 from bsexp.batch.scaling import LRSchedule
+from bsexp.batch.schedule import BatchSchedule
 
 
 def test_goyal_linear_rule_reference_numbers():
@@ -17,28 +21,24 @@ def test_goyal_linear_rule_reference_numbers():
     assert scaling.scaled_lr(0.1, k, "none") == 0.1
 
 
-def per_epoch_decay(make_cfg, batch: int, lr_rule: str, wd_rule: str) -> float:
+def per_epoch_decay(batch: int, lr_rule: str, wd_rule: str) -> float:
     """eta * lambda * N / B: the exponent of SGD's weight shrinkage over one epoch, from the LR and
-    weight decay the configured rules give at `batch` (N / B steps, each shrinking by eta * lambda)."""
-    from bsexp.batch.policy import policy_for
-
-    cfg = make_cfg(f"batch.size={batch}", f"scaling.lr_rule={lr_rule}", f"scaling.wd_rule={wd_rule}")
-    policy = policy_for(cfg)
+    weight decay the rules give at `batch` (N / B steps, each shrinking by eta * lambda)."""
     n = 3500  # MNIST-1D's training split
-    policy.lay_out(n)
-    hp, _ = policy.hparams()
+    layout = Layout(BatchSchedule(start=batch).run_steps(epochs=20, n=n, drop_last=False), 1, plan_for(batch, 1, None))
+    hp, _ = scaled(layout, Rules(lr=0.1, weight_decay=5e-4, ref_batch=128, lr_rule=lr_rule, wd_rule=wd_rule))
     return hp.lr * hp.weight_decay * n / batch
 
 
 @pytest.mark.parametrize("k", [0.25, 4, 8])
-def test_sqrt_weight_decay_keeps_the_per_epoch_decay_only_under_the_sqrt_lr_rule(make_cfg, k):
+def test_sqrt_weight_decay_keeps_the_per_epoch_decay_only_under_the_sqrt_lr_rule(k):
     # Loshchilov & Hutter's normalised weight decay (lambda x sqrt(k)) keeps B / (eta lambda N) with
     # eta x sqrt(k); under the linear LR rule (the default) the per-epoch decay grows by sqrt(k).
     batch = int(128 * k)
-    ref = per_epoch_decay(make_cfg, 128, "linear", "sqrt")
-    assert per_epoch_decay(make_cfg, batch, "sqrt", "sqrt") == pytest.approx(ref)
-    assert per_epoch_decay(make_cfg, batch, "linear", "sqrt") == pytest.approx(ref * math.sqrt(k))
-    assert per_epoch_decay(make_cfg, batch, "linear", "none") == pytest.approx(ref)  # Goyal et al.'s recipe
+    ref = per_epoch_decay(128, "linear", "sqrt")
+    assert per_epoch_decay(batch, "sqrt", "sqrt") == pytest.approx(ref)
+    assert per_epoch_decay(batch, "linear", "sqrt") == pytest.approx(ref * math.sqrt(k))
+    assert per_epoch_decay(batch, "linear", "none") == pytest.approx(ref)  # Goyal et al.'s recipe
 
 
 def test_unknown_rule_is_refused():

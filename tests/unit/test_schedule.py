@@ -125,17 +125,19 @@ def test_the_run_counts_the_samples_each_step_takes():
     assert BatchSchedule(32).run_steps(epochs=4, n=100, drop_last=False, max_steps=2).samples_at(0.5) == 50
 
 
-def test_the_lr_schedule_is_counted_in_samples_when_the_batch_grows(make_cfg):
+def test_the_lr_schedule_is_counted_in_samples_when_the_batch_grows():
     # Smith et al.'s schedule, 32 -> 160 -> 800 at epochs 8 and 14 of 20: 800 of the run's 944
     # steps come before the first increase. Counted in steps, a cosine decay would be at 9 % of its
     # peak when the batch grows; counted in samples it stands where 8 epochs of 20 put it.
-    from bsexp.batch.policy import policy_for
+    from bsexp.batch.hparams import Rules, scaled
+    from bsexp.batch.layout import Layout
 
-    cfg = make_cfg("batch=scheduled", "data.val_size=800", "batch.schedule.couple_lr=false")
-    policy = policy_for(cfg)
-    policy.lay_out(3200)
-    hp, factors = policy.hparams()
-    run = policy.run_steps
+    grow = BatchSchedule(start=32, kind="step", milestones=(8, 14), factor=5, epochs=20)
+    run = grow.run_steps(epochs=20, n=3200, drop_last=False)
+    hp, factors = scaled(
+        Layout(run, 1, plan_for(32, 1, None)),
+        Rules(lr=0.1, weight_decay=5e-4, ref_batch=128, warmup=2, main="cosine"),  # the batch=scheduled defaults
+    )
     first_of_epoch_8 = run.epoch_starts[8]
     assert first_of_epoch_8 == 800 and run.total == 944  # 8 x 100 steps of 32, then 6 x 20, 6 x 4
     progress = (8 - 2) / (20 - 2)  # past a 2-epoch warmup, in samples

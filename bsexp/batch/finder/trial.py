@@ -76,7 +76,7 @@ class TrialRunner:
         self.distributed, self.process_group = distributed, process_group
         self.model, grad_sync = wrap_model(cfg, model, device, distributed, process_group)
         hp = ScaledHparams(1.0, cfg.optimizer.lr, cfg.optimizer.lr, cfg.optimizer.weight_decay, 0, 1)
-        self.step = make_step(cfg, self.model, World(device=device), distributed, hp, None, grad_sync)
+        self.step = make_step(cfg, self.model, World(device=device), distributed, hp, grad_sync)
         self.x, self.y = data.x.to(device), data.y.to(device)
         self.augment = data.augment
         self.fill = data.fill.to(device) if isinstance(data.fill, torch.Tensor) else data.fill

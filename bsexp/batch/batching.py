@@ -1,0 +1,152 @@
+"""A run's batch as it trains: the policy's layout in force, the plan of every step, and the
+micro-batch cap after out-of-memory recoveries. The loop holds one `Batching` and asks it; a
+closed-loop policy's decisions arrive here (rank 0 decides, every rank applies), and the layout
+they give replaces the one in force. Its state goes into checkpoints."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict
+from typing import Any
+
+from bsexp.batch.layout import Layout
+from bsexp.batch.plan import BatchPlan, plan_for
+from bsexp.batch.scaling import ScaledHparams
+
+log = logging.getLogger(__name__)
+
+
+class Batching:
+    def __init__(self, policy, layout: Layout) -> None:
+        self.policy, self.layout = policy, layout
+        self.micro_cap = layout.micro_cap  # the largest micro-batch per rank known to fit (None: any)
+        self.oom_recoveries = 0
+        self._plan = layout.first_plan  # in force
+
+    # ---------------------------------------------------------------- what the policy may leave out
+
+    @property
+    def name(self) -> str:
+        return self.policy.name
+
+    @property
+    def measures_noise(self) -> bool:
+        return getattr(self.policy, "measures_noise", False)
+
+    @property
+    def own_setup(self) -> bool:
+        return getattr(self.policy, "own_setup", True)
+
+    @property
+    def found(self):
+        """The finder's result (bsexp.batch.finder.FinderResult), where the finder ran."""
+        return getattr(self.policy, "found", None)
+
+    @property
+    def batch_figure(self) -> str | None:
+        """The W&B key of a figure of the batch over training, where the batch is the policy's to move."""
+        return getattr(self.policy, "batch_figure", None)
+
+    def record(self) -> dict[str, Any]:
+        return self.policy.record() if hasattr(self.policy, "record") else {}
+
+    def summary(self, samples_seen: int) -> dict[str, Any]:
+        return self.policy.summary(samples_seen) if hasattr(self.policy, "summary") else {}
+
+    def described(self, hp: ScaledHparams) -> ScaledHparams:
+        """The LR and weight decay to announce and summarise (those of the run's own first step)."""
+        return self.policy.described(hp) if hasattr(self.policy, "described") else hp
+
+    # ---------------------------------------------------------------- the steps
+
+    @property
+    def current(self) -> BatchPlan:
+        """The plan in force (after a change of batch or an out-of-memory recovery)."""
+        return self._plan
+
+    @property
+    def run_steps(self):
+        return self.layout.run
+
+    def plan(self, step: int) -> BatchPlan:
+        """The plan of optimizer step `step` (counted over the run)."""
+        self._plan = self.layout.plan(step, self._plan, self.micro_cap)
+        return self._plan
+
+    def begin(self, step: int, lr: float, weight_decay: float) -> None:
+        """Before step `step`, the first this process takes (a branch's first, at its branch point)."""
+        self._plan = self.plan(step)
+        if hasattr(self.policy, "begin"):
+            self.policy.begin(step, lr, weight_decay)
+
+    def after_oom(self, plan: BatchPlan) -> BatchPlan:
+        """The same global batch in micro-batches half as large: the LR and weight decay stay."""
+        self.micro_cap = plan.micro_size // 2
+        self._plan = plan_for(plan.size, plan.world_size, self.micro_cap)
+        self.oom_recoveries += 1
+        log.warning(
+            "out of memory at micro-batch %d: micro-batch %d x %d accumulation steps x %d ranks from now "
+            "on (global batch %d, LR and weight decay unchanged)",
+            plan.micro_size,
+            self._plan.micro_size,
+            self._plan.accum_steps,
+            plan.world_size,
+            plan.size,
+        )
+        return self._plan
+
+    def adapt(self, step: int, world, noise) -> bool:
+        """After `step` steps: a closed-loop policy may lay out the steps ahead anew. Rank 0
+        decides from its measured noise scale; every rank applies its decision. Whether the layout
+        changed."""
+        if not hasattr(self.policy, "decide") or not self.policy.due(step, self.layout):
+            return False
+        decided = None
+        if world.is_main:
+            averaged = noise.scale.averaged() if noise is not None else None
+            b_simple = averaged[1] / averaged[0] if averaged is not None and averaged[0] > 0 else None
+            decided = self.policy.decide(step, self.layout, b_simple)
+        layout = self.policy.apply(step, self.layout, world.broadcast_object(decided))
+        if layout is not None:
+            self.layout = layout
+        return layout is not None
+
+    def epoch_sizes(self, epoch: int) -> EpochSizes:
+        """The samples of each step of `epoch`, read as the epoch goes (a closed-loop policy may
+        change the steps ahead between two steps)."""
+        return EpochSizes(self, epoch)
+
+    def epochs_done(self, state) -> float:
+        return self.layout.epochs_done(state.epoch, state.in_epoch, state.samples_seen)
+
+    # ---------------------------------------------------------------- checkpoints
+
+    def state_dict(self) -> dict[str, Any]:
+        policy = self.policy.state_dict() if hasattr(self.policy, "state_dict") else {}
+        return {
+            "plan": asdict(self._plan),
+            "micro_cap": self.micro_cap,
+            "oom_recoveries": self.oom_recoveries,
+            **policy,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._plan = BatchPlan(**state["plan"])
+        self.micro_cap, self.oom_recoveries = state["micro_cap"], state["oom_recoveries"]
+
+
+class EpochSizes:
+    """An epoch's steps, read step by step from the layout in force: the samples each takes."""
+
+    def __init__(self, batching: Batching, epoch: int) -> None:
+        self.batching, self.epoch = batching, epoch
+
+    def __len__(self) -> int:
+        run = self.batching.layout.run
+        return len(run.epoch(self.epoch)) if self.epoch < len(run.epoch_starts) else 0
+
+    def __iter__(self):
+        index = 0
+        while index < len(self):  # the samples each step takes (an epoch's or the run's last may take fewer)
+            yield self.batching.layout.run.epoch_taken(self.epoch)[index]
+            index += 1

@@ -1,0 +1,32 @@
+"""batch=accumulation: `batch.size` every step, in micro-batches of `batch.micro_size` (or
+`batch.accum_steps` of them) on each rank; an out-of-memory error halves the micro-batch from there."""
+
+from __future__ import annotations
+
+from bsexp.batch.layout import Layout
+from bsexp.batch.plan import BatchPlan
+from bsexp.batch.policies.shared import constant_layout, fits_data, given_plan
+from bsexp.errors import ConfigError
+
+
+class Accumulation:
+    name = "accumulation"
+
+    def __init__(self, cfg, world: int) -> None:
+        self.cfg, self.world = cfg, world
+
+    def check(self) -> BatchPlan:
+        batch = self.cfg.batch
+        if batch.micro_size is None and batch.accum_steps is None:
+            raise ConfigError(
+                "batch.micro_size", None, "batch=accumulation needs batch.micro_size (per rank) or batch.accum_steps"
+            )
+        return given_plan(batch, self.world)
+
+    def check_data(self, n_train: int, data: str = "the data") -> None:
+        fits_data([self.cfg.batch.size], n_train, data)
+
+    def lay_out(self, probe, state: dict | None = None) -> Layout:
+        self.check_data(probe.n_train, probe.data)
+        plan = self.check()
+        return constant_layout(self.cfg, self.world, probe.n_train, plan.size, first=plan, micro_cap=plan.micro_size)

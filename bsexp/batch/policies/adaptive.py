@@ -1,0 +1,267 @@
+"""batch=adaptive: a closed loop. Every `batch.adaptive.interval` steps the controller
+(bsexp.batch.adaptive) sets the global batch of the steps ahead from the measured gradient noise
+scale; rank 0 decides and every rank applies its decision. The run is laid out again from that
+step on: the data, the LR (by scaling.lr_rule, or AdaScale's gain) and the weight decay (by
+scaling.wd_rule) follow, with warmup and decay counted in samples, so a change of batch neither
+stretches nor cuts them. Batches above the micro-batch cap accumulate."""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import math
+from typing import Any
+
+from bsexp.batch.adaptive import Controller, adascale_gain, efficiency
+from bsexp.batch.layout import Layout
+from bsexp.batch.plan import MIN_MICRO, BatchPlan, plan_for
+from bsexp.batch.policies import stepped
+from bsexp.batch.policies.shared import fits_data, run_steps
+from bsexp.batch.schedule import BatchSchedule, RunSteps
+from bsexp.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+class Adaptive:
+    name = "adaptive"
+    measures_noise = True
+    batch_figure = "adaptive/batch"  # the batch over training, against its target and B_simple
+
+    def __init__(self, cfg, world: int) -> None:
+        self.cfg, self.world = cfg, world
+        self.found = None
+        self.n_train, self.micro_cap = 0, cfg.batch.micro_size
+        self.points: list[tuple[int, int]] = [(0, cfg.batch.size)]  # (step, global batch from it on)
+        self.gains: list[tuple[int, float]] = [(0, 1.0)]  # (step, LR gain from it on): AdaScale's r, or 1
+        self.decisions: list[dict[str, Any]] = []
+        self.rates: list[tuple[int, float]] = []  # (micro-batch, samples/s) of the finder's trials
+
+    def searches(self) -> bool:
+        return bool(self.cfg.batch.find_micro_size)
+
+    def check(self) -> BatchPlan:
+        cfg, world, size = self.cfg, self.world, self.cfg.batch.size
+        node = cfg.batch.adaptive
+        low = node.min_size if node.min_size is not None else size
+        if size % world or size < world * MIN_MICRO:
+            raise ConfigError(
+                "batch.size", size, f"must be a multiple of the world size {world} and at least {world * MIN_MICRO}"
+            )
+        if not low <= size:
+            raise ConfigError("batch.adaptive.min_size", low, f"must be at most batch.size={size}")
+        if node.max_size is not None and node.max_size < size:
+            raise ConfigError("batch.adaptive.max_size", node.max_size, f"must be at least batch.size={size}")
+        if str(cfg.trainer.noise_scale) == "off":
+            raise ConfigError(
+                "trainer.noise_scale", "off", "batch=adaptive steers by the measured noise scale: use auto or always"
+            )
+        if not cfg.data.get("in_memory", True):
+            raise ConfigError(
+                "batch.policy",
+                "adaptive",
+                "needs the data in memory (data.in_memory=true): the steps ahead change as the run goes",
+            )
+        if str(node.objective) == "goodput" and not cfg.batch.find_micro_size:
+            raise ConfigError(
+                "batch.adaptive.objective",
+                "goodput",
+                "needs the finder's throughput at each size: set batch.find_micro_size=true",
+            )
+        return plan_for(size, world, cfg.batch.micro_size)
+
+    def check_data(self, n_train: int, data: str = "the data") -> None:
+        fits_data([self.cfg.batch.size], n_train, data)
+
+    def controller(self) -> Controller:
+        node, size = self.cfg.batch.adaptive, self.cfg.batch.size
+        high = self.n_train if node.max_size is None else min(node.max_size, self.n_train)
+        return Controller(
+            start=size,
+            min_size=node.min_size if node.min_size is not None else size,
+            max_size=high,
+            quantum=self.world,
+            c=node.c,
+            power=node.power,
+            max_growth=node.max_growth,
+            shrink=node.shrink,
+            objective=str(node.objective),
+        )
+
+    def lay_out(self, probe, state: dict | None = None) -> Layout:
+        self.check_data(probe.n_train, probe.data)
+        self.n_train = probe.n_train
+        if state is not None:
+            self.points = [tuple(p) for p in state["points"]]
+            self.gains = [tuple(g) for g in state["gains"]]
+            self.decisions, self.rates = list(state["decisions"]), [tuple(r) for r in state["rates"]]
+        elif self.cfg.batch.find_micro_size:
+            self.found = probe.find(largest=self.controller().max_size // self.world)
+            cap = self.found.micro_size
+            self.micro_cap = cap if self.micro_cap is None else min(self.micro_cap, cap)
+            self.rates = sorted((t.size, t.samples_per_s) for t in self.found.trials if t.ok and t.samples_per_s)
+        return self._layout()
+
+    # ------------------------------------------------------------------ the layout
+
+    def _by_gain(self) -> bool:
+        return str(self.cfg.batch.adaptive.lr) == "adascale"
+
+    def _gains(self, steps: int) -> list[float] | None:
+        return stepped.step_gains(self.gains, steps) if self._by_gain() else None
+
+    def _budget(self) -> RunSteps:
+        """The run of `epochs` (cut at trainer.max_steps) at the first batch: the budget the
+        schedule is counted against, in samples (with AdaScale, scale-invariant ones). Counted
+        against the run itself, a cap in steps (or drop_last) would end the schedule where the
+        first batch's run ends, long before a grown batch's does, and a resumed run, its
+        batches grown, would count warmup steps and the cap otherwise than the run it resumes."""
+        return run_steps(self.cfg, BatchSchedule(start=self.points[0][1], world_size=self.world), self.n_train)
+
+    def _run_steps(self, budget: int) -> RunSteps:
+        """The steps until the schedule's position reaches `budget`: the run ends with its
+        schedule. In samples, that is `epochs` of them (a cap in steps or drop_last, a budget of
+        the first batch's steps). With AdaScale, AdaScale's length (Johnson et al. 2020, Algorithm
+        1: train while the scale-invariant iterations τ, advanced r a step, are below the budget
+        T), the steps ahead at the gain in force: a gain below the scale S takes more samples than
+        `epochs` (up to S times as many)."""
+        cfg, epochs, b0 = self.cfg, self.cfg.epochs, self.points[0][1]
+        while True:
+            run = stepped.schedule(self.points, self.world, balance_tail=True).run_steps(
+                epochs, self.n_train, cfg.batch.drop_last, cfg.trainer.max_steps
+            )
+            position = stepped.progress(run, b0, self._gains(run.total))
+            if position[-1] >= budget or not run.total or run.total == cfg.trainer.max_steps:
+                return run.first(bisect.bisect_left(position, budget, hi=run.total))
+            per_epoch = position[-1] - position[run.epoch_starts[-1]]  # the last epoch's, at the gain ahead
+            if per_epoch <= 0:
+                return run
+            epochs += max(1, math.ceil((budget - position[-1]) / per_epoch))
+
+    def _layout(self) -> Layout:
+        cfg, b0 = self.cfg, self.points[0][1]
+        budget = self._budget()
+        run = self._run_steps(budget.total_samples)
+        positions, coupling = stepped.follow(
+            run, b0, cfg.scaling.ref_batch, str(cfg.scaling.lr_rule), self._gains(run.total)
+        )
+        first = plan_for(run.sizes[0] if run.sizes else b0, self.world, self.micro_cap)
+        return Layout(
+            run,
+            self.world,
+            first,
+            self.micro_cap,
+            base_batch=b0,
+            counted=budget,
+            positions=positions,
+            lr_coupling=coupling,
+            wd_steps=stepped.weight_decay_steps(run.sizes, str(cfg.scaling.wd_rule)),
+        )
+
+    # ------------------------------------------------------------------ the closed loop
+
+    def due(self, step: int, layout: Layout) -> bool:
+        return not step % self.cfg.batch.adaptive.interval and step < layout.total
+
+    def decide(self, step: int, layout: Layout, b_simple: float | None) -> tuple:
+        """Rank 0's decision at `step` from its measured B_simple (and its throughput)."""
+        current = layout.run.sizes[step]
+        decision = self.controller().next_size(current, b_simple, self._throughput(), step)
+        gain = 1.0
+        if self._by_gain():
+            gain = adascale_gain(decision.b_simple, self.points[0][1], decision.size, kept=self.gains[-1][1])
+        return decision, gain, b_simple
+
+    def apply(self, step: int, layout: Layout, decided: tuple) -> Layout | None:
+        """Every rank: the run laid out again from the decision (None where nothing changes)."""
+        decision, gain, b_simple = decided
+        current, size = layout.run.sizes[step], decision.size
+        at = self._from_step(layout.run, step, size)
+        if at is None:  # the last epoch's last step: the batch stays to the end
+            size, gain, at = current, self.gains[-1][1], step
+        self.decisions.append(
+            {
+                "step": step,
+                "b_simple": decision.b_simple,
+                "target": decision.target,
+                "size": size,
+                "previous": current,
+                "gain": gain,
+                "from_step": at,
+                "efficiency": None if b_simple is None else efficiency(b_simple, self.points[0][1], size),
+            }
+        )
+        if size == current and gain == self.gains[-1][1]:
+            return None
+        # A later decision replaces one still waiting for its epoch (the steps stay in order).
+        if size != current:
+            self.points = [p for p in self.points if p[0] < at] + [(at, size)]
+        if gain != self.gains[-1][1]:
+            self.gains = [g for g in self.gains if g[0] < at] + [(at, gain)]
+        log.info(
+            "adaptive batch at step %d: B_simple %s -> global batch %d (was %d)%s%s",
+            step,
+            "unknown" if b_simple is None else f"{b_simple:.0f}",
+            size,
+            current,
+            f", AdaScale gain {gain:.3g}" if self._by_gain() else "",
+            f", from step {at}, the next epoch's first" if at != step else "",
+        )
+        return self._layout()
+
+    def _from_step(self, run: RunSteps, step: int, size: int) -> int | None:
+        """The step a batch decided at `step` starts at: this one; or, where at `size` this step
+        would end its epoch on less than half a batch (a rest the step before, already taken,
+        cannot share), the next epoch's first (None: no epoch follows, the batch stays)."""
+        epoch = bisect.bisect_right(run.epoch_starts, step) - 1
+        left = run.n - sum(run.taken[run.epoch_starts[epoch] : step])
+        if size <= 2 * left or self.cfg.batch.drop_last:
+            return step
+        return run.epoch_starts[epoch + 1] if epoch + 1 < len(run.epoch_starts) else None
+
+    def _throughput(self):
+        """objective=goodput: samples/s at a global batch, from the finder's trials (a batch above
+        the micro-batch cap runs at the cap's rate, accumulating)."""
+        timed = self.rates
+        if not timed:
+            return None
+        cap = self.micro_cap or timed[-1][0]
+
+        def rate(batch: int) -> float:  # linear between the sizes tried, flat beyond them
+            micro = min(batch / self.world, cap)
+            if micro <= timed[0][0]:
+                return timed[0][1]
+            for (a, ra), (b, rb) in zip(timed, timed[1:]):
+                if micro <= b:
+                    return ra + (rb - ra) * (micro - a) / (b - a)
+            return timed[-1][1]
+
+        return rate
+
+    # ------------------------------------------------------------------ what it tells
+
+    def record(self) -> dict[str, Any]:
+        last = self.decisions[-1] if self.decisions else {}
+        return {
+            "adaptive/target": last.get("target"),
+            "adaptive/efficiency": last.get("efficiency"),
+            "adaptive/gain": last.get("gain"),
+            "adaptive/decisions": len(self.decisions),
+        }
+
+    def summary(self, samples_seen: int) -> dict[str, Any]:
+        return {
+            "adaptive": {
+                "sizes": [list(p) for p in self.points],
+                "gains": [list(g) for g in self.gains],
+                "decisions": self.decisions,
+            }
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "points": [list(p) for p in self.points],
+            "gains": [list(g) for g in self.gains],
+            "decisions": list(self.decisions),
+            "rates": [list(r) for r in self.rates],
+        }

@@ -1,0 +1,164 @@
+"""branch.trunk=...: the trunk's run continued from its checkpoint at `branch.at_samples` with the
+global batch `batch.size` (in micro-batches of batch.micro_size with batch=accumulation), for
+`branch.samples` samples (Merrill et al. 2025's branched training; bsexp.branch finds the trunk).
+The steps before the branch point are the trunk's; from it on, the LR is the trunk's schedule at
+the same samples seen times the rule's ratio of the two batches, and the weight decay the
+trunk's times its rule's ratio; the data goes on where the trunk's stream was. The LR schedule's
+length, warmup and milestones are the trunk's. The run ends after exactly `branch.samples`
+samples (its last step takes only what is left)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bsexp.batch import scaling
+from bsexp.batch.layout import Layout
+from bsexp.batch.plan import MIN_MICRO, BatchPlan, plan_for
+from bsexp.batch.policies import stepped
+from bsexp.batch.policies.shared import fits_data, given_plan, run_steps
+from bsexp.batch.schedule import BatchSchedule, RunSteps
+from bsexp.errors import ConfigError
+
+
+class Branch:
+    name = "branch"
+    own_setup = False  # the set-up is the trunk's: no cautions of its own
+
+    def __init__(self, cfg, world: int) -> None:
+        self.cfg, self.world = cfg, world
+        self.trunk: dict[str, Any] | None = None  # batch, step, samples, checkpoint: set before lay_out
+        self.run: RunSteps | None = None
+
+    def check(self) -> BatchPlan:
+        cfg = self.cfg
+        if str(cfg.batch.policy) not in ("fixed", "accumulation"):
+            raise ConfigError(
+                "batch.policy",
+                str(cfg.batch.policy),
+                "a branch trains at one global batch: use batch=fixed or batch=accumulation",
+            )
+        if cfg.branch.samples is None:
+            raise ConfigError(
+                "branch.samples",
+                None,
+                "a branch needs its length: the samples to train on after the branch point (e.g. branch.samples=8192)",
+            )
+        if cfg.branch.at_samples is None:
+            raise ConfigError(
+                "branch.at_samples",
+                None,
+                "say which of the trunk's checkpoints to branch from: its "
+                "samples seen (checkpoint.at_samples of the trunk)",
+            )
+        return given_plan(cfg.batch, self.world)
+
+    def check_data(self, n_train: int, data: str = "the data") -> None:
+        fits_data([self.cfg.batch.size], n_train, data)
+
+    def lay_out(self, probe, state: dict | None = None) -> Layout:
+        cfg, trunk = self.cfg, self.trunk
+        if state is not None:  # a branch resumed: where it branched is in its own checkpoint
+            self.trunk = trunk = dict(state["trunk"])
+        self.check_data(probe.n_train, probe.data)
+        given = given_plan(cfg.batch, self.world)
+        counted = run_steps(cfg, BatchSchedule(start=trunk["batch"], world_size=self.world), probe.n_train)
+        points = [(0, trunk["batch"]), (trunk["step"], cfg.batch.size)]
+        self.run, cut_short = self._run_steps(points, counted, probe.n_train)
+        positions, coupling = stepped.follow(self.run, trunk["batch"], cfg.scaling.ref_batch, str(cfg.scaling.lr_rule))
+        if cut_short and self.run.total > trunk["step"]:  # the last step takes the LR of the samples it takes
+            rule = str(cfg.scaling.lr_rule)
+            coupling = (
+                *coupling[:-1],
+                coupling[-1] * scaling.rule_multiplier(rule, self.run.taken[-1] / self.run.sizes[-1]),
+            )
+        ratio = scaling.rule_multiplier(str(cfg.scaling.wd_rule), cfg.batch.size / trunk["batch"])
+        wd_steps = tuple(ratio if step == trunk["step"] else 1.0 for step in range(self.run.total))
+        first = given if trunk["batch"] == cfg.batch.size else plan_for(trunk["batch"], self.world, None)
+        return Layout(
+            self.run,
+            self.world,
+            first,
+            given.micro_size if given.accum_steps > 1 else None,
+            base_batch=trunk["batch"],
+            counted=counted,
+            positions=positions,
+            lr_coupling=coupling,
+            wd_steps=wd_steps,
+            eval_steps=self._eval_steps(),
+            epochs_by_samples=True,
+        )
+
+    def _run_steps(self, points, counted: RunSteps, n_train: int) -> tuple[RunSteps, bool]:
+        """The trunk's steps to the branch point, then the branch's to its end; and whether that
+        end cuts the last step short of its batch."""
+        cfg, trunk = self.cfg, self.trunk
+        full = stepped.schedule(points, self.world).run_steps(cfg.epochs, n_train, cfg.batch.drop_last)
+        at, end = trunk["samples"], trunk["samples"] + cfg.branch.samples
+        if trunk["step"] > full.total or full.samples_before_step(trunk["step"]) != at:
+            raise ConfigError(
+                "branch.trunk",
+                cfg.branch.trunk,
+                f"its checkpoint at step {trunk['step']} has seen {at} "
+                f"samples, which this run's layout does not reproduce "
+                f"(epochs, data or batch.drop_last differ)",
+            )
+        last = min(full.total_samples, counted.total_samples)  # the trunk's own end (trainer.max_steps)
+        if end > last:
+            raise ConfigError(
+                "branch.samples",
+                cfg.branch.samples,
+                f"runs past the run's end: the branch starts at {at} of {last} samples, so at most {last - at}",
+            )
+        cut = full.cut(end, min_last=MIN_MICRO * self.world)
+        return cut, bool(cut.total) and cut.taken[-1] < (full.taken or full.sizes)[cut.total - 1]
+
+    def _eval_steps(self) -> tuple[int, ...]:
+        """After the first step at or past each `branch.samples / branch.evals` of the branch."""
+        cfg, trunk, run = self.cfg, self.trunk, self.run
+        marks = [trunk["samples"] + cfg.branch.samples * j / cfg.branch.evals for j in range(1, cfg.branch.evals + 1)]
+        seen, found = trunk["samples"], []
+        for step in range(trunk["step"], run.total):
+            seen += (run.taken or run.sizes)[step]
+            if marks and seen >= marks[0] - 1e-9:
+                found.append(step + 1)
+                while marks and seen >= marks[0] - 1e-9:
+                    marks.pop(0)
+        return tuple(found)
+
+    def begin(self, step: int, lr: float, weight_decay: float) -> None:
+        """At the branch point, the LR and weight decay of the branch's first step (its summary's)."""
+        if step == self.trunk["step"]:  # a branch resumed past its branch point has them already
+            self.trunk["lr"], self.trunk["weight_decay"] = lr, weight_decay
+
+    def described(self, hp: scaling.ScaledHparams) -> scaling.ScaledHparams:
+        """The branch's own: the LR and weight decay at its batch by the rules, its steps."""
+        cfg, trunk = self.cfg, self.trunk
+        k = scaling.scale_factor(cfg.batch.size, cfg.scaling.ref_batch)
+        return scaling.ScaledHparams(
+            k=k,
+            lr=scaling.scaled_lr(cfg.optimizer.lr, k, str(cfg.scaling.lr_rule)),
+            lr_peak=hp.lr_peak,
+            weight_decay=scaling.scaled_weight_decay(cfg.optimizer.weight_decay, k, str(cfg.scaling.wd_rule)),
+            warmup_steps=0 if hp.warmup_steps <= trunk["step"] else hp.warmup_steps - trunk["step"],
+            total_steps=self.run.total - trunk["step"],
+        )
+
+    def summary(self, samples_seen: int) -> dict[str, Any]:
+        trunk = self.trunk
+        return {
+            "branch": {
+                "trunk": trunk.get("run_dir"),
+                "checkpoint": trunk.get("checkpoint"),
+                "trunk_batch": trunk["batch"],
+                "at_step": trunk["step"],
+                "at_samples": trunk["samples"],
+                "samples": self.cfg.branch.samples,
+                "samples_trained": samples_seen - trunk["samples"],
+                "batch": self.cfg.batch.size,
+                "lr": trunk.get("lr"),
+                "weight_decay": trunk.get("weight_decay"),
+            }
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"trunk": dict(self.trunk)}

@@ -1,0 +1,135 @@
+"""batch=scheduled: the global batch grows as `batch.schedule` says (Smith et al. 2018); a batch above
+the micro-batch cap (`batch.micro_size`, or what the finder found with `batch.find_micro_size`)
+is reached by accumulation. The LR follows the batch through `scaling.lr_rule`
+(`batch.schedule.couple_lr`), ramped over `batch.schedule.ramp_steps`; the weight decay stays."""
+
+from __future__ import annotations
+
+from bsexp.batch import scaling
+from bsexp.batch.layout import Layout
+from bsexp.batch.plan import MIN_MICRO, BatchPlan, plan_for
+from bsexp.batch.policies.shared import fits_data, run_steps
+from bsexp.batch.schedule import BatchSchedule
+from bsexp.errors import ConfigError
+
+SEESAW = "seesaw"
+
+
+class Scheduled:
+    name = "scheduled"
+
+    def __init__(self, cfg, world: int) -> None:
+        self.cfg, self.world = cfg, world
+        self.found = None
+
+    def searches(self) -> bool:
+        return bool(self.cfg.batch.find_micro_size)
+
+    def schedule(self, start: int) -> BatchSchedule:
+        node, world, epochs = self.cfg.batch.schedule, self.world, self.cfg.epochs
+        if node.kind == SEESAW:  # the batch x alpha at the LR schedule's own decay points
+            lr = self.cfg.schedule
+            return BatchSchedule(
+                start=start,
+                world_size=world,
+                kind="step",
+                unit=str(lr.unit),
+                milestones=tuple(lr.milestones),
+                factor=1 / lr.factor,
+                epochs=epochs,
+            )
+        return BatchSchedule(
+            start=start,
+            world_size=world,
+            kind=str(node.kind),
+            unit=str(node.unit),
+            milestones=tuple(node.milestones),
+            factor=node.factor,
+            end=node.end,
+            epochs=epochs,
+            points=tuple((p[0], p[1]) for p in node.points),
+            round_to=node.round_to,
+        )
+
+    def check(self) -> BatchPlan:
+        """Every batch the schedule reaches must split over the ranks."""
+        cfg, node, world = self.cfg, self.cfg.batch.schedule, self.world
+        if node.kind == SEESAW:
+            _check_seesaw(cfg.schedule)
+        milestones = list(node.milestones)
+        if milestones != sorted(milestones):
+            raise ConfigError("batch.schedule.milestones", milestones, "must be non-negative and increasing")
+        if node.kind in ("linear", "exponential") and node.end is None:
+            raise ConfigError("batch.schedule.end", None, f"batch.schedule.kind={node.kind} needs the final batch")
+        if node.kind == "list":
+            _check_points([list(p) for p in node.points], cfg.batch.size)
+        sizes = self.schedule(cfg.batch.size).sizes(cfg.epochs)
+        for size in sizes:
+            if size < world * MIN_MICRO or size % world:
+                key = "batch.schedule" if size != cfg.batch.size else "batch.size"
+                raise ConfigError(
+                    key,
+                    size,
+                    f"every scheduled batch must be a multiple of the world size {world} "
+                    f"and at least {world * MIN_MICRO} ({MIN_MICRO} samples a rank); the "
+                    f"schedule reaches {sizes}",
+                )
+        return plan_for(cfg.batch.size, world, cfg.batch.micro_size)
+
+    def check_data(self, n_train: int, data: str = "the data") -> None:
+        fits_data(self.schedule(self.cfg.batch.size).sizes(self.cfg.epochs), n_train, data)
+
+    def lay_out(self, probe, state: dict | None = None) -> Layout:
+        cfg, start = self.cfg, self.cfg.batch.size
+        self.check_data(probe.n_train, probe.data)
+        micro_cap = cfg.batch.micro_size
+        if cfg.batch.find_micro_size and state is None:  # the largest micro-batch that fits bounds them all
+            largest = max(self.schedule(start).sizes(cfg.epochs)) // self.world
+            if largest * self.world <= probe.n_train:
+                self.found = probe.find(largest=largest)
+                micro_cap = self.found.micro_size if micro_cap is None else min(micro_cap, self.found.micro_size)
+        run = run_steps(cfg, self.schedule(start), probe.n_train)
+        return Layout(
+            run,
+            self.world,
+            plan_for(start, self.world, micro_cap),
+            micro_cap,
+            lr_coupling=tuple(self._coupling(run.sizes)),
+        )
+
+    def _coupling(self, sizes: tuple[int, ...]) -> list[float]:
+        node = self.cfg.batch.schedule
+        if node.kind == SEESAW:
+            # Seesaw (Meterez et al. 2025): where the step schedule multiplies the LR by 1/alpha, the
+            # batch grows x alpha and the LR falls by 1/sqrt(alpha) only: x sqrt(batch / start) on it.
+            return [(size / sizes[0]) ** 0.5 for size in sizes]
+        rule = str(self.cfg.scaling.lr_rule)
+        return scaling.lr_coupling(sizes, self.cfg.scaling.ref_batch, rule, node.couple_lr, node.ramp_steps)
+
+
+def _check_seesaw(main) -> None:
+    if str(main.main) != "step" or not main.milestones:
+        raise ConfigError(
+            "batch.schedule.kind",
+            "seesaw",
+            "needs schedule.main=step with schedule.milestones: the batch grows where the LR would decay",
+        )
+    alpha = 1 / main.factor
+    if main.factor >= 1 or abs(alpha - round(alpha)) > 1e-6:
+        raise ConfigError(
+            "schedule.factor",
+            main.factor,
+            "must be 1/alpha for a whole alpha >= 2 under batch.schedule.kind=seesaw (the batch grows x alpha)",
+        )
+
+
+def _check_points(points: list[list[int]], size: int) -> None:
+    if (
+        not points
+        or any(len(p) != 2 for p in points)
+        or points[0][0] != 0
+        or [p[0] for p in points] != sorted(p[0] for p in points)
+    ):
+        raise ConfigError("batch.schedule.points", points, "must be [[0, batch], [epoch, batch], ...] in epoch order")
+    if points[0][1] != size:
+        raise ConfigError("batch.schedule.points", points, f"must start at batch.size ([0, {size}])")
