@@ -16,6 +16,7 @@ import os
 import time
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlparse
 
 from bsexp.errors import ConfigError, one_line
 from bsexp.io import atomic_write_text
@@ -265,6 +266,8 @@ class TensorBoardSink:
 
     def close(self, status: str) -> None:
         self.writer.close()
+        log_dir = self.writer.log_dir
+        log.info("TensorBoard log: %s (see it with `tensorboard --logdir %s`)", log_dir, log_dir)
 
     def wandb_id(self) -> str | None:
         return None
@@ -301,7 +304,7 @@ class MlflowSink:
         from mlflow.tracking import MlflowClient
 
         uri = mlflow_tracking_uri(mlflow_cfg, run_dir)
-        if uri.startswith("file:"):  # MLflow 3 keeps its file store behind this opt-in (maintenance mode)
+        if urlparse(uri).scheme in ("", "file"):  # MLflow 3 keeps its file store behind this opt-in
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         self.client = MlflowClient(tracking_uri=uri)
         self.uri = uri
