@@ -239,7 +239,8 @@ class TensorBoardSink:
 
         with Image.open(path) as picture:
             pixels = np.asarray(picture.convert("RGB"))
-        self.writer.add_image(name, pixels, global_step=self.samples_seen, dataformats="HWC")
+        # Under figures/: a figure may share its name with a record's scalar (adaptive/batch).
+        self.writer.add_image(f"figures/{name}", pixels, global_step=self.samples_seen, dataformats="HWC")
 
     def summary(self, summary: dict[str, Any]) -> None:
         from tensorboard.plugins.hparams.api_pb2 import Status

@@ -3,6 +3,7 @@ read back with TensorBoard's and MLflow's own readers, holds the records of metr
 samples_seen, the resolved config and the summary; a resumed run continues the same TensorBoard
 log and MLflow run, with no point twice."""
 
+import io
 import json
 import math
 import subprocess
@@ -12,6 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 from logger_records import TensorBoardLog, mlflow_client, mlflow_history, mlflow_runs
+from PIL import Image
+from tensorboard.util import tensor_util
 
 import wandb_records
 from conftest import cli_env
@@ -191,3 +194,35 @@ def assert_mlflow_holds_the_run_resumed(run_dir: Path, wall_first: float) -> Non
     assert wall == [(final["samples_seen"], wall_first), (final["samples_seen"], final["wall_time_s"])]
     assert run.data.metrics["summary/wall_time_s"] == final["wall_time_s"] and not math.isclose(wall_first, wall[-1][1])
     assert run.data.tags["summary/resumed_from"] == final["resumed_from"] and run.info.status == "FINISHED"
+
+
+def test_a_policys_figure_and_the_finders_table_reach_both(data_root, out):
+    """batch=adaptive draws the batch over training (batch.png): an image in TensorBoard, an
+    artifact in MLflow. batch=finder's trials: a table as TensorBoard text, an MLflow artifact."""
+    both = "logger=[tensorboard,mlflow]"
+    adaptive = out / "adaptive"
+    train(data_root, out, "batch=adaptive", "batch.find_micro_size=false", both, f"hydra.run.dir={adaptive}")
+    png = (adaptive / "batch.png").read_bytes()
+    [image] = TensorBoardLog(adaptive / "tensorboard").events.Tensors("figures/adaptive/batch")
+    width, height, encoded = tensor_util.make_ndarray(image.tensor_proto)
+    with Image.open(adaptive / "batch.png") as drawn:
+        assert (int(width), int(height)) == drawn.size
+    with Image.open(io.BytesIO(encoded)) as shown:
+        assert shown.size == drawn.size and image.step == summary(adaptive)["samples_seen"]
+    client = mlflow_client((adaptive / "mlruns").as_uri())
+    [run] = mlflow_runs(client)
+    assert Path(client.download_artifacts(run.info.run_id, "figures/batch.png", str(out / "got"))).read_bytes() == png
+
+    finder = out / "finder"
+    train(data_root, out, "batch=finder", both, f"hydra.run.dir={finder}")
+    trials = json.loads((finder / "finder.json").read_text())["trials"]
+    [(_, table)] = TensorBoardLog(finder / "tensorboard").texts("finder/trials")
+    header, _, *rows = table.splitlines()
+    assert header == "| " + " | ".join(trials[0]) + " |" and len(rows) == len(trials) >= 2
+    assert [row.split(" | ")[0].lstrip("| ") for row in rows] == [str(t["size"]) for t in trials]
+    client = mlflow_client((finder / "mlruns").as_uri())
+    [run] = mlflow_runs(client)
+    got = Path(client.download_artifacts(run.info.run_id, "finder/trials.json", str(out / "got")))
+    assert json.loads(got.read_text()) == trials
+    micro = json.loads((finder / "summary.json").read_text())["finder"]["micro_size"]
+    assert run.data.metrics["summary/finder/micro_size"] == micro
