@@ -17,11 +17,11 @@ from torch.nn.parallel import DistributedDataParallel
 
 from bsexp.batch.scaling import ScaledHparams
 from bsexp.config.checks import call_target
-from bsexp.config.schema import LoggerKind, NoiseMode
+from bsexp.config.schema import NoiseMode
 from bsexp.data import Splits
 from bsexp.distributed import GradSync, World, sum_gradients_hook
-from bsexp.errors import ConfigError
-from bsexp.metrics import JsonlSink, Sinks, WandbSink
+from bsexp.errors import ConfigError, one_line
+from bsexp.metrics import JsonlSink, MlflowSink, Sinks, TensorBoardSink, WandbSink, check_packages, read_jsonl
 from bsexp.models import checkpoint_blocks, ghost_batchnorm
 from bsexp.noise import NoiseMeter, NoiseScale
 from bsexp.optim import build_optimizer
@@ -177,19 +177,37 @@ def build_sinks(
     keep_records: int | None = None,
     wandb_id: str | None = None,
 ) -> Sinks:
-    """metrics.jsonl (continued after its first `keep_records` lines when resuming) and W&B
-    (continuing run `wandb_id` when resuming)."""
+    """metrics.jsonl (continued after its first `keep_records` lines when resuming) and the loggers
+    chosen (logger=wandb, tensorboard, mlflow, or a list of them): W&B continuing run `wandb_id`,
+    TensorBoard its log directory from the last record kept, MLflow the run of this directory."""
+    check_packages(cfg.logger)
     try:
         sinks: list = [JsonlSink(run_dir / "metrics.jsonl", keep=keep_records)]
     except FileExistsError:
         raise ConfigError(
             "hydra.run.dir", str(run_dir), "already holds metrics.jsonl; choose a new directory"
         ) from None
-    if cfg.logger.kind == LoggerKind.wandb:
-        config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-        config["derived"] = hparams
+    config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    config["derived"] = hparams
+    resuming = keep_records is not None
+    # Resuming: TensorBoard hides what was logged past the records kept (a point the run logged
+    # after its checkpoint, before it stopped), as they are logged again.
+    kept = read_jsonl(run_dir / "metrics.jsonl") if keep_records else []
+    purge_step = (int(kept[-1]["samples_seen"]) + 1 if kept else 0) if resuming else None
+    loggers = cfg.logger
+    starts = {
+        "W&B": (loggers.wandb.enabled, lambda: WandbSink(loggers.wandb, run_dir, config, run_id=wandb_id)),
+        "TensorBoard": (
+            loggers.tensorboard.enabled,
+            lambda: TensorBoardSink(Path(loggers.tensorboard.dir or run_dir / "tensorboard"), config, purge_step),
+        ),
+        "MLflow": (loggers.mlflow.enabled, lambda: MlflowSink(loggers.mlflow, run_dir, config, resuming=resuming)),
+    }
+    for name, (enabled, start) in starts.items():
+        if not enabled:
+            continue
         try:
-            sinks.append(WandbSink(cfg.logger.wandb, run_dir, config, run_id=wandb_id))
-        except Exception as exc:  # W&B is a view of the run, never a reason to lose it
-            log.warning("W&B could not start (%s); logging locally to %s only", exc, run_dir)
+            sinks.append(start())
+        except Exception as exc:  # a logger is a view of the run, never a reason to lose it
+            log.warning("%s could not start (%s); logging to %s without it", name, one_line(exc)[:300], run_dir)
     return Sinks(*sinks)

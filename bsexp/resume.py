@@ -31,7 +31,7 @@ RUN_ONLY = (
     "trainer.progress",
     "trainer.threads",
     "distributed.timeout_s",
-    "logger.wandb.mode",
+    "logger",  # which loggers, and where: how the run is shown (a run of before #46 has logger.kind)
 )
 
 

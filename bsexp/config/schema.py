@@ -50,7 +50,6 @@ FinderObjective = _choice("FinderObjective", "max", "throughput", "noise_scale")
 DistributedKind = _choice("DistributedKind", "none", "ddp")
 Backend = _choice("Backend", "auto", "gloo", "nccl")
 NoiseMode = _choice("NoiseMode", "auto", "off", "always")
-LoggerKind = _choice("LoggerKind", "wandb", "none")
 WandbMode = _choice("WandbMode", "offline", "online", "disabled")
 # The torchvision sets bsexp knows: name -> (torchvision class, number of classes).
 VISION_SETS = {
@@ -373,8 +372,15 @@ class DistributedConfig:
     timeout_s: float = at_least(1, 300.0)  # for collectives; a failed rank ends the job sooner
 
 
+# Loggers: one schema (Config.logger), whose keys every option of conf/logger/ shares; each option
+# turns its own logger on (`enabled`), so several compose (logger=[wandb,tensorboard], Hydra's list
+# of options from one group); logger=none turns none on. metrics.jsonl and summary.json are written
+# whatever is chosen.
+
+
 @dataclass
 class WandbConfig:
+    enabled: bool = False  # logger=wandb (the default) sets it
     project: str = "bsexp"
     entity: Optional[str] = None
     group: Optional[str] = None
@@ -385,9 +391,26 @@ class WandbConfig:
 
 
 @dataclass
+class TensorboardConfig:
+    enabled: bool = False  # logger=tensorboard sets it
+    dir: Optional[str] = None  # null: <run dir>/tensorboard
+
+
+@dataclass
+class MlflowConfig:
+    enabled: bool = False  # logger=mlflow sets it
+    # null: $MLFLOW_TRACKING_URI if set, else a local file store in <run dir>/mlruns; or any URI
+    # MLflow takes (file:/abs/mlruns shared by a sweep, sqlite:///abs/mlflow.db, http://host:5000)
+    tracking_uri: Optional[str] = None
+    experiment: str = "bsexp"
+    run_name: Optional[str] = None  # null: the run directory's name
+
+
+@dataclass
 class LoggerConfig:
-    kind: LoggerKind = MISSING
     wandb: WandbConfig = field(default_factory=WandbConfig)
+    tensorboard: TensorboardConfig = field(default_factory=TensorboardConfig)
+    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
 
 
 # ---------------------------------------------------------------------------- top level
@@ -463,7 +486,7 @@ class Config:
     optimizer: Any = MISSING
     batch: Any = MISSING
     distributed: Any = MISSING
-    logger: Any = MISSING
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
     seed: int = at_least(0, 0)
     epochs: int = at_least(1, 20)
     device: Device = Device.auto

@@ -781,10 +781,15 @@ def _save(fig, out_dir: Path, name: str) -> str:
 # ----------------------------------------------------------------------------- W&B
 
 
+def _logs_to_wandb(logger: dict) -> bool:
+    """logger.wandb.enabled (logger=wandb, or a list with it); logger.kind in sweeps made before #46."""
+    return bool((logger.get("wandb") or {}).get("enabled")) or logger.get("kind") == "wandb"
+
+
 def to_wandb(analysis: Analysis, out_dir: Path, names: list[str], group: str) -> str | None:
     """The table and figures as a `report` run in the sweep's W&B group, when the sweep logged to W&B."""
     configs = [p.config for p in analysis.points if p.config]
-    node = next((c["logger"] for c in configs if (c.get("logger") or {}).get("kind") == "wandb"), None)
+    node = next((c["logger"] for c in configs if _logs_to_wandb(c.get("logger") or {})), None)
     if node is None:
         return None
     import wandb

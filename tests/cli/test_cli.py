@@ -58,7 +58,7 @@ def test_help_lists_every_group_and_its_options(run_cli):
         "batch: accumulation, adaptive, finder, fixed, scheduled",
         "data: cifar10, cifar100, digits, fashion_mnist, mnist, mnist1d, synthetic",
         "distributed: ddp, none",
-        "logger: none, wandb",
+        "logger: mlflow, none, tensorboard, wandb",
         "model: cnn, cnn1d, mlp, resnet18",
         "optimizer: adamw, lamb, lars, sgd",
     ]:

@@ -18,7 +18,7 @@ def test_every_group_has_its_options():
     assert options("optimizer") == ["adamw", "lamb", "lars", "sgd"]
     assert options("batch") == ["accumulation", "adaptive", "finder", "fixed", "scheduled"]
     assert options("distributed") == ["ddp", "none"]
-    assert options("logger") == ["none", "wandb"]
+    assert options("logger") == ["mlflow", "none", "tensorboard", "wandb"]
 
 
 @pytest.mark.parametrize(
@@ -49,10 +49,21 @@ def test_keys_appended_past_the_schema_are_refused(make_cfg, override, key):
     assert info.value.key == key and "valid:" in str(info.value)
 
 
-@pytest.mark.parametrize("logger", ["none", "wandb"])
-def test_loggers_compose(make_cfg, logger):
+@pytest.mark.parametrize(
+    "logger, enabled",
+    [
+        ("none", set()),
+        ("wandb", {"wandb"}),
+        ("tensorboard", {"tensorboard"}),
+        ("mlflow", {"mlflow"}),
+        ("[wandb,tensorboard]", {"wandb", "tensorboard"}),
+        ("[tensorboard,mlflow,wandb]", {"wandb", "tensorboard", "mlflow"}),
+    ],
+)
+def test_loggers_compose(make_cfg, logger, enabled):
     cfg = make_cfg(f"logger={logger}")
-    assert cfg.logger.kind == logger and cfg.logger.wandb.mode is None
+    assert {name for name in ("wandb", "tensorboard", "mlflow") if cfg.logger[name].enabled} == enabled
+    assert cfg.logger.wandb.mode is None and cfg.logger.mlflow.tracking_uri is None
 
 
 @pytest.mark.parametrize(
