@@ -27,7 +27,7 @@ from bsexp.batch.batching import Batching
 from bsexp.batch.finder import server
 from bsexp.batch.finder.find import find_plan
 from bsexp.batch.hparams import Rules, scaled
-from bsexp.batch.policies import Probe, policy_for
+from bsexp.batch.policies import Probe, policy_for, traits
 from bsexp.batch.scaling import ScaledHparams
 from bsexp.build import build_data, build_model, make_step, sync_batchnorm, wrap_model
 from bsexp.checkpoint import Checkpointer
@@ -188,7 +188,7 @@ def build_loop(
         torch.set_num_threads(cfg.trainer.threads)
     # The CPU finder's probe processes fork from a server that imports torch and bsexp while this
     # process builds the data and the model; it is stopped once the policy has laid the run out.
-    with server.running(resumed is None and world.device.type == "cpu" and getattr(policy, "searches", bool)()):
+    with server.running(resumed is None and world.device.type == "cpu" and traits(policy).searches):
         seed_everything(cfg.seed, cfg.trainer.deterministic)
         splits = build_data(cfg).to(world.device)
         n_train = len(splits.train)
@@ -216,7 +216,7 @@ def build_loop(
         hp,
         grad_sync,
         on_oom=batching.after_oom if cfg.trainer.oom_recovery else None,
-        measure_noise=batching.measures_noise,
+        measure_noise=batching.traits.measures_noise,
         n_train=n_train,
     )
     sinks = Sinks()

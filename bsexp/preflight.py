@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 from bsexp import branch, resume
 from bsexp.batch.finder import server
 from bsexp.batch.plan import BatchPlan
-from bsexp.batch.policies import policy_for
+from bsexp.batch.policies import policy_for, traits
 from bsexp.config.checks import check
 from bsexp.config.env import env_rank, launches_workers, restarted, under_torchrun, world_size
 from bsexp.errors import ConfigError, exit_on_config_error, one_line
@@ -106,7 +106,7 @@ def _searches_on_cpu(cfg: DictConfig) -> bool:
             cfg.get("resume") is None
             and str(cfg.device) in ("cpu", "auto")
             and not launches_workers(cfg)
-            and getattr(policy_for(cfg, world_size(cfg)), "searches", bool)()
+            and traits(policy_for(cfg, world_size(cfg))).searches
         )
     except ConfigError:  # reported by the checks
         return False

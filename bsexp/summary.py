@@ -76,7 +76,7 @@ def announce(cfg: DictConfig, loop, hparams: dict[str, Any]) -> None:
         h["warmup_steps"],
         h["total_steps"],
     )
-    if not loop.batching.own_setup:  # the trunk's set-up was cautioned about; a branch only continues it
+    if not loop.batching.traits.own_setup:  # the trunk's set-up was cautioned about; a branch only continues it
         return
     run = loop.batching.layout.run
     per_epoch = run.epoch_steps(0) if run.epoch_starts else run.total  # a whole epoch's, where max_steps cut it

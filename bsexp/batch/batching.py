@@ -11,6 +11,7 @@ from typing import Any
 
 from bsexp.batch.layout import Layout
 from bsexp.batch.plan import BatchPlan, plan_for
+from bsexp.batch.policies import traits
 from bsexp.batch.scaling import ScaledHparams
 
 log = logging.getLogger(__name__)
@@ -19,38 +20,24 @@ log = logging.getLogger(__name__)
 class Batching:
     def __init__(self, policy, layout: Layout) -> None:
         self.policy, self.layout = policy, layout
+        self.traits = traits(policy)
         self.micro_cap = layout.micro_cap  # the largest micro-batch per rank known to fit (None: any)
         self.oom_recoveries = 0
         self._plan = layout.first_plan  # in force
 
-    # ---------------------------------------------------------------- what the policy may leave out
-
-    @property
-    def name(self) -> str:
-        return self.policy.name
-
-    @property
-    def measures_noise(self) -> bool:
-        return getattr(self.policy, "measures_noise", False)
-
-    @property
-    def own_setup(self) -> bool:
-        return getattr(self.policy, "own_setup", True)
+    # ---------------------------------------------------------------- what the policy tells
 
     @property
     def found(self):
         """The finder's result (bsexp.batch.finder.FinderResult), where the finder ran."""
         return getattr(self.policy, "found", None)
 
-    @property
-    def batch_figure(self) -> str | None:
-        """The W&B key of a figure of the batch over training, where the batch is the policy's to move."""
-        return getattr(self.policy, "batch_figure", None)
-
     def record(self) -> dict[str, Any]:
+        """What the policy adds to each metrics record."""
         return self.policy.record() if hasattr(self.policy, "record") else {}
 
     def summary(self, samples_seen: int) -> dict[str, Any]:
+        """What the policy adds to summary.json, for a run that has seen `samples_seen` samples."""
         return self.policy.summary(samples_seen) if hasattr(self.policy, "summary") else {}
 
     def described(self, hp: ScaledHparams) -> ScaledHparams:
@@ -63,10 +50,6 @@ class Batching:
     def current(self) -> BatchPlan:
         """The plan in force (after a change of batch or an out-of-memory recovery)."""
         return self._plan
-
-    @property
-    def run_steps(self):
-        return self.layout.run
 
     def plan(self, step: int) -> BatchPlan:
         """The plan of optimizer step `step` (counted over the run)."""

@@ -123,7 +123,8 @@ def _check_increasing(key: str, values: list) -> None:
 
 
 def _is_schema(cls: Any) -> bool:
-    return dataclasses.is_dataclass(cls) and cls.__module__ == schema.__name__
+    """A dataclass of bsexp's (bsexp.config.schema's, or a batch policy's own config)."""
+    return dataclasses.is_dataclass(cls) and cls.__module__.startswith("bsexp.")
 
 
 def _check_known_keys(cfg: DictConfig, prefix: str = "") -> None:

@@ -11,46 +11,28 @@ validator (`bsexp.config.checks`), before Hydra writes anything into the output 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from bsexp.batch.policies import REGISTRY, config_of
+from bsexp.batch.policies.branch import BranchConfig
 from bsexp.batch.scaling import RULES
 from bsexp.errors import add_key_hint
+from bsexp.fields import Bound, Unit, at_least, bounded, choice, positive  # noqa: F401 (Bound: for the checks)
 
-
-class _Choice(str, Enum):
-    """An enum whose members compare equal to their names ("batch" == Norm.batch)."""
-
-    def __str__(self) -> str:
-        return self.value
-
-
-def _choice(name: str, *values: str) -> type[_Choice]:
-    return _Choice(name, {v: v for v in values}, module=__name__)
-
-
-Device = _choice("Device", "auto", "cpu", "cuda")
-Precision = _choice("Precision", "fp32", "bf16", "fp16")
-Rule = _choice("Rule", *RULES)
-Unit = _choice("Unit", "epochs", "steps")
-WarmupShape = _choice("WarmupShape", "linear", "constant", "none")
-MainSchedule = _choice("MainSchedule", "cosine", "step", "constant")
+Device = choice("Device", "auto", "cpu", "cuda", module=__name__)
+Precision = choice("Precision", "fp32", "bf16", "fp16", module=__name__)
+Rule = choice("Rule", *RULES, module=__name__)
+WarmupShape = choice("WarmupShape", "linear", "constant", "none", module=__name__)
+MainSchedule = choice("MainSchedule", "cosine", "step", "constant", module=__name__)
 NORMS = ("batch", "group", "layer", "none")
-Norm = _choice("Norm", *NORMS)
-POLICIES = ("fixed", "accumulation", "finder", "scheduled", "adaptive")
-Policy = _choice("Policy", *POLICIES)
-ScheduleKind = _choice("ScheduleKind", "step", "linear", "exponential", "list", "seesaw")
-AdaptiveObjective = _choice("AdaptiveObjective", "noise", "goodput")
-AdaptiveLR = _choice("AdaptiveLR", "rule", "adascale")
-FinderMode = _choice("FinderMode", "fit", "power", "binsearch")
-FinderObjective = _choice("FinderObjective", "max", "throughput", "noise_scale")
-DistributedKind = _choice("DistributedKind", "none", "ddp")
-Backend = _choice("Backend", "auto", "gloo", "nccl")
-NoiseMode = _choice("NoiseMode", "auto", "off", "always")
-WandbMode = _choice("WandbMode", "offline", "online", "disabled")
+Norm = choice("Norm", *NORMS, module=__name__)
+DistributedKind = choice("DistributedKind", "none", "ddp", module=__name__)
+Backend = choice("Backend", "auto", "gloo", "nccl", module=__name__)
+NoiseMode = choice("NoiseMode", "auto", "off", "always", module=__name__)
+WandbMode = choice("WandbMode", "offline", "online", "disabled", module=__name__)
 # The torchvision sets bsexp knows: name -> (torchvision class, number of classes).
 VISION_SETS = {
     "mnist": ("MNIST", 10),
@@ -58,67 +40,9 @@ VISION_SETS = {
     "cifar10": ("CIFAR10", 10),
     "cifar100": ("CIFAR100", 100),
 }
-VisionSet = _choice("VisionSet", *VISION_SETS)
+VisionSet = choice("VisionSet", *VISION_SETS, module=__name__)
 
 DATA_ROOT = "${oc.env:BSEXP_DATA,data}"
-
-
-# ---------------------------------------------------------------------------- bounds
-
-
-@dataclass(frozen=True)
-class Bound:
-    """What a number (or every number of a list) must be: within [low, high], an end left out
-    when `open_low`/`open_high`; always finite. `nonempty`: a list must hold at least one."""
-
-    low: float | None = None
-    high: float | None = None
-    open_low: bool = False
-    open_high: bool = False
-    nonempty: bool = False
-
-    def holds(self, value: float) -> bool:
-        if value != value or value in (float("inf"), float("-inf")):  # NaN, infinities
-            return False
-        if self.low is not None and (value <= self.low if self.open_low else value < self.low):
-            return False
-        return self.high is None or (value < self.high if self.open_high else value <= self.high)
-
-    @property
-    def text(self) -> str:
-        """'>= 1', '> 0', 'in [0, 1)', ... as the error message says it."""
-        fmt = lambda v: format(v, "g")  # noqa: E731
-        if self.high is None:
-            return f"{'>' if self.open_low else '>='} {fmt(self.low)}"
-        if self.low is None:
-            return f"{'<' if self.open_high else '<='} {fmt(self.high)}"
-        return f"in {'(' if self.open_low else '['}{fmt(self.low)}, {fmt(self.high)}{')' if self.open_high else ']'}"
-
-
-def bounded(
-    default: Any = MISSING,
-    *,
-    low: float | None = None,
-    high: float | None = None,
-    open_low: bool = False,
-    open_high: bool = False,
-    nonempty: bool = False,
-    factory: Any = None,
-    why: str = "",
-) -> Any:
-    """A dataclass field with its bound beside it (`why` is added to the error message)."""
-    meta = {"bound": Bound(low, high, open_low, open_high, nonempty), "why": why}
-    if factory is not None:
-        return field(default_factory=factory, metadata=meta)
-    return field(default=default, metadata=meta)
-
-
-def positive(default: Any = MISSING) -> Any:
-    return bounded(default, low=0, open_low=True)
-
-
-def at_least(low: float, default: Any = MISSING, why: str = "") -> Any:
-    return bounded(default, low=low, why=why)
 
 
 # ---------------------------------------------------------------------------- data
@@ -262,104 +186,6 @@ class LambOptimizer(OptimizerConfig):
     max_grad_norm: Optional[float] = None  # bsexp clips with trainer.clip_grad_norm
 
 
-# ---------------------------------------------------------------------------- batch policies
-
-
-@dataclass
-class BatchConfig:
-    policy: Policy = MISSING
-    size: int = at_least(1, 128)  # global: samples per optimizer step over all ranks and micro-steps
-    drop_last: bool = False  # false: the last, smaller step of an epoch is kept, normalised exactly
-
-
-@dataclass
-class FixedBatch(BatchConfig):
-    policy: Policy = Policy.fixed
-
-
-@dataclass
-class AccumulationBatch(BatchConfig):
-    policy: Policy = Policy.accumulation
-    size: int = at_least(1, 512)
-    micro_size: Optional[int] = at_least(1, None)  # per rank; give this or accum_steps (or both, consistent)
-    accum_steps: Optional[int] = at_least(1, None)
-
-
-@dataclass
-class FinderConfig:
-    mode: FinderMode = FinderMode.fit  # fit: measure memory at two sizes, predict, confirm
-    objective: FinderObjective = FinderObjective.max
-    init: int = at_least(2, 8, why="(BatchNorm needs two samples)")  # the first micro-batch tried
-    max_trials: int = at_least(2, 12)
-    steps_per_trial: int = at_least(1, 2)  # training steps per trial (the first one after warm-up allocates)
-    max_size: Optional[int] = at_least(2, None)  # largest micro-batch considered (also: the training set per rank)
-    # The found global batch is at most this fraction of the training set, unless batch.size is
-    # given (McCandlish et al. 2018, Smith et al. 2018: the useful batch lies well below N);
-    # null: only memory bounds it.
-    data_fraction: Optional[float] = bounded(0.1, low=0, high=1, open_low=True)
-    margin: float = bounded(0.05, low=0, high=0.9)  # headroom: the answer is this fraction below the largest that fit
-    memory_limit_gb: Optional[float] = positive(None)  # null: the GPU's memory, or what the machine has free
-    throughput_tolerance: float = bounded(0.05, low=0, high=0.5)  # objective=throughput: within this of the best
-    noise_steps: int = at_least(1, 100)  # objective=noise_scale: training steps that measure B_simple
-    noise_batch: int = at_least(4, 256)  # objective=noise_scale: the batch they use (at most what fits)
-    cache: bool = False  # reuse results for the same model, input, precision, device and limit
-    cache_dir: str = "${oc.env:BSEXP_CACHE,'~/.cache/bsexp'}/finder"
-
-
-@dataclass
-class FinderBatch(BatchConfig):
-    policy: Policy = Policy.finder
-    size: Optional[int] = at_least(1, None)  # null: the found micro-batch x world size becomes the global batch
-    finder: FinderConfig = field(default_factory=FinderConfig)
-
-
-@dataclass
-class BatchScheduleConfig:
-    kind: ScheduleKind = ScheduleKind.step
-    unit: Unit = Unit.epochs  # of `milestones`
-    milestones: List[float] = bounded(low=0, factory=lambda: [8.0, 14.0])  # step: batch x factor at each
-    factor: float = positive(5.0)  # step (Smith et al. 2018 grow the batch x5 where the LR would drop /5)
-    end: Optional[int] = at_least(1, None)  # linear / exponential: the batch of the last epoch
-    points: List[List[int]] = field(default_factory=list)  # list: [[epoch, batch], ...] from epoch 0
-    round_to: int = at_least(1, 8)  # linear / exponential: batches are multiples of round_to x world size
-    couple_lr: bool = True  # the LR follows the batch through scaling.lr_rule; false: held fixed
-    ramp_steps: int = at_least(0, 0)  # ramp an LR change over this many steps
-
-
-@dataclass
-class ScheduledBatch(BatchConfig):
-    policy: Policy = Policy.scheduled
-    size: int = at_least(1, 32)  # the global batch the schedule starts from
-    micro_size: Optional[int] = at_least(1, None)  # per rank: larger scheduled batches accumulate micro-batches
-    find_micro_size: bool = False  # run the batch finder for the micro-batch that fits
-    finder: FinderConfig = field(default_factory=FinderConfig)
-    schedule: BatchScheduleConfig = field(default_factory=BatchScheduleConfig)
-
-
-@dataclass
-class AdaptiveConfig:
-    interval: int = at_least(1, 25)  # optimizer steps between the controller's decisions
-    objective: AdaptiveObjective = AdaptiveObjective.noise  # noise: c x B_simple; goodput: Pollux
-    c: float = positive(1.0)  # objective=noise: the batch aimed at is c x B_simple (x batch.size^(1-power))
-    # objective=noise: B_simple^power; 0.5 is McCandlish et al.'s fewest steps for the samples (B ∝ √B_noise)
-    power: float = bounded(1.0, low=0, high=1, open_low=True)
-    min_size: Optional[int] = at_least(1, None)  # null: batch.size
-    max_size: Optional[int] = at_least(1, None)  # null: the training set
-    max_growth: float = at_least(1.0, 2.0)  # at most x this per decision (and / this when shrinking)
-    shrink: bool = False  # let the batch fall when B_simple does
-    lr: AdaptiveLR = AdaptiveLR.rule  # rule: scaling.lr_rule follows the batch; adascale: the gain ratio
-
-
-@dataclass
-class AdaptiveBatch(BatchConfig):
-    policy: Policy = Policy.adaptive
-    size: int = at_least(1, 32)  # the first steps' global batch, until the noise scale is measured
-    micro_size: Optional[int] = at_least(1, None)  # per rank: larger batches accumulate micro-batches
-    find_micro_size: bool = True  # run the batch finder for the micro-batch that fits (and its throughput)
-    finder: FinderConfig = field(default_factory=FinderConfig)
-    adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
-
-
 # ---------------------------------------------------------------------------- world, logs
 
 
@@ -466,20 +292,6 @@ class CheckpointConfig:
 
 
 @dataclass
-class BranchConfig:
-    """A branch: the run continued from another run's (the trunk's) checkpoint with its own global
-    batch (batch.*; LR and weight decay by scaling.*), on the same data stream, for `samples`
-    samples. Every other key must equal the trunk's. Merrill et al. 2025's branched training."""
-
-    trunk: Optional[str] = None  # the trunk: a run directory, or a sweep directory (the job of this seed)
-    at_samples: Optional[int] = at_least(
-        0, None
-    )  # the trunk's checkpoint at these samples seen (checkpoint.at_samples)
-    samples: Optional[int] = at_least(1, None)  # samples the branch trains on
-    evals: int = at_least(1, 4)  # evaluations along the branch, evenly in samples (and one at its start)
-
-
-@dataclass
 class Config:
     data: Any = MISSING
     model: Any = MISSING
@@ -514,11 +326,7 @@ SCHEMAS = {
     "schema_optimizer_adamw": AdamWOptimizer,
     "schema_optimizer_lars": LarsOptimizer,
     "schema_optimizer_lamb": LambOptimizer,
-    "schema_batch_fixed": FixedBatch,
-    "schema_batch_accumulation": AccumulationBatch,
-    "schema_batch_finder": FinderBatch,
-    "schema_batch_scheduled": ScheduledBatch,
-    "schema_batch_adaptive": AdaptiveBatch,
+    **{f"schema_batch_{name}": config_of(name) for name in REGISTRY},  # each beside its policy
     "schema_distributed": DistributedConfig,
     "schema_logger": LoggerConfig,
 }

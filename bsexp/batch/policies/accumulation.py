@@ -3,14 +3,27 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional
+
 from bsexp.batch.layout import Layout
 from bsexp.batch.plan import BatchPlan
-from bsexp.batch.policies.shared import constant_layout, fits_data, given_plan
+from bsexp.batch.policies.shared import BatchConfig, Policy, constant_layout, fits_data, given_plan
 from bsexp.errors import ConfigError
+from bsexp.fields import at_least
+
+
+@dataclass
+class AccumulationBatch(BatchConfig):
+    policy: Policy = Policy.accumulation
+    size: int = at_least(1, 512)
+    micro_size: Optional[int] = at_least(1, None)  # per rank; give this or accum_steps (or both, consistent)
+    accum_steps: Optional[int] = at_least(1, None)
 
 
 class Accumulation:
     name = "accumulation"
+    config = AccumulationBatch
 
     def __init__(self, cfg, world: int) -> None:
         self.cfg, self.world = cfg, world

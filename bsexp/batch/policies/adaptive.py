@@ -10,21 +10,52 @@ from __future__ import annotations
 import bisect
 import logging
 import math
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Optional
 
 from bsexp.batch.adaptive import Controller, adascale_gain, efficiency
 from bsexp.batch.layout import Layout
 from bsexp.batch.plan import MIN_MICRO, BatchPlan, plan_for
 from bsexp.batch.policies import stepped
-from bsexp.batch.policies.shared import fits_data, run_steps
+from bsexp.batch.policies.finder import FinderConfig
+from bsexp.batch.policies.shared import BatchConfig, Policy, fits_data, run_steps
 from bsexp.batch.schedule import BatchSchedule, RunSteps
 from bsexp.errors import ConfigError
+from bsexp.fields import at_least, bounded, choice, positive
 
 log = logging.getLogger(__name__)
+
+AdaptiveObjective = choice("AdaptiveObjective", "noise", "goodput", module=__name__)
+AdaptiveLR = choice("AdaptiveLR", "rule", "adascale", module=__name__)
+
+
+@dataclass
+class AdaptiveConfig:
+    interval: int = at_least(1, 25)  # optimizer steps between the controller's decisions
+    objective: AdaptiveObjective = AdaptiveObjective.noise  # noise: c x B_simple; goodput: Pollux
+    c: float = positive(1.0)  # objective=noise: the batch aimed at is c x B_simple (x batch.size^(1-power))
+    # objective=noise: B_simple^power; 0.5 is McCandlish et al.'s fewest steps for the samples (B ∝ √B_noise)
+    power: float = bounded(1.0, low=0, high=1, open_low=True)
+    min_size: Optional[int] = at_least(1, None)  # null: batch.size
+    max_size: Optional[int] = at_least(1, None)  # null: the training set
+    max_growth: float = at_least(1.0, 2.0)  # at most x this per decision (and / this when shrinking)
+    shrink: bool = False  # let the batch fall when B_simple does
+    lr: AdaptiveLR = AdaptiveLR.rule  # rule: scaling.lr_rule follows the batch; adascale: the gain ratio
+
+
+@dataclass
+class AdaptiveBatch(BatchConfig):
+    policy: Policy = Policy.adaptive
+    size: int = at_least(1, 32)  # the first steps' global batch, until the noise scale is measured
+    micro_size: Optional[int] = at_least(1, None)  # per rank: larger batches accumulate micro-batches
+    find_micro_size: bool = True  # run the batch finder for the micro-batch that fits (and its throughput)
+    finder: FinderConfig = field(default_factory=FinderConfig)
+    adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
 
 
 class Adaptive:
     name = "adaptive"
+    config = AdaptiveBatch
     measures_noise = True
     batch_figure = "adaptive/batch"  # the batch over training, against its target and B_simple
 
@@ -36,6 +67,7 @@ class Adaptive:
         self.gains: list[tuple[int, float]] = [(0, 1.0)]  # (step, LR gain from it on): AdaScale's r, or 1
         self.decisions: list[dict[str, Any]] = []
         self.rates: list[tuple[int, float]] = []  # (micro-batch, samples/s) of the finder's trials
+        self.adascale = str(cfg.batch.adaptive.lr) == "adascale"  # the LR follows AdaScale's gain, not the rule
 
     def searches(self) -> bool:
         return bool(self.cfg.batch.find_micro_size)
@@ -104,19 +136,8 @@ class Adaptive:
 
     # ------------------------------------------------------------------ the layout
 
-    def _by_gain(self) -> bool:
-        return str(self.cfg.batch.adaptive.lr) == "adascale"
-
     def _gains(self, steps: int) -> list[float] | None:
-        return stepped.step_gains(self.gains, steps) if self._by_gain() else None
-
-    def _budget(self) -> RunSteps:
-        """The run of `epochs` (cut at trainer.max_steps) at the first batch: the budget the
-        schedule is counted against, in samples (with AdaScale, scale-invariant ones). Counted
-        against the run itself, a cap in steps (or drop_last) would end the schedule where the
-        first batch's run ends, long before a grown batch's does, and a resumed run, its
-        batches grown, would count warmup steps and the cap otherwise than the run it resumes."""
-        return run_steps(self.cfg, BatchSchedule(start=self.points[0][1], world_size=self.world), self.n_train)
+        return stepped.step_gains(self.gains, steps) if self.adascale else None
 
     def _run_steps(self, budget: int) -> RunSteps:
         """The steps until the schedule's position reaches `budget`: the run ends with its
@@ -139,8 +160,13 @@ class Adaptive:
             epochs += max(1, math.ceil((budget - position[-1]) / per_epoch))
 
     def _layout(self) -> Layout:
+        # The budget the schedule is counted against: the run of `epochs` (cut at trainer.max_steps)
+        # at the first batch, in samples (with AdaScale, scale-invariant ones). Counted against the
+        # run itself, a cap in steps (or drop_last) would end the schedule where the first batch's
+        # run ends, long before a grown batch's does, and a resumed run, its batches grown, would
+        # count warmup steps and the cap otherwise than the run it resumes.
         cfg, b0 = self.cfg, self.points[0][1]
-        budget = self._budget()
+        budget = run_steps(cfg, BatchSchedule(start=b0, world_size=self.world), self.n_train)
         run = self._run_steps(budget.total_samples)
         positions, coupling = stepped.follow(
             run, b0, cfg.scaling.ref_batch, str(cfg.scaling.lr_rule), self._gains(run.total)
@@ -166,9 +192,11 @@ class Adaptive:
     def decide(self, step: int, layout: Layout, b_simple: float | None) -> tuple:
         """Rank 0's decision at `step` from its measured B_simple (and its throughput)."""
         current = layout.run.sizes[step]
-        decision = self.controller().next_size(current, b_simple, self._throughput(), step)
+        decision = self.controller().next_size(
+            current, b_simple, throughput(self.rates, self.micro_cap, self.world), step
+        )
         gain = 1.0
-        if self._by_gain():
+        if self.adascale:
             gain = adascale_gain(decision.b_simple, self.points[0][1], decision.size, kept=self.gains[-1][1])
         return decision, gain, b_simple
 
@@ -176,7 +204,7 @@ class Adaptive:
         """Every rank: the run laid out again from the decision (None where nothing changes)."""
         decision, gain, b_simple = decided
         current, size = layout.run.sizes[step], decision.size
-        at = self._from_step(layout.run, step, size)
+        at = stepped.from_step(layout.run, step, size, self.cfg.batch.drop_last)
         if at is None:  # the last epoch's last step: the batch stays to the end
             size, gain, at = current, self.gains[-1][1], step
         self.decisions.append(
@@ -204,39 +232,10 @@ class Adaptive:
             "unknown" if b_simple is None else f"{b_simple:.0f}",
             size,
             current,
-            f", AdaScale gain {gain:.3g}" if self._by_gain() else "",
+            f", AdaScale gain {gain:.3g}" if self.adascale else "",
             f", from step {at}, the next epoch's first" if at != step else "",
         )
         return self._layout()
-
-    def _from_step(self, run: RunSteps, step: int, size: int) -> int | None:
-        """The step a batch decided at `step` starts at: this one; or, where at `size` this step
-        would end its epoch on less than half a batch (a rest the step before, already taken,
-        cannot share), the next epoch's first (None: no epoch follows, the batch stays)."""
-        epoch = bisect.bisect_right(run.epoch_starts, step) - 1
-        left = run.n - sum(run.taken[run.epoch_starts[epoch] : step])
-        if size <= 2 * left or self.cfg.batch.drop_last:
-            return step
-        return run.epoch_starts[epoch + 1] if epoch + 1 < len(run.epoch_starts) else None
-
-    def _throughput(self):
-        """objective=goodput: samples/s at a global batch, from the finder's trials (a batch above
-        the micro-batch cap runs at the cap's rate, accumulating)."""
-        timed = self.rates
-        if not timed:
-            return None
-        cap = self.micro_cap or timed[-1][0]
-
-        def rate(batch: int) -> float:  # linear between the sizes tried, flat beyond them
-            micro = min(batch / self.world, cap)
-            if micro <= timed[0][0]:
-                return timed[0][1]
-            for (a, ra), (b, rb) in zip(timed, timed[1:]):
-                if micro <= b:
-                    return ra + (rb - ra) * (micro - a) / (b - a)
-            return timed[-1][1]
-
-        return rate
 
     # ------------------------------------------------------------------ what it tells
 
@@ -265,3 +264,23 @@ class Adaptive:
             "decisions": list(self.decisions),
             "rates": [list(r) for r in self.rates],
         }
+
+
+def throughput(rates: list[tuple[int, float]], micro_cap: int | None, world: int):
+    """objective=goodput: samples/s at a global batch, from the finder's trials (micro-batch,
+    samples/s); a batch above the micro-batch cap runs at the cap's rate, accumulating. None
+    where nothing was timed."""
+    if not rates:
+        return None
+    cap = micro_cap or rates[-1][0]
+
+    def rate(batch: int) -> float:  # linear between the sizes tried, flat beyond them
+        micro = min(batch / world, cap)
+        if micro <= rates[0][0]:
+            return rates[0][1]
+        for (a, ra), (b, rb) in zip(rates, rates[1:]):
+            if micro <= b:
+                return ra + (rb - ra) * (micro - a) / (b - a)
+        return rates[-1][1]
+
+    return rate

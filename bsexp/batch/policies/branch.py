@@ -9,7 +9,8 @@ samples (its last step takes only what is left)."""
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Optional
 
 from bsexp.batch import scaling
 from bsexp.batch.layout import Layout
@@ -18,6 +19,21 @@ from bsexp.batch.policies import stepped
 from bsexp.batch.policies.shared import fits_data, given_plan, run_steps
 from bsexp.batch.schedule import BatchSchedule, RunSteps
 from bsexp.errors import ConfigError
+from bsexp.fields import at_least
+
+
+@dataclass
+class BranchConfig:
+    """A branch: the run continued from another run's (the trunk's) checkpoint with its own global
+    batch (batch.*; LR and weight decay by scaling.*), on the same data stream, for `samples`
+    samples. Every other key must equal the trunk's. Merrill et al. 2025's branched training."""
+
+    trunk: Optional[str] = None  # the trunk: a run directory, or a sweep directory (the job of this seed)
+    at_samples: Optional[int] = at_least(
+        0, None
+    )  # the trunk's checkpoint at these samples seen (checkpoint.at_samples)
+    samples: Optional[int] = at_least(1, None)  # samples the branch trains on
+    evals: int = at_least(1, 4)  # evaluations along the branch, evenly in samples (and one at its start)
 
 
 class Branch:

@@ -5,19 +5,55 @@ size x the ranks (or, with objective=noise_scale, the batch nearest the measured
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict
-from typing import Any
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
 
 from bsexp.batch.layout import Layout
 from bsexp.batch.plan import MIN_MICRO, BatchPlan, make_plan
-from bsexp.batch.policies.shared import constant_layout, fits_data
+from bsexp.batch.policies.shared import BatchConfig, Policy, constant_layout, fits_data
 from bsexp.errors import ConfigError
+from bsexp.fields import at_least, bounded, choice, positive
 
 log = logging.getLogger(__name__)
+
+FinderMode = choice("FinderMode", "fit", "power", "binsearch", module=__name__)
+FinderObjective = choice("FinderObjective", "max", "throughput", "noise_scale", module=__name__)
+
+
+@dataclass
+class FinderConfig:
+    """How the batch finder searches (batch=finder; batch=scheduled and batch=adaptive with
+    batch.find_micro_size=true)."""
+
+    mode: FinderMode = FinderMode.fit  # fit: measure memory at two sizes, predict, confirm
+    objective: FinderObjective = FinderObjective.max
+    init: int = at_least(2, 8, why="(BatchNorm needs two samples)")  # the first micro-batch tried
+    max_trials: int = at_least(2, 12)
+    steps_per_trial: int = at_least(1, 2)  # training steps per trial (the first one after warm-up allocates)
+    max_size: Optional[int] = at_least(2, None)  # largest micro-batch considered (also: the training set per rank)
+    # The found global batch is at most this fraction of the training set, unless batch.size is
+    # given (McCandlish et al. 2018, Smith et al. 2018: the useful batch lies well below N);
+    # null: only memory bounds it.
+    data_fraction: Optional[float] = bounded(0.1, low=0, high=1, open_low=True)
+    margin: float = bounded(0.05, low=0, high=0.9)  # headroom: the answer is this fraction below the largest that fit
+    memory_limit_gb: Optional[float] = positive(None)  # null: the GPU's memory, or what the machine has free
+    throughput_tolerance: float = bounded(0.05, low=0, high=0.5)  # objective=throughput: within this of the best
+    noise_steps: int = at_least(1, 100)  # objective=noise_scale: training steps that measure B_simple
+    noise_batch: int = at_least(4, 256)  # objective=noise_scale: the batch they use (at most what fits)
+    cache: bool = False  # reuse results for the same model, input, precision, device and limit
+    cache_dir: str = "${oc.env:BSEXP_CACHE,'~/.cache/bsexp'}/finder"
+
+
+@dataclass
+class FinderBatch(BatchConfig):
+    policy: Policy = Policy.finder
+    size: Optional[int] = at_least(1, None)  # null: the found micro-batch x world size becomes the global batch
+    finder: FinderConfig = field(default_factory=FinderConfig)
 
 
 class Finder:
     name = "finder"
+    config = FinderBatch
 
     def __init__(self, cfg, world: int) -> None:
         self.cfg, self.world = cfg, world

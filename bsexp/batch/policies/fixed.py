@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from bsexp.batch.layout import Layout
 from bsexp.batch.plan import BatchPlan, make_plan
-from bsexp.batch.policies.shared import constant_layout, fits_data
+from bsexp.batch.policies.shared import BatchConfig, Policy, constant_layout, fits_data
+
+
+@dataclass
+class FixedBatch(BatchConfig):
+    policy: Policy = Policy.fixed
 
 
 class Fixed:
     name = "fixed"
+    config = FixedBatch
 
     def __init__(self, cfg, world: int) -> None:
         self.cfg, self.world = cfg, world

@@ -5,18 +5,48 @@ is reached by accumulation. The LR follows the batch through `scaling.lr_rule`
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import List, Optional
+
 from bsexp.batch import scaling
 from bsexp.batch.layout import Layout
 from bsexp.batch.plan import MIN_MICRO, BatchPlan, plan_for
-from bsexp.batch.policies.shared import fits_data, run_steps
+from bsexp.batch.policies.finder import FinderConfig
+from bsexp.batch.policies.shared import BatchConfig, Policy, fits_data, run_steps
 from bsexp.batch.schedule import BatchSchedule
 from bsexp.errors import ConfigError
+from bsexp.fields import Unit, at_least, bounded, choice, positive
 
 SEESAW = "seesaw"
+ScheduleKind = choice("ScheduleKind", "step", "linear", "exponential", "list", SEESAW, module=__name__)
+
+
+@dataclass
+class BatchScheduleConfig:
+    kind: ScheduleKind = ScheduleKind.step
+    unit: Unit = Unit.epochs  # of `milestones`
+    milestones: List[float] = bounded(low=0, factory=lambda: [8.0, 14.0])  # step: batch x factor at each
+    factor: float = positive(5.0)  # step (Smith et al. 2018 grow the batch x5 where the LR would drop /5)
+    end: Optional[int] = at_least(1, None)  # linear / exponential: the batch of the last epoch
+    points: List[List[int]] = field(default_factory=list)  # list: [[epoch, batch], ...] from epoch 0
+    round_to: int = at_least(1, 8)  # linear / exponential: batches are multiples of round_to x world size
+    couple_lr: bool = True  # the LR follows the batch through scaling.lr_rule; false: held fixed
+    ramp_steps: int = at_least(0, 0)  # ramp an LR change over this many steps
+
+
+@dataclass
+class ScheduledBatch(BatchConfig):
+    policy: Policy = Policy.scheduled
+    size: int = at_least(1, 32)  # the global batch the schedule starts from
+    micro_size: Optional[int] = at_least(1, None)  # per rank: larger scheduled batches accumulate micro-batches
+    find_micro_size: bool = False  # run the batch finder for the micro-batch that fits
+    finder: FinderConfig = field(default_factory=FinderConfig)
+    schedule: BatchScheduleConfig = field(default_factory=BatchScheduleConfig)
 
 
 class Scheduled:
     name = "scheduled"
+    config = ScheduledBatch
 
     def __init__(self, cfg, world: int) -> None:
         self.cfg, self.world = cfg, world

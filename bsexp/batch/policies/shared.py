@@ -2,10 +2,27 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from omegaconf import MISSING
+
 from bsexp.batch.layout import Layout
 from bsexp.batch.plan import BatchPlan, make_plan, plan_for
+from bsexp.batch.policies import REGISTRY
 from bsexp.batch.schedule import BatchSchedule, RunSteps
 from bsexp.errors import ConfigError
+from bsexp.fields import at_least, choice
+
+Policy = choice("Policy", *REGISTRY, module=__name__)
+
+
+@dataclass
+class BatchConfig:
+    """What every batch policy's config has (each policy's own dataclass adds its keys)."""
+
+    policy: Policy = MISSING
+    size: int = at_least(1, 128)  # global: samples per optimizer step over all ranks and micro-steps
+    drop_last: bool = False  # false: the last, smaller step of an epoch is kept, normalised exactly
 
 
 def run_steps(cfg, schedule: BatchSchedule, n_train: int) -> RunSteps:

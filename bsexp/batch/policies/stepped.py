@@ -55,3 +55,14 @@ def weight_decay_steps(sizes: tuple[int, ...], rule: str) -> tuple[float, ...]:
         1.0 if not step or size == sizes[step - 1] else scaling.rule_multiplier(rule, size / sizes[step - 1])
         for step, size in enumerate(sizes)
     )
+
+
+def from_step(run: RunSteps, step: int, size: int, drop_last: bool) -> int | None:
+    """The step a batch decided at `step` starts at: this one; or, where at `size` this step would
+    end its epoch on less than half a batch (a rest the step before, already taken, cannot share),
+    the next epoch's first (None: no epoch follows, the batch stays)."""
+    epoch = bisect.bisect_right(run.epoch_starts, step) - 1
+    left = run.n - sum(run.taken[run.epoch_starts[epoch] : step])
+    if size <= 2 * left or drop_last:
+        return step
+    return run.epoch_starts[epoch + 1] if epoch + 1 < len(run.epoch_starts) else None
