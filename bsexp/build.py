@@ -1,7 +1,7 @@
 """The parts of a run, each built once from the config: data, model (with SyncBatchNorm and the
 DDP wrapper where the run is distributed, decided here and nowhere else), the training step's
 parts, and the metrics sinks. The training loop (bsexp.loop) and the batch finder's trials
-(bsexp.batch.finder) both build with these, so both train the same model the same way."""
+(bsexp.finder) both build with these, so both train the same model the same way."""
 
 from __future__ import annotations
 

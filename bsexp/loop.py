@@ -24,8 +24,6 @@ from omegaconf import DictConfig, open_dict
 from tqdm import tqdm
 
 from bsexp.batch.batching import Batching
-from bsexp.batch.finder import server
-from bsexp.batch.finder.find import find_plan
 from bsexp.batch.hparams import Rules, scaled
 from bsexp.batch.policies import Probe, policy_for, traits
 from bsexp.batch.scaling import ScaledHparams
@@ -36,6 +34,8 @@ from bsexp.config.checks import check
 from bsexp.data import Splits, train_batches
 from bsexp.distributed import World
 from bsexp.evaluate import Evaluator
+from bsexp.finder import server
+from bsexp.finder.find import find_plan
 from bsexp.metrics import Sinks
 from bsexp.optim import Hyperparameters
 from bsexp.runtime import preserved_rng, resolve_device, seed_everything

@@ -14,12 +14,12 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from bsexp import branch, resume
-from bsexp.batch.finder import server
 from bsexp.batch.plan import BatchPlan
 from bsexp.batch.policies import policy_for, traits
 from bsexp.config.checks import check
 from bsexp.config.env import env_rank, launches_workers, restarted, under_torchrun, world_size
 from bsexp.errors import ConfigError, exit_on_config_error, one_line
+from bsexp.finder import server
 
 RESULTS = ("summary.json", "metrics.jsonl")
 LOCK = ".bsexp.lock"

@@ -94,7 +94,7 @@ def limit_for_size(data_root: Path, tmp: Path, overrides: list[str], size: float
     )
     assert out.returncode == 0, out.stderr[-2000:]
     finder = json.loads((tmp / "run" / "finder.json").read_text())
-    # The finder's own line (bsexp.batch.finder.result.peak_line: sizes far apart), not the two
+    # The finder's own line (bsexp.finder.result.peak_line: sizes far apart), not the two
     # largest passes, which a settled search leaves a few percent apart: there a few MB of noise
     # made the slope 0.17 MB a sample instead of 0.127, and the limit 0.58 GB instead of 0.69.
     return 1.0 + (size - finder["micro_size"]) * finder["per_sample_mb"] / 1024

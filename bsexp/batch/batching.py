@@ -29,7 +29,7 @@ class Batching:
 
     @property
     def found(self):
-        """The finder's result (bsexp.batch.finder.FinderResult), where the finder ran."""
+        """The finder's result (bsexp.finder.FinderResult), where the finder ran."""
         return getattr(self.policy, "found", None)
 
     def record(self) -> dict[str, Any]:

@@ -10,10 +10,10 @@ import pytest
 import torch
 from forkservers import forkservers
 
-from bsexp.batch.finder.find import find_plan
 from bsexp.build import build_data, build_model
 from bsexp.distributed import World
 from bsexp.errors import ConfigError
+from bsexp.finder.find import find_plan
 from bsexp.loop import TrainState, build_loop, train
 from bsexp.preflight import check_all as check
 
@@ -83,7 +83,7 @@ def test_finding_leaves_the_run_exactly_as_a_fixed_run_at_that_size(make_cfg):
 
 
 def test_the_probes_fork_from_a_server_that_is_gone_once_the_batch_is_found(make_cfg):
-    # The server (bsexp.batch.finder.server) imports torch once for every probe process; it lives
+    # The server (bsexp.finder.server) imports torch once for every probe process; it lives
     # while the data and model are built and the finder searches, not while the run trains.
     cfg = make_cfg(*WIDE, "model.hidden=[64]", "batch.finder.max_size=200", "trainer.max_steps=1")
     seen, done = set(), threading.Event()

@@ -7,8 +7,8 @@ import sys
 import pytest
 
 from bsexp import memory
-from bsexp.batch.finder.probe import ChildProber
 from bsexp.build import build_data
+from bsexp.finder.probe import ChildProber
 
 # 17 M parameters and tiny activations: the gradients dominate what a step adds. Plain SGD
 # without weight decay updates in place (with weight decay, its foreach step makes a gradient-sized

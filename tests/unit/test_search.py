@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from bsexp.batch.finder.search import (
+from bsexp.finder.search import (
     AIM,
     Attempt,
     Searcher,
@@ -189,7 +189,7 @@ def test_the_memory_breakdown_fits_its_line_through_sizes_far_apart():
     # A settled search's two largest passes lie a percent apart: a few MB of noise in their
     # peaks would make the slope anything. The breakdown's line runs from the largest pass to
     # the largest at most half of it.
-    from bsexp.batch.finder.result import Trial, peak_line
+    from bsexp.finder.result import Trial, peak_line
 
     def trial(size: int, noise_mb: float = 0.0, probe: bool = False) -> Trial:
         return Trial(size, True, backward_peak_mb=3.0 + 0.5 * size + noise_mb, probe=probe)
@@ -335,7 +335,7 @@ def test_fits_probe_past_a_rising_slope_goes_at_least_half_the_chords_way():
     # Noisy small probes can give any rise (here 7.5x): taken at most twice as steep, the probe
     # lands at least half the chord's way past the last one, never just past it, where the next
     # line would run through noise; and never past 80 % of the way (SHORT).
-    from bsexp.batch.finder.search import _fit, _rising_edge
+    from bsexp.finder.search import _fit, _rising_edge
 
     mb = 2**20
     attempts = [Attempt(128, True, 30.0 * mb), Attempt(512, True, 31.0 * mb), Attempt(2048, True, 61.0 * mb)]

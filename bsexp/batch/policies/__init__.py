@@ -51,7 +51,7 @@ BRANCH = "bsexp.batch.policies.branch:Branch"  # a run with branch.trunk set, wh
 class Probe:
     """What a policy may measure with when it lays the run out: the training set's size and name,
     the world (its ranks agree through it), the batch finder (`find(keep_size=..., largest=...)`
-    -> bsexp.batch.finder.FinderResult) and the gradient noise scale (`measure_noise(batch,
+    -> bsexp.finder.FinderResult) and the gradient noise scale (`measure_noise(batch,
     steps)`: B_simple after training a copy of the run `steps` steps at `batch`)."""
 
     n_train: int

@@ -1,5 +1,5 @@
 """batch=finder: the largest micro-batch whose training step and evaluation fit in memory, less the
-margin (bsexp.batch.finder); `batch.size` kept through accumulation when given, else the found
+margin (bsexp.finder); `batch.size` kept through accumulation when given, else the found
 size x the ranks (or, with objective=noise_scale, the batch nearest the measured B_simple)."""
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class Finder:
 
     def __init__(self, cfg, world: int) -> None:
         self.cfg, self.world = cfg, world
-        self.found = None  # the finder's result (bsexp.batch.finder.FinderResult), where it ran
+        self.found = None  # the finder's result (bsexp.finder.FinderResult), where it ran
         self.found_plan: BatchPlan | None = None  # what it chose (kept in checkpoints)
 
     def searches(self) -> bool:

@@ -13,12 +13,12 @@ import torch
 from omegaconf import DictConfig
 
 from bsexp import memory
-from bsexp.batch.finder.result import Trial
 from bsexp.batch.plan import MIN_MICRO, make_plan
 from bsexp.batch.scaling import ScaledHparams
 from bsexp.build import make_step, wrap_model
 from bsexp.data import Augment, Splits, TensorSplit, augment_batch
 from bsexp.distributed import World
+from bsexp.finder.result import Trial
 from bsexp.models import set_checkpointing
 from bsexp.step import train_step
 
@@ -157,7 +157,7 @@ class TrialRunner:
         """The evaluation pass at trainer.eval_batch_size, once, under the cap. Its memory does
         not depend on the training micro-batch (the step's activations are gone by then, its
         gradients, made here by a step of 2 samples, are fixed in size): one check serves every
-        size, and one that fails ends the search (bsexp.batch.finder.find)."""
+        size, and one that fails ends the search (bsexp.finder.find)."""
         base = self._memory(reset=True)
         try:
             self._train_step(MIN_MICRO)

@@ -21,14 +21,14 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 
 from bsexp import memory
-from bsexp.batch.finder import server
-from bsexp.batch.finder.result import Trial
-from bsexp.batch.finder.server import CACHE_CAPACITY
-from bsexp.batch.finder.trial import TrialData, TrialRunner
 from bsexp.build import build_model
 from bsexp.data import Splits
 from bsexp.distributed import World
 from bsexp.errors import ConfigError
+from bsexp.finder import server
+from bsexp.finder.result import Trial
+from bsexp.finder.server import CACHE_CAPACITY
+from bsexp.finder.trial import TrialData, TrialRunner
 from bsexp.runtime import cap_device_memory, seed_everything
 
 log = logging.getLogger(__name__)

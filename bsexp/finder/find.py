@@ -13,14 +13,14 @@ import torch
 from omegaconf import DictConfig
 
 from bsexp import memory
-from bsexp.batch.finder.cache import cache_key, cache_load, cache_store
-from bsexp.batch.finder.probe import ChildProber, InProcessProber
-from bsexp.batch.finder.result import FinderResult, Trial, memory_breakdown, peak_line
-from bsexp.batch.finder.search import Attempt, Searcher, largest_divisor_at_most, throughput_choice
 from bsexp.batch.plan import MIN_MICRO, BatchPlan, make_plan
 from bsexp.data import Splits, train_batches
 from bsexp.distributed import World
 from bsexp.errors import ConfigError
+from bsexp.finder.cache import cache_key, cache_load, cache_store
+from bsexp.finder.probe import ChildProber, InProcessProber
+from bsexp.finder.result import FinderResult, Trial, memory_breakdown, peak_line
+from bsexp.finder.search import Attempt, Searcher, largest_divisor_at_most, throughput_choice
 from bsexp.runtime import preserved_rng
 
 log = logging.getLogger(__name__)

@@ -7,9 +7,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from bsexp import memory
-from bsexp.batch.finder import search
-from bsexp.batch.finder.search import Attempt
 from bsexp.batch.plan import BatchPlan
+from bsexp.finder import search
+from bsexp.finder.search import Attempt
 
 
 @dataclass
@@ -197,7 +197,7 @@ def memory_breakdown(model: dict[str, Any], trials: list[Trial]) -> dict[str, An
         "eval_size": model.get("eval_size"),
         "eval_shown_by": model.get("eval_shown_by"),
         # CPU: what oneDNN's kernel cache will keep in the training process, left out of the
-        # trials' room (bsexp.batch.finder.probe.ChildProber)
+        # trials' room (bsexp.finder.probe.ChildProber)
         "kernel_cache_mb": None
         if "kernel_cache_train_bytes" not in model
         else (model["kernel_cache_train_bytes"] + model["kernel_cache_eval_bytes"]) / mib,

@@ -18,7 +18,7 @@ import signal
 # (Hydra's, ~0.25 s): multiprocessing runs the entry point again in every child as `__mp_main__`.
 # Not the entry point itself: runpy warns when the module it runs was imported already.
 PRELOAD = [
-    "bsexp.batch.finder.probe",
+    "bsexp.finder.probe",
     "torch._dynamo",
     "hydra.main",
     "hydra.core.hydra_config",

@@ -12,10 +12,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from bsexp import memory
-from bsexp.batch.finder.result import FinderResult
-from bsexp.batch.finder.server import CACHE_CAPACITY
 from bsexp.data import Splits
 from bsexp.distributed import World
+from bsexp.finder.result import FinderResult
+from bsexp.finder.server import CACHE_CAPACITY
 from bsexp.io import write_json
 
 
