@@ -9,7 +9,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from bsexp.data import Split, eval_batches, shard
+from bsexp.batches import eval_batches, shard
+from bsexp.data import Split
 from bsexp.distributed import World
 
 log = logging.getLogger(__name__)

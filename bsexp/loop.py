@@ -27,11 +27,12 @@ from bsexp.batch.batching import Batching
 from bsexp.batch.hparams import Rules, scaled
 from bsexp.batch.policies import Probe, policy_for, traits
 from bsexp.batch.scaling import ScaledHparams
+from bsexp.batches import train_batches
 from bsexp.build import build_data, build_model, make_step, sync_batchnorm, wrap_model
 from bsexp.checkpoint import Checkpointer
 from bsexp.config import schema
 from bsexp.config.checks import check
-from bsexp.data import Splits, train_batches
+from bsexp.data import Splits
 from bsexp.distributed import World
 from bsexp.evaluate import Evaluator
 from bsexp.finder import server
@@ -44,7 +45,7 @@ from bsexp.step import Step, train_step
 log = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TrainState:
     """Counters of the run so far, and the running sums since the last evaluation."""
 
@@ -132,7 +133,7 @@ class Watch:
         return diverged, stop
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Loop:
     """A run's parts, built once by `build_loop`."""
 
@@ -173,41 +174,20 @@ def build_loop(
     resumed: dict | None = None,
     trunk: dict | None = None,
 ) -> Loop:
-    """Check the config, seed, build data and model, let the batch policy resolve the run (the
+    """Check the config, seed, build data and model, let the batch policy lay the run out (the
     finder measures here, leaving every random generator as it was), then the step's parts.
     Every rank builds the same model from the same seed. `run_dir`: checkpoints go there.
     `resumed`: a checkpoint's state, whose batch policy is taken instead of resolved afresh.
     `trunk`: where a branch starts (bsexp.branch.find)."""
     check(cfg)
     world = world or World(device=resolve_device(str(cfg.device)))
-    policy = policy_for(cfg, world.size)
-    policy.check()
-    if trunk is not None:
-        policy.trunk = trunk
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
-    # The CPU finder's probe processes fork from a server that imports torch and bsexp while this
-    # process builds the data and the model; it is stopped once the policy has laid the run out.
-    with server.running(resumed is None and world.device.type == "cpu" and traits(policy).searches):
-        seed_everything(cfg.seed, cfg.trainer.deterministic)
-        splits = build_data(cfg).to(world.device)
-        n_train = len(splits.train)
-        policy.check_data(n_train, splits.name)
-        model = build_model(cfg, splits)
-        probe = Probe(
-            n_train,
-            splits.name,
-            world,
-            find=lambda **bounds: find_plan(cfg, world, splits, model.to(world.device), **bounds),
-            measure_noise=lambda batch, steps: _measure_noise(cfg, world, n_train, batch, steps),
-        )
-        state = None if resumed is None else resumed["policy"]
-        batching = Batching(policy, policy.lay_out(probe, state))
-        if state is not None:
-            batching.load_state_dict(state)
+    splits, model, batching = _lay_out(cfg, world, None if resumed is None else resumed["policy"], trunk)
     model, grad_sync = wrap_model(cfg, model, world.device, world.distributed)
     rules = Rules.of(cfg)
     hp, _ = scaled(batching.layout, rules)
+    on_oom = batching.after_oom if cfg.trainer.oom_recovery else None
     step = make_step(
         cfg,
         model,
@@ -215,12 +195,18 @@ def build_loop(
         world.distributed,
         hp,
         grad_sync,
-        on_oom=batching.after_oom if cfg.trainer.oom_recovery else None,
+        on_oom=on_oom,
         measure_noise=batching.traits.measures_noise,
-        n_train=n_train,
+        n_train=len(splits.train),
     )
-    sinks = Sinks()
-    node = cfg.checkpoint
+    sinks, node = Sinks(), cfg.checkpoint
+    checkpointer = (
+        None
+        if run_dir is None
+        else Checkpointer(
+            run_dir, node.every_steps, node.every_epoch, node.keep, cfg, tuple(node.get("at_samples") or ())
+        )
+    )
     return Loop(
         step=step,
         batching=batching,
@@ -236,13 +222,38 @@ def build_loop(
         sinks=sinks,
         sync_batchnorm=sync_batchnorm(cfg, world.distributed),
         ghost_batch=cfg.model.get("ghost_batch"),
-        checkpointer=None
-        if run_dir is None
-        else Checkpointer(
-            run_dir, node.every_steps, node.every_epoch, node.keep, cfg, tuple(node.get("at_samples") or ())
-        ),
+        checkpointer=checkpointer,
         show_progress=cfg.trainer.progress,
     )
+
+
+def _lay_out(cfg: DictConfig, world: World, state: dict | None, trunk: dict | None):
+    """Seed, build the data and the model, and let the batch policy lay the run out, measuring
+    with the finder and the noise scale where it asks (or, resuming, from its `state`). The data,
+    the unwrapped model and the run's Batching."""
+    policy = policy_for(cfg, world.size)
+    policy.check()
+    if trunk is not None:
+        policy.trunk = trunk
+    # The CPU finder's probe processes fork from a server that imports torch and bsexp while this
+    # process builds the data and the model; it is stopped once the policy has laid the run out.
+    with server.running(state is None and world.device.type == "cpu" and traits(policy).searches):
+        seed_everything(cfg.seed, cfg.trainer.deterministic)
+        splits = build_data(cfg).to(world.device)
+        n_train = len(splits.train)
+        policy.check_data(n_train, splits.name)
+        model = build_model(cfg, splits)
+        probe = Probe(
+            n_train,
+            splits.name,
+            world,
+            find=lambda **bounds: find_plan(cfg, world, splits, model.to(world.device), **bounds),
+            measure_noise=lambda batch, steps: _measure_noise(cfg, world, n_train, batch, steps),
+        )
+        batching = Batching(policy, policy.lay_out(probe, state))
+    if state is not None:
+        batching.load_state_dict(state)
+    return splits, model, batching
 
 
 def _measure_noise(cfg: DictConfig, world: World, n_train: int, batch: int, steps: int) -> float | None:

@@ -55,7 +55,7 @@ def estimates(small_sq, b_small: float, big_sq, b_big: float, population: int | 
     return grad_sq, trace
 
 
-@dataclass
+@dataclass(kw_only=True)
 class NoiseScale:
     """Running estimates of |G|², tr(Σ) and B_simple.
 

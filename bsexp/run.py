@@ -123,23 +123,38 @@ def _run_on(world: World, cfg: DictConfig, run_dir: Path, started: float) -> dic
     if world.is_main:
         for key, was, now in changed:  # taken with checkpoint.allow_mismatch=true, and recorded
             log.warning("resume: %s changed from %s to %s (checkpoint.allow_mismatch=true)", key, was, now)
-        announce(cfg, loop, hparams)
-        # Resumed: the records up to the checkpoint; started over by a resume: none of the earlier ones.
-        keep = len(state.records) if resumed else (0 if cfg.resume is not None else None)
-        loop.sinks.attach(build_sinks(cfg, run_dir, hparams, keep_records=keep, wandb_id=wandb_id))
-        found = loop.batching.found
-        if found is not None:
-            log.info(found.table())
-            write_json(run_dir / "finder.json", found.to_json())
-            loop.sinks.table("finder/trials", [asdict(t) for t in found.trials])
+        _start_outputs(cfg, loop, run_dir, hparams, len(state.records) if resumed else None, wandb_id)
     if trunk is not None:  # where the branch starts: the trunk's model, at the branch's batch
         loop.evaluator.log(loop, state, loop.batching.epochs_done(state))
     if world.device.type == "cpu":
         _share_cores(cfg, world)
     if cfg.trainer.memory_limit_gb is not None:
         limit_memory(world.device, int(cfg.trainer.memory_limit_gb * 2**30))
+    summary = _train(cfg, loop, state, run_dir, hparams, resumed, changed)
+    if world.is_main:
+        print_summary(summary, run_dir)
+    return summary
+
+
+def _start_outputs(cfg: DictConfig, loop, run_dir: Path, hparams: dict, records: int | None, wandb_id) -> None:
+    """Rank 0, before training: the set-up announced, the sinks attached (a resumed run's
+    `records` kept, a run started over by a resume with none of its earlier ones), what the
+    finder found."""
+    announce(cfg, loop, hparams)
+    keep = records if records is not None else (0 if cfg.resume is not None else None)
+    loop.sinks.attach(build_sinks(cfg, run_dir, hparams, keep_records=keep, wandb_id=wandb_id))
+    found = loop.batching.found
+    if found is not None:
+        log.info(found.table())
+        write_json(run_dir / "finder.json", found.to_json())
+        loop.sinks.table("finder/trials", [asdict(t) for t in found.trials])
+
+
+def _train(cfg: DictConfig, loop, state: TrainState, run_dir: Path, hparams: dict, resumed, changed) -> dict:
+    """Train under signals, then the test split; the summary, written by rank 0 whatever the
+    outcome (with the error where one ended the run), and the sinks closed."""
     status, test, error = "failed", None, None
-    reset_peak_memory(world.device)
+    reset_peak_memory(loop.world.device)
     try:
         with logging_redirect_tqdm(), stop_on_signals(loop.watch):
             status = train(loop, state)
@@ -159,11 +174,9 @@ def _run_on(world: World, cfg: DictConfig, run_dir: Path, started: float) -> dic
         summary["resume_changes"] = [{"key": k, "was": was, "now": now} for k, was, now in changed]
         if status == "preempted" and loop.watch.stop_signal:
             summary["preempted_by"] = signal.Signals(loop.watch.stop_signal).name
-        if world.is_main:
+        if loop.world.is_main:
             write_json(run_dir / "summary.json", summary)
             _figures(loop, state.records, run_dir)
             loop.sinks.summary(summary)
             loop.sinks.close(status)
-    if world.is_main:
-        print_summary(summary, run_dir)
     return summary

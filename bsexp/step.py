@@ -32,7 +32,7 @@ from bsexp.noise import NoiseMeter
 REDUCE = ("none", "hook", "flat")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Step:
     """What a training step works with. Built once (bsexp.build.make_step)."""
 

@@ -40,22 +40,7 @@ def _job(cfg: DictConfig) -> float | None:
     apply_wandb_identity(cfg)
     _share_cores(cfg, hydra_cfg)
     if hydra_cfg.mode == RunMode.MULTIRUN:
-        # A failing point raises: Hydra records it as failed (so does jobs.jsonl) and runs the
-        # others; main() reports it once the sweep has ended.
-        try:
-            summary = job(cfg, run_dir)
-        except Exception as exc:
-            log.error("point %d failed: %s", hydra_cfg.job.num, one_line(exc))
-            raise
-        if summary.get("preempted_by"):  # the whole sweep was told to stop (SLURM, a signal): not the next point
-            print(
-                f"stopped by {summary['preempted_by']} at point {hydra_cfg.job.num} (step {summary['steps']}, "
-                f"checkpoint saved in {run_dir}); the points after it did not run",
-                file=sys.stderr,
-                flush=True,
-            )
-            sys.exit(128 + signal.Signals[summary["preempted_by"]].value)
-        return summary.get("val_acc")
+        return _point(job, cfg, run_dir, hydra_cfg.job.num)
     try:
         with exit_on_config_error():
             summary = job(cfg, run_dir)
@@ -63,13 +48,11 @@ def _job(cfg: DictConfig) -> float | None:
             launcher = (
                 "torchrun <the same torchrun options> -m bsexp.train" if under_torchrun() else "python -m bsexp.train"
             )
-            print(
-                f"stopped by {summary['preempted_by']} at step {summary['steps']}: checkpoint saved; continue "
-                f"with:\n  {launcher} resume=auto hydra.run.dir={run_dir}",
-                file=sys.stderr,
-                flush=True,
+            _stop(
+                summary,
+                f"at step {summary['steps']}: checkpoint saved; continue with:\n  {launcher} resume=auto "
+                f"hydra.run.dir={run_dir}",
             )
-            sys.exit(128 + signal.Signals[summary["preempted_by"]].value)
         return summary.get("val_acc")
     except KeyboardInterrupt:
         print(
@@ -79,21 +62,49 @@ def _job(cfg: DictConfig) -> float | None:
         )
         sys.exit(130)
     except Exception as exc:
-        from bsexp.launch import WorkersFailed
-        from bsexp.memory import is_oom
+        _runtime_error(exc, run_dir)
 
-        if isinstance(exc, WorkersFailed):
-            print(f"error: {exc} (see above; what was saved is in {run_dir})", file=sys.stderr, flush=True)
-        elif is_oom(exc):
-            print(
-                f"error: out of memory ({' '.join(str(exc).split())[:200]}); try batch=finder, a smaller "
-                f"batch.micro_size with batch=accumulation, or precision=bf16. What was measured is in {run_dir}",
-                file=sys.stderr,
-                flush=True,
-            )
-        else:
-            raise
-        sys.exit(1)
+
+def _point(job, cfg: DictConfig, run_dir: Path, num: int) -> float | None:
+    """One point of a sweep. A failing point raises: Hydra records it as failed (so does
+    jobs.jsonl) and runs the others; main() reports it once the sweep has ended."""
+    try:
+        summary = job(cfg, run_dir)
+    except Exception as exc:
+        log.error("point %d failed: %s", num, one_line(exc))
+        raise
+    if summary.get("preempted_by"):  # the whole sweep was told to stop (SLURM, a signal): not the next point
+        _stop(
+            summary,
+            f"at point {num} (step {summary['steps']}, checkpoint saved in {run_dir}); the points after it did not run",
+        )
+    return summary.get("val_acc")
+
+
+def _stop(summary: dict, what: str) -> None:
+    """A run stopped by a signal: say where, and exit as a process killed by it would (128 + n)."""
+    print(f"stopped by {summary['preempted_by']} {what}", file=sys.stderr, flush=True)
+    sys.exit(128 + signal.Signals[summary["preempted_by"]].value)
+
+
+def _runtime_error(exc: Exception, run_dir: Path) -> None:
+    """A run that failed while training: one line for a failed worker or an out-of-memory error
+    (exit code 1); anything else is raised as it came."""
+    from bsexp.launch import WorkersFailed
+    from bsexp.memory import is_oom
+
+    if isinstance(exc, WorkersFailed):
+        print(f"error: {exc} (see above; what was saved is in {run_dir})", file=sys.stderr, flush=True)
+    elif is_oom(exc):
+        print(
+            f"error: out of memory ({' '.join(str(exc).split())[:200]}); try batch=finder, a smaller batch.micro_size "
+            f"with batch=accumulation, or precision=bf16. What was measured is in {run_dir}",
+            file=sys.stderr,
+            flush=True,
+        )
+    else:
+        raise exc
+    sys.exit(1)
 
 
 def _share_cores(cfg: DictConfig, hydra_cfg: DictConfig) -> None:

@@ -59,8 +59,8 @@ import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 from tqdm import tqdm
 
+from bsexp.batches import TensorBatches, augment_batch, augment_seed, epoch_order
 from bsexp.config.schema import register_configs
-from bsexp.data import TensorBatches, augment_batch, augment_seed, epoch_order
 from bsexp.errors import exit_on_config_error
 from bsexp.loop import Loop, build_loop
 from bsexp.runtime import DTYPES

@@ -61,7 +61,7 @@ def adascale_gain(b_noise: float | None, b0: int, b: int, kept: float = 1.0) -> 
     return scale * (b_noise + b0) / (b_noise + scale * b0)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Controller:
     """Sets the global batch from the noise scale. All sizes are multiples of `quantum` (the world
     size) and lie within [min_size, max_size]."""

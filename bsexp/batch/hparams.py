@@ -14,7 +14,7 @@ from bsexp.batch import scaling
 from bsexp.batch.layout import Layout
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Rules:
     """What the config says about the LR and weight decay (`optimizer.*`, `scaling.*`, `schedule.*`)."""
 

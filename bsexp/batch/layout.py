@@ -9,7 +9,7 @@ and never derives batch math of its own; the optimizer's LR and weight decay are
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 
 from bsexp.batch.plan import BatchPlan, plan_for
 from bsexp.batch.schedule import RunSteps
@@ -20,6 +20,7 @@ class Layout:
     run: RunSteps  # the global batch of every step, the samples it takes, the epochs
     world: int  # ranks the global batch is split over
     first_plan: BatchPlan  # the first step's split (a policy may give it: batch=accumulation's micro-batch)
+    _: KW_ONLY
     micro_cap: int | None = None  # the largest micro-batch per rank known to fit (None: any)
     base_batch: int | None = None  # the batch the LR and weight decay are scaled for (None: the first step's)
     counted: RunSteps | None = None  # the run the LR schedule's lengths are counted against (None: `run`)

@@ -48,7 +48,7 @@ def scaled_weight_decay(base_wd: float, k: float, rule: str) -> float:
     return base_wd * rule_multiplier(rule, k)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LRSchedule:
     """Multiplier of the scaled LR at a position of the run: warmup, then the main schedule.
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 
 from bsexp.batch.plan import PlanError, keep_final
 
@@ -20,6 +20,7 @@ KINDS = ("constant", "step", "linear", "exponential", "list", "by_step")
 @dataclass(frozen=True)
 class BatchSchedule:
     start: int  # the global batch at step 0
+    _: KW_ONLY
     world_size: int = 1
     kind: str = "constant"
     unit: str = "epochs"  # of `milestones` (step kind)

@@ -14,7 +14,8 @@ from omegaconf import DictConfig
 
 from bsexp import memory
 from bsexp.batch.plan import MIN_MICRO, BatchPlan, make_plan
-from bsexp.data import Splits, train_batches
+from bsexp.batches import train_batches
+from bsexp.data import Splits
 from bsexp.distributed import World
 from bsexp.errors import ConfigError
 from bsexp.finder.cache import cache_key, cache_load, cache_store

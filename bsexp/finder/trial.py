@@ -15,8 +15,9 @@ from omegaconf import DictConfig
 from bsexp import memory
 from bsexp.batch.plan import MIN_MICRO, make_plan
 from bsexp.batch.scaling import ScaledHparams
+from bsexp.batches import augment_batch
 from bsexp.build import make_step, wrap_model
-from bsexp.data import Augment, Splits, TensorSplit, augment_batch
+from bsexp.data import Augment, Splits, TensorSplit
 from bsexp.distributed import World
 from bsexp.finder.result import Trial
 from bsexp.models import set_checkpointing

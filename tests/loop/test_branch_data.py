@@ -2,7 +2,7 @@
 
 import torch
 
-from bsexp.data import epoch_order
+from bsexp.batches import epoch_order
 from bsexp.loop import build_loop
 
 

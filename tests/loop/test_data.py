@@ -11,15 +11,9 @@ from torch.utils.data import Dataset
 
 from bsexp import data
 from bsexp.batch.schedule import BatchSchedule
+from bsexp.batches import LoaderBatches, TensorBatches, eval_batches, train_batches
 from bsexp.config.schema import DigitsData, MNIST1DData, SyntheticData, TorchvisionData
-from bsexp.data import (
-    Augment,
-    LoaderBatches,
-    TensorBatches,
-    TensorSplit,
-    eval_batches,
-    train_batches,
-)
+from bsexp.data import Augment, TensorSplit
 from bsexp.errors import ConfigError
 from conftest import with_defaults
 from mnist_files import write_fake_mnist

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bsexp.data import eval_batches
+from bsexp.batches import eval_batches
 from bsexp.loop import TrainState, build_loop, train
 from bsexp.step import train_step
 from tiny import TINY, assert_close, params

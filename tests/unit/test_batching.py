@@ -8,16 +8,9 @@ import torch
 
 from bsexp import data
 from bsexp.batch.plan import make_plan, micro_sizes
+from bsexp.batches import TensorBatches, augment_batch, epoch_order, eval_batches, step_spans
 from bsexp.config.schema import DigitsData, MNIST1DData, SyntheticData, TorchvisionData
-from bsexp.data import (
-    Augment,
-    TensorBatches,
-    TensorSplit,
-    augment_batch,
-    epoch_order,
-    eval_batches,
-    step_spans,
-)
+from bsexp.data import Augment, TensorSplit
 from conftest import with_defaults
 
 # The builders with their schema's defaults, as the config would call them.

@@ -176,7 +176,7 @@ class Adaptive:
             run,
             self.world,
             first,
-            self.micro_cap,
+            micro_cap=self.micro_cap,
             base_batch=b0,
             counted=budget,
             positions=positions,

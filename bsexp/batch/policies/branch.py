@@ -94,7 +94,7 @@ class Branch:
             self.run,
             self.world,
             first,
-            given.micro_size if given.accum_steps > 1 else None,
+            micro_cap=given.micro_size if given.accum_steps > 1 else None,
             base_batch=trunk["batch"],
             counted=counted,
             positions=positions,

@@ -123,7 +123,7 @@ class Scheduled:
             run,
             self.world,
             plan_for(start, self.world, micro_cap),
-            micro_cap,
+            micro_cap=micro_cap,
             lr_coupling=tuple(self._coupling(run.sizes)),
         )
 

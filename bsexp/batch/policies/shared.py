@@ -37,7 +37,7 @@ def constant_layout(
     """The run at one global batch `size` throughout: its first plan `first` (default: `size`
     split under `micro_cap`)."""
     run = run_steps(cfg, BatchSchedule(start=size, world_size=world), n_train)
-    return Layout(run, world, first or plan_for(size, world, micro_cap), micro_cap)
+    return Layout(run, world, first or plan_for(size, world, micro_cap), micro_cap=micro_cap)
 
 
 def fits_data(sizes: list[int] | tuple[int, ...], n_train: int, data: str, key: str | None = None) -> None:
