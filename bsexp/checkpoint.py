@@ -1,11 +1,11 @@
 """Checkpoints: everything a run needs to go on as if it had never stopped, written atomically.
 
-A checkpoint (`<run dir>/checkpoints/step-<step>.pt`) holds the model, optimizer, LR scheduler
-and loss scaler; every rank's random generators and running sums; where the run is (epoch, the
-step within it, samples seen, the records logged so far); the batch policy's state (the plan in
-force after a schedule change or an OOM recovery, what the finder chose); the noise-scale
-averages; and the W&B run id. It is written to a temporary file, flushed to disk and renamed, so
-a crash leaves the previous one intact; the newest `checkpoint.keep` are kept.
+A checkpoint (`<run dir>/checkpoints/step-<step>.pt`) holds the model, optimizer and loss scaler;
+every rank's random generators and running sums; where the run is (epoch, the step within it,
+samples seen, the records logged so far); the batch policy's state (the plan in force after a
+schedule change or an OOM recovery, what the finder chose); the noise-scale averages; the W&B
+run id; and its format (`FORMAT`). It is written to a temporary file, flushed to disk and
+renamed, so a crash leaves the previous one intact; the newest `checkpoint.keep` are kept.
 
 `Checkpointer` is the loop's component (it decides its own interval); `restore` puts a freshly
 built run where a checkpoint left it.
@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
+import bsexp
 from bsexp.errors import ConfigError, one_line
 from bsexp.io import atomic_write
 from bsexp.noise import NoiseScale
@@ -31,7 +32,13 @@ from bsexp.runtime import rng_state, set_rng_state
 log = logging.getLogger(__name__)
 
 DIR = CHECKPOINTS
-FORMAT = 2  # 2: the batch policy's state in one entry
+# The format a checkpoint is written in, and those this version resumes from, bit-identically:
+#   2: the batch policy's state in one entry, and the LR scheduler's (main a76dc77 and before);
+#   3: no LR scheduler: the LR and weight decay are a function of the step and the batch policy's
+#      layout (bsexp.optim.Hyperparameters), so a format-2 checkpoint's scheduler state is not read.
+# tests/fixtures/checkpoints/ keeps one of each, written by the code that wrote that format.
+FORMAT = 3
+READS = (2, 3)
 _NAME = re.compile(r"step-(\d+)\.pt$")
 
 
@@ -58,10 +65,28 @@ def save(run_dir: Path, state: dict[str, Any], keep: int) -> Path:
     return path
 
 
+class UnknownFormat(ConfigError):
+    """A checkpoint in a format this version of bsexp does not read (written by a newer one)."""
+
+    def __init__(self, path: Path, found: object) -> None:
+        super().__init__(
+            "resume",
+            str(path),
+            f"is a checkpoint of format {found}; this bsexp ({bsexp.__version__}) "
+            f"reads formats {READS[0]}-{READS[-1]}: resume it with the bsexp that "
+            f"wrote it",
+        )
+
+    def __reduce__(self):
+        return ConfigError, (self.key, self.value, self.expected)
+
+
 def load(path: Path) -> dict[str, Any]:
     state = torch.load(path, map_location="cpu", weights_only=False)
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise ValueError("not a bsexp checkpoint of this version")
+    if not isinstance(state, dict) or "format" not in state:
+        raise ValueError("not a bsexp checkpoint")
+    if state["format"] not in READS:
+        raise UnknownFormat(path, state["format"])
     return state
 
 
@@ -70,6 +95,8 @@ def newest_readable(run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
     for path in checkpoints(run_dir):
         try:
             return path, load(path)
+        except UnknownFormat:  # not broken: another version's, whose run this one cannot continue
+            raise
         except Exception as exc:  # noqa: BLE001 - whatever broke the file, the previous one may do
             log.warning(
                 "checkpoint %s is unreadable (%s); trying the one before it",
@@ -99,6 +126,8 @@ def find(resume: str | None, run_dir: Path, restarted: bool = False) -> tuple[Pa
         raise ConfigError("resume", resume, NO_SUCH_CHECKPOINT)
     try:
         return path, load(path)
+    except UnknownFormat:
+        raise
     except Exception as exc:  # noqa: BLE001
         raise ConfigError("resume", resume, f"is not a readable checkpoint ({one_line(exc)[:160]})") from None
 

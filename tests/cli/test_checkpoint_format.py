@@ -1,0 +1,71 @@
+"""Checkpoints that outlive a release: a checkpoint of every format this version reads, written by
+the code that wrote that format (tests/fixtures/checkpoints), resumes and ends bit-identically to
+the same run uninterrupted; a checkpoint of a format it does not read is one line naming both."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+
+from bsexp import checkpoint
+from conftest import ROOT, cli_env
+from resuming import assert_ends_as, records
+
+FIXTURES = ROOT / "tests" / "fixtures" / "checkpoints"
+
+
+def resume(data_root, cwd, run_dir):
+    return subprocess.run(
+        [sys.executable, "-m", "bsexp.train", "resume=auto", f"hydra.run.dir={run_dir}"],
+        cwd=cwd,
+        env=cli_env(data_root),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.parametrize("fmt", checkpoint.READS)
+def test_a_checkpoint_of_each_format_read_resumes_bit_identically(make_cfg, data_root, tmp_path, fmt):
+    from bsexp.loop import TrainState, build_loop, train
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(FIXTURES / f"format-{fmt}", run_dir)
+    assert torch.load(run_dir / "checkpoints" / "step-000000010.pt", weights_only=False)["format"] == fmt
+    out = resume(data_root, tmp_path, run_dir)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 12
+    assert summary["resumed_from"].endswith("step-000000010.pt")
+    # The same run, never stopped, with the code as it stands.
+    overrides = yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text())
+    threads = torch.get_num_threads()
+    try:
+        loop, progress = build_loop(make_cfg(*overrides)), TrainState()
+        assert train(loop, progress) == "completed"
+    finally:
+        torch.set_num_threads(threads)
+    assert_ends_as(run_dir, loop)
+    assert [r["val_loss"] for r in records(run_dir)] == [r["val_loss"] for r in progress.records]
+
+
+def test_a_checkpoint_of_a_format_this_version_does_not_read_is_one_line(data_root, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(FIXTURES / f"format-{checkpoint.FORMAT}", run_dir)
+    path = run_dir / "checkpoints" / "step-000000010.pt"
+    state = torch.load(path, weights_only=False)
+    torch.save({**state, "format": 99}, path)  # as a later version would write it
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    out = resume(data_root, tmp_path, run_dir)
+    assert out.returncode == 2
+    [line] = out.stderr.strip().splitlines()
+    assert (
+        line.startswith(f"error: resume={path}: is a checkpoint of format 99; this bsexp")
+        and f"reads formats {checkpoint.READS[0]}-{checkpoint.READS[-1]}" in line
+    )
+    # Not skipped as if broken, and the run not started over: nothing of it was rewritten.
+    assert {p: p.read_bytes() for p in before} == before and not (run_dir / "summary.json").exists()
