@@ -25,7 +25,7 @@ from bsexp.step import train_step
 CACHED_BATCH = 256  # real samples kept for probing, tiled to each trial's size
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TrialData:
     """What trials need of a run's data, small enough to hand to the probe process instead of
     loading the whole dataset again there: real training samples as the step receives them
@@ -45,13 +45,13 @@ class TrialData:
         x, y = _cached_batch(splits.train, CACHED_BATCH)
         augment = splits.augment if isinstance(splits.train, TensorSplit) else None
         return cls(
-            x.cpu(),
-            y.cpu(),
-            augment,
-            splits.train.black if augment is not None else 0.0,
-            min(eval_batch_size, max(len(splits.val), len(splits.train_eval))),
-            splits.input_shape,
-            splits.num_classes,
+            x=x.cpu(),
+            y=y.cpu(),
+            augment=augment,
+            fill=splits.train.black if augment is not None else 0.0,
+            eval_size=min(eval_batch_size, max(len(splits.val), len(splits.train_eval))),
+            input_shape=splits.input_shape,
+            num_classes=splits.num_classes,
         )
 
 
@@ -66,6 +66,7 @@ class TrialRunner:
         data: TrialData,
         device: torch.device,
         model: torch.nn.Module,
+        *,
         distributed: bool = False,
         process_group=None,
         first_size: int = MIN_MICRO,
@@ -75,7 +76,14 @@ class TrialRunner:
         self.eval_size = data.eval_size
         self.distributed, self.process_group = distributed, process_group
         self.model, grad_sync = wrap_model(cfg, model, device, distributed, process_group)
-        hp = ScaledHparams(1.0, cfg.optimizer.lr, cfg.optimizer.lr, cfg.optimizer.weight_decay, 0, 1)
+        hp = ScaledHparams(
+            k=1.0,
+            lr=cfg.optimizer.lr,
+            lr_peak=cfg.optimizer.lr,
+            weight_decay=cfg.optimizer.weight_decay,
+            warmup_steps=0,
+            total_steps=1,
+        )
         self.step = make_step(cfg, self.model, World(device=device), distributed, hp, grad_sync)
         self.x, self.y = data.x.to(device), data.y.to(device)
         self.augment = data.augment
@@ -274,21 +282,21 @@ class TrialRunner:
         return Trial(
             size,
             ok,
-            None if ok else "train",
-            mib(peak),
-            reserved,
-            retries,
-            seconds,
-            rate,
-            mib(train_peak),
-            forward_s,
-            backward_s,
-            optimizer_s,
-            mapped_peak,
-            room,
-            mib(backward_peak),
-            probe,
-            error,
+            failed_in=None if ok else "train",
+            peak_mb=mib(peak),
+            reserved_mb=reserved,
+            alloc_retries=retries,
+            seconds=seconds,
+            samples_per_s=rate,
+            train_peak_mb=mib(train_peak),
+            forward_s=forward_s,
+            backward_s=backward_s,
+            optimizer_s=optimizer_s,
+            mapped_peak_mb=mapped_peak,
+            room_mb=room,
+            backward_peak_mb=mib(backward_peak),
+            probe=probe,
+            error=error,
         )
 
     def _rewrap(self) -> None:
