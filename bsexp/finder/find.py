@@ -1,6 +1,6 @@
-"""The finder's search: trials agreed over the ranks, a strategy choosing sizes (bsexp.batch.
-finder.search), the margin, and the plan that follows (the found size x the ranks, or a kept
-global batch in micro-batches of it)."""
+"""The finder's search: trials agreed over the ranks, a strategy choosing sizes
+(bsexp.finder.search), the margin, and the plan that follows (the found size x the ranks, or a
+kept global batch in micro-batches of it)."""
 
 from __future__ import annotations
 
@@ -51,13 +51,33 @@ def find_plan(
     `largest` caps the micro-batches tried (besides batch.finder.max_size and the data)."""
     node = cfg.batch.finder
     limit = limit_bytes if limit_bytes is not None else memory_limit(cfg, world.device)
-    per_rank = None if keep_size is None else keep_size // world.size
-    n_train = len(splits.train)
+    bound = _search_bound(cfg, world, len(splits.train), keep_size, largest)
+    key = cache_key(cfg, world, splits, keep_size, largest)
+    cached = cache_load(cfg, key)
+    if cached is not None:
+        result = _cached_result(cfg, world, cached, limit=limit, keep_size=keep_size, bound=bound)
+        log.info("finder: micro-batch %d from the cache (%s)", result.micro_size, node.cache_dir)
+        return result
+    result = _searched_result(cfg, world, splits, model, limit=limit, keep_size=keep_size, bound=bound)
+    _note_slow_loader(result)
+    if world.is_main:
+        cache_store(cfg, key, result)
+    return result
+
+
+def _search_bound(
+    cfg: DictConfig, world: World, n_train: int, keep_size: int | None, largest: int | None
+) -> tuple[int, str]:
+    """The largest micro-batch per rank the search may try, memory aside, and what sets it: the
+    smallest of the training set per rank, batch.finder.max_size, a kept global batch per rank,
+    the largest scheduled batch per rank, and batch.finder.data_fraction of the training set
+    (where the finder chooses the batch itself)."""
+    node = cfg.batch.finder
     bounds = {"the training set per rank": n_train // world.size}
     if node.max_size:
         bounds["batch.finder.max_size"] = node.max_size
-    if per_rank is not None:
-        bounds["batch.size per rank (kept)"] = per_rank
+    if keep_size is not None:
+        bounds["batch.size per rank (kept)"] = keep_size // world.size
     if largest is not None:
         bounds["the largest scheduled batch per rank"] = largest
     if keep_size is None and largest is None and node.data_fraction is not None:
@@ -65,16 +85,44 @@ def find_plan(
             MIN_MICRO, math.floor(node.data_fraction * n_train / world.size)
         )
     bound_by, max_size = min(bounds.items(), key=lambda item: item[1])
-    key = cache_key(cfg, world, splits, keep_size, largest)
-    cached = cache_load(cfg, key)
-    if cached is not None:
-        trials = [Trial(**t) for t in cached["trials"]]
-        result = _result(
-            cfg, world, trials, cached["micro_size"], limit, cached["budget_mb"], keep_size, True, (max_size, bound_by)
-        )
-        result.memory = cached.get("memory", {})  # a JSON file's contents (entries cached before there was one)
-        log.info("finder: micro-batch %d from the cache (%s)", result.micro_size, node.cache_dir)
-        return result
+    return max_size, bound_by
+
+
+def _cached_result(
+    cfg: DictConfig, world: World, cached: dict, *, limit: int, keep_size: int | None, bound: tuple[int, str]
+) -> FinderResult:
+    """The answer stored for the same question (bsexp.finder.cache), as a result: its trials and
+    micro-batch, the plan made again for this run, and where the memory went."""
+    result = _result(
+        cfg,
+        world,
+        trials=[Trial(**t) for t in cached["trials"]],
+        micro=cached["micro_size"],
+        limit=limit,
+        budget_mb=cached["budget_mb"],
+        keep_size=keep_size,
+        cached=True,
+        bound=bound,
+    )
+    result.memory = cached.get("memory", {})  # a JSON file's contents (entries cached before there was one)
+    return result
+
+
+def _searched_result(
+    cfg: DictConfig,
+    world: World,
+    splits: Splits,
+    model: torch.nn.Module,
+    *,
+    limit: int,
+    keep_size: int | None,
+    bound: tuple[int, str],
+) -> FinderResult:
+    """A new answer, the run's random state left as it was: trials in a prober (a capped child
+    process on CPU, this process on CUDA), the search agreed over the ranks, the evaluation
+    checked, the size chosen, then what the trials measured besides (memory, start-up, the
+    activation checkpointing trade) and the input pipeline's own rate."""
+    node = cfg.batch.finder
     started = time.perf_counter()
     with preserved_rng():
         prober = (
@@ -83,62 +131,14 @@ def find_plan(
             else ChildProber(cfg, splits, limit, world.distributed)
         )
         try:
-            # The smallest budget of any rank (a max of negatives).
-            budget = -world.all_reduce(
-                torch.tensor([-float(prober.budget_bytes)], device=world.device), op="max"
-            ).item()
-            trials: dict[int, Trial] = {}
-
-            def attempt(size: int, probe: bool = False) -> Attempt:
-                trial = _agree(world, prober.attempt(size, probe=probe))
-                trials[size] = trial  # a size probed, then tried in full: the full trial
-                log.info(
-                    "finder: micro-batch %d %s%s",
-                    size,
-                    "fits" if trial.ok else f"does not fit ({trial.failed_in})",
-                    " (probe: one step)" if probe else "",
-                )
-                return trial.attempt()
-
-            searcher = Searcher(attempt, node.max_trials, int(max_size), probe=lambda size: attempt(size, probe=True))
-            best = {
-                "power": lambda: searcher.power(node.init),
-                "binsearch": lambda: searcher.binsearch(node.init),
-                "fit": lambda: searcher.fit(node.init, budget),
-            }[str(node.mode)]()
+            budget = _agreed_budget(world, prober)  # bytes above the model, data and optimizer state
+            trials: dict[int, Trial] = {}  # by size, in the order first tried
+            searcher = _agreed_searcher(world, prober, trials, node.max_trials, int(bound[0]))
+            best = _search(node, searcher, budget)
             if best is None:
-                seen = trials[min(trials)]
-                raise ConfigError(
-                    "batch.finder.init",
-                    node.init,
-                    f"even {min(trials)} samples do not fit in {limit / memory.GIB:.2f} GB "
-                    f"({budget / memory.MIB:,.0f} MB above the model, data and optimizer state; out of "
-                    f"memory in {seen.failed_in}); try precision=bf16, a smaller model or "
-                    f"trainer.eval_batch_size, or batch=accumulation with a small batch.micro_size",
-                )
-            evaluation = prober.evaluation()  # checked now only where no trial as large passed
-            if world.all_reduce(
-                torch.tensor([float(not evaluation["eval_fits"])], device=world.device), op="max"
-            ).item():
-                raise ConfigError(
-                    "trainer.eval_batch_size",
-                    cfg.trainer.eval_batch_size,
-                    f"the evaluation pass ({evaluation['eval_size']:,} samples a batch) does not fit in "
-                    f"{limit / memory.GIB:.2f} GB beside the model and its optimizer state, though "
-                    f"training steps of {best:,} samples do; lower trainer.eval_batch_size",
-                )
-            # The margin: headroom below the largest size that fit, for what trials cannot show
-            # (fragmentation over a long run, a busier process).
-            chosen = max(MIN_MICRO, math.floor(best * (1 - node.margin)))
-            if str(node.objective) == "throughput":
-                size = min(node.init, best)
-                while size < best:  # a ladder of sizes, each timed, up to the largest that fits
-                    searcher.attempt(size)
-                    size *= 2
-                fastest = throughput_choice(list(searcher.budget.attempts.values()), node.throughput_tolerance)
-                chosen = min(chosen, fastest or chosen)
-            if per_rank is not None:  # keep the global batch: a micro-batch that divides it
-                chosen = largest_divisor_at_most(per_rank, chosen)
+                raise _nothing_fits(node, trials, limit, budget)
+            evaluation = _evaluation(cfg, world, prober, limit, best)
+            chosen = _choice(node, searcher, best, None if keep_size is None else keep_size // world.size)
             checkpointed = bool(cfg.model.get("activation_checkpointing", False))  # a user's node may lack it
             if checkpointed:
                 plain_comparison = _compare_plain(world, prober, list(trials.values()), best, budget)
@@ -149,13 +149,13 @@ def find_plan(
         result = _result(
             cfg,
             world,
-            list(trials.values()),
-            chosen,
-            limit,
-            budget / memory.MIB,
-            keep_size,
-            False,
-            (max_size, bound_by),
+            trials=list(trials.values()),
+            micro=chosen,
+            limit=limit,
+            budget_mb=budget / memory.MIB,
+            keep_size=keep_size,
+            cached=False,
+            bound=bound,
         )
         result.seconds = time.perf_counter() - started
         result.memory = memory_breakdown({**prober.model_memory, **evaluation}, result.trials)
@@ -163,6 +163,97 @@ def find_plan(
         if checkpointed:
             result.checkpointing = plain_comparison
         result.loader_samples_per_s = _loader_rate(splits, cfg, result.plan, world)
+    return result
+
+
+def _agreed_budget(world: World, prober) -> float:
+    """Bytes a trial may use above the model, data and optimizer state: the smallest budget of
+    any rank (a max of negatives), so that a size that fits fits on every rank."""
+    return -world.all_reduce(torch.tensor([-float(prober.budget_bytes)], device=world.device), op="max").item()
+
+
+def _agreed_searcher(world: World, prober, trials: dict[int, Trial], max_trials: int, max_size: int) -> Searcher:
+    """A search whose trials run in `prober` and are agreed over the ranks (_agree: every rank
+    then sees the same results and chooses the same sizes), each logged and kept in `trials` by
+    size (a size probed, then tried in full: the full trial)."""
+
+    def attempt(size: int, probe: bool = False) -> Attempt:
+        trial = _agree(world, prober.attempt(size, probe=probe))
+        trials[size] = trial  # a size probed, then tried in full: the full trial
+        log.info(
+            "finder: micro-batch %d %s%s",
+            size,
+            "fits" if trial.ok else f"does not fit ({trial.failed_in})",
+            " (probe: one step)" if probe else "",
+        )
+        return trial.attempt()
+
+    return Searcher(attempt, max_trials, max_size, probe=lambda size: attempt(size, probe=True))
+
+
+def _search(node: DictConfig, searcher: Searcher, budget: float) -> int | None:
+    """The largest micro-batch that fit, by batch.finder.mode's strategy (bsexp.finder.search),
+    from batch.finder.init; None where even that did not."""
+    strategies = {
+        "power": lambda: searcher.power(node.init),
+        "binsearch": lambda: searcher.binsearch(node.init),
+        "fit": lambda: searcher.fit(node.init, budget),
+    }
+    return strategies[str(node.mode)]()
+
+
+def _nothing_fits(node: DictConfig, trials: dict[int, Trial], limit: int, budget: float) -> ConfigError:
+    """The error where not even the smallest size tried fits: the limit, the budget and where the
+    step ran out of memory, and what would make room."""
+    seen = trials[min(trials)]
+    return ConfigError(
+        "batch.finder.init",
+        node.init,
+        f"even {min(trials)} samples do not fit in {limit / memory.GIB:.2f} GB "
+        f"({budget / memory.MIB:,.0f} MB above the model, data and optimizer state; out of "
+        f"memory in {seen.failed_in}); try precision=bf16, a smaller model or "
+        f"trainer.eval_batch_size, or batch=accumulation with a small batch.micro_size",
+    )
+
+
+def _evaluation(cfg: DictConfig, world: World, prober, limit: int, best: int) -> dict:
+    """Whether the evaluation pass fits beside the model (checked now only where no trial as large
+    passed), raising where it does not on any rank: a training step that fits is no use where the
+    run's evaluation would then run out of memory."""
+    evaluation = prober.evaluation()
+    if world.all_reduce(torch.tensor([float(not evaluation["eval_fits"])], device=world.device), op="max").item():
+        raise ConfigError(
+            "trainer.eval_batch_size",
+            cfg.trainer.eval_batch_size,
+            f"the evaluation pass ({evaluation['eval_size']:,} samples a batch) does not fit in "
+            f"{limit / memory.GIB:.2f} GB beside the model and its optimizer state, though "
+            f"training steps of {best:,} samples do; lower trainer.eval_batch_size",
+        )
+    return evaluation
+
+
+def _choice(node: DictConfig, searcher: Searcher, best: int, per_rank: int | None) -> int:
+    """The micro-batch per rank the run trains at, from `best`, the largest that fit: less the
+    margin (headroom for what trials cannot show: fragmentation over a long run, a busier
+    process); with objective=throughput, no larger than the smallest size within
+    batch.finder.throughput_tolerance of the fastest, timed on a ladder of sizes; where a global
+    batch is kept (`per_rank` of it), the largest divisor of that below."""
+    chosen = max(MIN_MICRO, math.floor(best * (1 - node.margin)))
+    if str(node.objective) == "throughput":
+        size = min(node.init, best)
+        while size < best:  # a ladder of sizes, each timed, up to the largest that fits
+            searcher.attempt(size)
+            size *= 2
+        fastest = throughput_choice(list(searcher.budget.attempts.values()), node.throughput_tolerance)
+        chosen = min(chosen, fastest or chosen)
+    if per_rank is not None:  # keep the global batch: a micro-batch that divides it
+        chosen = largest_divisor_at_most(per_rank, chosen)
+    return chosen
+
+
+def _note_slow_loader(result: FinderResult) -> None:
+    """Where the input pipeline cannot feed the training step as fast as it runs, say so in the
+    result's note: data loading, not memory, then bounds the run."""
     if (
         result.loader_samples_per_s
         and result.step_samples_per_s
@@ -173,9 +264,6 @@ def find_plan(
             f"training step ({result.step_samples_per_s:,.0f} samples/s): data loading, not memory, "
             f"bounds this run."
         )
-    if world.is_main:
-        cache_store(cfg, key, result)
-    return result
 
 
 def _compare_plain(world: World, prober, trials: list[Trial], best: int, budget: float) -> dict:
@@ -249,6 +337,7 @@ def _agree(world: World, trial: Trial) -> Trial:
 def _result(
     cfg: DictConfig,
     world: World,
+    *,
     trials: list[Trial],
     micro: int,
     limit: int,
@@ -257,6 +346,10 @@ def _result(
     cached: bool,
     bound: tuple[int, str],
 ) -> FinderResult:
+    """The result of a search or of the cache: the micro-batch `micro` (per rank) as a plan (a
+    kept global batch in micro-batches of it, else `micro` x the ranks), with the speed measured
+    near it and the note on the objective; `limit` in bytes, `bound` the search's largest size
+    per rank and what set it."""
     node = cfg.batch.finder
     plan = (
         make_plan(micro * world.size, world.size)
@@ -272,15 +365,15 @@ def _result(
             f"best measured samples/s, not the largest that fits."
         )
     return FinderResult(
-        str(node.mode),
-        str(node.objective),
-        limit / memory.GIB,
-        node.margin,
-        budget_mb,
-        trials,
-        micro,
-        plan,
-        note,
+        mode=str(node.mode),
+        objective=str(node.objective),
+        limit_gb=limit / memory.GIB,
+        margin=node.margin,
+        budget_mb=budget_mb,
+        trials=trials,
+        micro_size=micro,
+        plan=plan,
+        note=note,
         step_samples_per_s=chosen.samples_per_s if chosen else None,
         cached=cached,
         world_size=world.size,

@@ -137,7 +137,7 @@ class ChildProber:
         except ChildDied as died:  # killed outright: a failure at this size; start afresh
             log.warning("finder: the probe process died at micro-batch %d (%s); restarting it", size, died)
             self._restart()
-            return Trial(size, False, "killed", error=f"the probe process died ({died})")
+            return Trial(size, False, failed_in="killed", error=f"the probe process died ({died})")
         if trial.ok:
             return trial
         sooner = _failed_sooner(trial, self.failures)
@@ -249,7 +249,7 @@ def _trials(
     if conn.recv()[0] != "go":  # the kernel measurement first (ChildProber); stopped before it ended
         return
     waited = time.perf_counter() - built
-    runner = TrialRunner(cfg, data, torch.device("cpu"), model, distributed, group)
+    runner = TrialRunner(cfg, data, torch.device("cpu"), model, distributed=distributed, process_group=group)
     startup = {"model_s": built - started, "kernel_cache_wait_s": waited, "first_step_s": runner.first_step_s}
     conn.send(("ready", (startup, runner.model_memory())))
     kind, kernel_bytes = conn.recv()  # ("cap", what training's kernel cache will hold)
@@ -299,7 +299,9 @@ def _kernel_cache(
     memory.cap_room(room_bytes)  # never more than training will have: the host stays safe
     try:
         model, group = _model(cfg, data, distributed, threads)
-        runner = TrialRunner(cfg, data, torch.device("cpu"), model, distributed, group, first_size=KERNEL_SIZE)
+        runner = TrialRunner(
+            cfg, data, torch.device("cpu"), model, distributed=distributed, process_group=group, first_size=KERNEL_SIZE
+        )
         kernels["state_bytes"] = runner.state_bytes
         kernels["eval_bytes"] = runner.eval_kernel_bytes()
     except Exception as exc:
@@ -343,8 +345,8 @@ class InProcessProber:
             TrialData.of(splits, cfg.trainer.eval_batch_size),
             device,
             copy.deepcopy(model),
-            world.distributed,
-            group,
+            distributed=world.distributed,
+            process_group=group,
         )
         self.budget_bytes = limit_bytes - torch.cuda.memory_allocated(device)
         self.startup = {"first_step_s": self.runner.first_step_s}

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import KW_ONLY, asdict, dataclass, field
 from typing import Any
 
 from bsexp import memory
@@ -16,6 +16,7 @@ from bsexp.finder.search import Attempt
 class Trial:
     size: int
     ok: bool
+    _: KW_ONLY  # the rest by name: Trial(size, ok, failed_in="train", ...)
     failed_in: str | None = None  # "train" when out of memory ("killed": the probe process died)
     peak_mb: float | None = None  # above the baseline (model, data, optimizer state), train or eval
     reserved_mb: float | None = None  # CUDA: the allocator's reserve; CPU: address space mapped
@@ -39,10 +40,10 @@ class Trial:
         return Attempt(
             self.size,
             self.ok,
-            mib(self.growing_peak_mb),
-            self.samples_per_s,
-            mib(self.room_mb),
-            mib(self.mapped_peak_mb),
+            peak_bytes=mib(self.growing_peak_mb),
+            samples_per_s=self.samples_per_s,
+            room_bytes=mib(self.room_mb),
+            mapped_bytes=mib(self.mapped_peak_mb),
             verified=not self.probe,
         )
 
@@ -52,7 +53,7 @@ class Trial:
         return self.backward_peak_mb if self.backward_peak_mb is not None else self.train_peak_mb
 
 
-@dataclass
+@dataclass(kw_only=True)
 class FinderResult:
     mode: str
     objective: str

@@ -146,27 +146,11 @@ class Searcher:
         return self.verified_best(tolerance)
 
     def _settle_fit(self, init: int, budget_bytes: float, tolerance: float) -> None:
-        small = self.attempt(init, probe=True)
-        if not small.ok or small.size >= self.max_size:
+        """fit's trials, which `verified_best` then reads: the probes up the line, one more where
+        their slope still rises, and the edge settled from the first full try near it."""
+        large = self._fit_probes(init, budget_bytes)
+        if large is None:
             return
-        large = self.attempt(4 * init, probe=True)
-        # At small sizes fixed costs (gradients, the optimizer's temporaries) hide the per-sample
-        # cost: grow until the peak has grown by a quarter of the budget, so that the line is
-        # fitted over a range that matters and extrapolated by less.
-        # But a probe beyond a quarter of the edge is a large trial (the slow ones): where the
-        # probes already lie on one line (fixed costs no longer hide the per-sample cost: an
-        # MLP's small activations sit in the allocator's heap until a few hundred samples) and
-        # it puts the next probe there, go to the edge instead.
-        while (
-            large.ok
-            and large.size < self.max_size
-            and self.budget.left > 2
-            and (large.peak_bytes or 0) - (small.peak_bytes or 0) < GROWN * budget_bytes
-        ):
-            guess = _fit(self.budget.attempts.values(), budget_bytes)
-            if guess is not None and 4 * large.size > guess / 4 and _straight(self.budget.attempts.values()):
-                break
-            large = self.attempt(_next_probe(small, large, budget_bytes), probe=True)
         # The line through the two largest sizes that fit: furthest from small-size fixed costs.
         predicted = _fit(self.budget.attempts.values(), budget_bytes)
         shorted = False
@@ -181,28 +165,71 @@ class Searcher:
                 _rising_edge(self.budget.attempts.values(), large, predicted, budget_bytes, self.max_size), probe=True
             )
             predicted, shorted = _fit(self.budget.attempts.values(), budget_bytes), True
-        settle = tolerance  # how far short of its line's edge a pass may settle
-        if not large.ok:  # the edge lies below the last probe: the line's guess, else the middle
+        if large.ok and (predicted is None or predicted <= large.size):
+            if not shorted:  # no usable fit: fall back to doubling
+                self.power(2 * large.size)
+                self.bisect(tolerance)
+            return  # shorted: no room past the probe toward the edge, which is tried in full (verified_best)
+        size, settle = self._first_edge_try(large, predicted, shorted, tolerance)
+        self._settle_edge(size, settle, budget_bytes, tolerance)
+
+    def _fit_probes(self, init: int, budget_bytes: float) -> Attempt | None:
+        """fit's probes (one step each) from `init` up, x4 or less (_next_probe), until the peak
+        has grown by GROWN of the budget: the last, or None where `init` failed or is max_size.
+
+        At small sizes fixed costs (gradients, the optimizer's temporaries) hide the per-sample
+        cost: grow until the peak has grown by a quarter of the budget, so that the line is
+        fitted over a range that matters and extrapolated by less. But a probe beyond a quarter
+        of the edge is a large trial (the slow ones): where the probes already lie on one line
+        (fixed costs no longer hide the per-sample cost: an MLP's small activations sit in the
+        allocator's heap until a few hundred samples) and it puts the next probe there, go to
+        the edge instead."""
+        small = self.attempt(init, probe=True)
+        if not small.ok or small.size >= self.max_size:
+            return None
+        large = self.attempt(4 * init, probe=True)
+        while (
+            large.ok
+            and large.size < self.max_size
+            and self.budget.left > 2
+            and (large.peak_bytes or 0) - (small.peak_bytes or 0) < GROWN * budget_bytes
+        ):
+            guess = _fit(self.budget.attempts.values(), budget_bytes)
+            if guess is not None and 4 * large.size > guess / 4 and _straight(self.budget.attempts.values()):
+                break
+            large = self.attempt(_next_probe(small, large, budget_bytes), probe=True)
+        return large
+
+    def _first_edge_try(
+        self, large: Attempt, predicted: int | None, shorted: bool, tolerance: float
+    ) -> tuple[int, float]:
+        """The first size tried in full near the edge, after the last probe `large`, and how far
+        short of its line's edge a pass may settle (a fraction: `tolerance`, plus AIM where it
+        aims below the line). Where `large` failed: the line's guess below it, else the middle of
+        the bracket; else the line's edge `predicted` (past `large`), or short of it."""
+        settle = tolerance
+        if not large.ok:  # the edge lies below the last probe
             low = self.best()
             size = predicted if predicted is not None and low < predicted < large.size else (low + large.size) // 2
-        elif shorted and (predicted is None or predicted <= large.size):
-            return  # no room past the probe toward the edge: it is tried in full (verified_best)
-        elif predicted is None or predicted <= large.size:
-            self.power(2 * large.size)  # no usable fit: fall back to doubling
-            self.bisect(tolerance)
-            return
-        else:
-            # After the extra probe (shorted), a few percent are left to go from it: the edge of the
-            # line through it, no lower (the room a trial leaves counts all that its step keeps,
-            # more than the next step's peak holds; the bench's MLP: 8.3 MB kept, 5.7 MB held).
-            if not shorted and _still_rising(self.budget.attempts.values(), large, predicted):
-                # Aim short of the line, where a pass steadies it (an MLP's probes at 512 and 2,048
-                # put the edge 6 % beyond the 3,030 that fit).
-                predicted = _short_of(large, predicted, self.max_size)
-            elif not shorted and large.room_bytes is not None:  # where a pass there can settle the edge (below)
-                predicted = math.floor(predicted * (1 - AIM))
-                settle += AIM
-            size = min(max(predicted, large.size + 1), self.max_size)
+            return size, settle
+        # After the extra probe (shorted), a few percent are left to go from it: the edge of the
+        # line through it, no lower (the room a trial leaves counts all that its step keeps,
+        # more than the next step's peak holds; the bench's MLP: 8.3 MB kept, 5.7 MB held).
+        if not shorted and _still_rising(self.budget.attempts.values(), large, predicted):
+            # Aim short of the line, where a pass steadies it (an MLP's probes at 512 and 2,048
+            # put the edge 6 % beyond the 3,030 that fit).
+            predicted = _short_of(large, predicted, self.max_size)
+        elif not shorted and large.room_bytes is not None:  # where a pass there can settle the edge (below)
+            predicted = math.floor(predicted * (1 - AIM))
+            settle += AIM
+        return min(max(predicted, large.size + 1), self.max_size), settle
+
+    def _settle_edge(self, size: int, settle: float, budget_bytes: float, tolerance: float) -> None:
+        """Full trials near the edge from `size` until the largest pass and the smallest failure
+        lie within `tolerance` (a fraction) of each other, or a pass's line leaves no measured room
+        for a size `settle` larger, or AFTER_EDGE_PASS trials have run since the first pass here;
+        where the next size was tried before (or the trials run out), the bracket is bisected
+        within that same count."""
         step = tolerance
         first_pass = None  # the trials run when the first full trial near the edge passed
         while self.budget.left > 0 and size not in self.budget.attempts:
@@ -216,9 +243,6 @@ class Searcher:
                 break  # settled
             if high is None and low >= self.max_size:
                 break
-            # A new pass near the edge gives a better line: follow it while it points past the
-            # largest pass (and below the smallest failure); else step from the side just tried,
-            # never beyond the middle of the bracket.
             guess = _fit(self.budget.attempts.values(), budget_bytes)
             if (
                 passed
@@ -232,22 +256,29 @@ class Searcher:
                 # measurably leaves (CPU): settled. Where the room is the budget's estimate
                 # (CUDA), a step up shows it.
                 return
-            top = self.max_size + 1 if high is None else high
-            if (
-                guess is not None
-                and low is not None
-                and low < guess < top
-                and guess not in self.budget.attempts
-                and (passed or guess <= _step_below(high, step))
-            ):  # a failure's guess moves a step
-                size, step = guess, tolerance
-            elif passed:
-                size = min(math.ceil(low * (1 + step)), self.max_size if high is None else (low + high) // 2)
-                step *= 2
-            else:
-                size = _step_below(high, step)
-                size, step = size if low is None else max(size, (low + high) // 2), 2 * step
+            size, step = self._next_edge_try(passed, low, high, guess, step, tolerance)
         self.bisect(tolerance, until_runs=None if first_pass is None else first_pass + AFTER_EDGE_PASS)
+
+    def _next_edge_try(
+        self, passed: bool, low: int | None, high: int | None, guess: int | None, step: float, tolerance: float
+    ) -> tuple[int, float]:
+        """The next size near the edge, and the step after it (a fraction of the size). A new pass
+        near the edge gives a better line: follow it while it points past the largest pass `low`
+        (and below the smallest failure `high`); else step from the side just tried, in growing
+        steps, never beyond the middle of the bracket. A failure's guess moves a step at most."""
+        top = self.max_size + 1 if high is None else high
+        if (
+            guess is not None
+            and low is not None
+            and low < guess < top
+            and guess not in self.budget.attempts
+            and (passed or guess <= _step_below(high, step))
+        ):
+            return guess, tolerance
+        if passed:
+            return min(math.ceil(low * (1 + step)), self.max_size if high is None else (low + high) // 2), 2 * step
+        size = _step_below(high, step)
+        return (size if low is None else max(size, (low + high) // 2)), 2 * step
 
 
 def _still_rising(attempts, large: Attempt, predicted: int | None) -> bool:

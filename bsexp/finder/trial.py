@@ -26,7 +26,7 @@ from bsexp.step import train_step
 CACHED_BATCH = 256  # real samples kept for probing, tiled to each trial's size
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TrialData:
     """What trials need of a run's data, small enough to hand to the probe process instead of
     loading the whole dataset again there: real training samples as the step receives them
@@ -46,13 +46,13 @@ class TrialData:
         x, y = _cached_batch(splits.train, CACHED_BATCH)
         augment = splits.augment if isinstance(splits.train, TensorSplit) else None
         return cls(
-            x.cpu(),
-            y.cpu(),
-            augment,
-            splits.train.black if augment is not None else 0.0,
-            min(eval_batch_size, max(len(splits.val), len(splits.train_eval))),
-            splits.input_shape,
-            splits.num_classes,
+            x=x.cpu(),
+            y=y.cpu(),
+            augment=augment,
+            fill=splits.train.black if augment is not None else 0.0,
+            eval_size=min(eval_batch_size, max(len(splits.val), len(splits.train_eval))),
+            input_shape=splits.input_shape,
+            num_classes=splits.num_classes,
         )
 
 
@@ -67,6 +67,7 @@ class TrialRunner:
         data: TrialData,
         device: torch.device,
         model: torch.nn.Module,
+        *,
         distributed: bool = False,
         process_group=None,
         first_size: int = MIN_MICRO,
@@ -76,7 +77,14 @@ class TrialRunner:
         self.eval_size = data.eval_size
         self.distributed, self.process_group = distributed, process_group
         self.model, grad_sync = wrap_model(cfg, model, device, distributed, process_group)
-        hp = ScaledHparams(1.0, cfg.optimizer.lr, cfg.optimizer.lr, cfg.optimizer.weight_decay, 0, 1)
+        hp = ScaledHparams(
+            k=1.0,
+            lr=cfg.optimizer.lr,
+            lr_peak=cfg.optimizer.lr,
+            weight_decay=cfg.optimizer.weight_decay,
+            warmup_steps=0,
+            total_steps=1,
+        )
         self.step = make_step(cfg, self.model, World(device=device), distributed, hp, grad_sync)
         self.x, self.y = data.x.to(device), data.y.to(device)
         self.augment = data.augment
@@ -220,54 +228,16 @@ class TrialRunner:
         base, mapped = self._memory(reset=True), (memory.vm_size() if device.type == "cpu" else 0)
         vm_high = memory.vm_peak() if device.type == "cpu" else 0
         started = time.perf_counter()
-        step_times, train_peak, parts = [], None, []
         self._peaks.clear()
-        ok, error = True, None
-        try:
-            for _ in range(1 if probe else self.steps):
-                self._marks.clear()
-                t = time.perf_counter()
-                self._train_step(size)
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                end = time.perf_counter()
-                step_times.append(end - t)
-                fwd, opt = self._marks.get("forward", t), self._marks.get("optimizer", end)
-                parts.append((fwd - t, opt - fwd, end - opt))
-            train_peak = self._peak() - base
-        except Exception as exc:
-            if not memory.is_oom(exc):
-                raise
-            ok, error = False, memory.error_line(exc)
-            if self.distributed:  # DDP's reducer expects the step it never saw end: wrap afresh
-                self._rewrap()
-        finally:
-            self.step.net.train()
-            self.step.optimizer.zero_grad(set_to_none=True)
+        step_times, parts, train_peak, error = self._steps(size, 1 if probe else self.steps, base)
+        ok = error is None
         seconds = time.perf_counter() - started
         peak = max(self._peak() - base, train_peak or 0)
         if ok and size >= self.eval_size and self.eval_fits is None:
             self.eval_fits, self.eval_shown_by = True, size
-        timed = step_times[1:] or step_times
-        rate = size / (sum(timed) / len(timed)) if ok and timed else None
+        timed = step_times[1:] or step_times  # after the first step (it warms up), where there are more
         memory.release(device)
-        if device.type == "cuda":
-            reserved = torch.cuda.memory_reserved(device) / memory.MIB
-            retries = torch.cuda.memory_stats(device).get("num_alloc_retries", 0)
-        else:  # what stays mapped after the trial: fragmentation
-            reserved, retries = (memory.vm_size() - mapped) / memory.MIB, None
-        # CPU: the cap limits address space, which runs ahead of resident memory. Its peak
-        # through forward and backward is known when the trial set the process's new high
-        # (VmPeak cannot be reset): the growing probes do; nothing after a failure does. The room
-        # is what the cap leaves after the trial: each new size keeps a little mapped (oneDNN
-        # caches the kernels it compiled for that shape, ~11 MB for a small conv net), so it is
-        # what the next trial will have.
-        mapped_peak = room = None
-        if device.type == "cpu":
-            high = self._peaks.get("mapped", 0)
-            mapped_peak = (high - mapped) / memory.MIB if high > vm_high else None
-            room = memory.address_space_room(memory.vm_size())
-            room = None if room is None else room / memory.MIB
+        left = _left_after(device, mapped, vm_high, self._peaks.get("mapped", 0))
         mib = lambda b: None if b is None else b / memory.MIB  # noqa: E731
         # Forward, backward (with the loss) and optimizer seconds of the last training step.
         forward_s, backward_s, optimizer_s = parts[-1] if parts else (None, None, None)
@@ -275,22 +245,50 @@ class TrialRunner:
         return Trial(
             size,
             ok,
-            None if ok else "train",
-            mib(peak),
-            reserved,
-            retries,
-            seconds,
-            rate,
-            mib(train_peak),
-            forward_s,
-            backward_s,
-            optimizer_s,
-            mapped_peak,
-            room,
-            mib(backward_peak),
-            probe,
-            error,
+            failed_in=None if ok else "train",
+            peak_mb=mib(peak),
+            seconds=seconds,
+            samples_per_s=size / (sum(timed) / len(timed)) if ok and timed else None,
+            train_peak_mb=mib(train_peak),
+            forward_s=forward_s,
+            backward_s=backward_s,
+            optimizer_s=optimizer_s,
+            backward_peak_mb=mib(backward_peak),
+            probe=probe,
+            error=error,
+            **left,
         )
+
+    def _steps(
+        self, size: int, count: int, base: int
+    ) -> tuple[list[float], list[tuple[float, float, float]], int | None, str | None]:
+        """`count` training steps at `size`, the peak counter reset at `base` bytes: each step's
+        seconds, each step's forward, backward (with the loss) and optimizer seconds, the peak
+        through them above `base` (bytes; None after a failure), and None, or the out-of-memory
+        error's first line where a step ran out of memory (any other error propagates)."""
+        step_times, parts = [], []
+        try:
+            for _ in range(count):
+                self._marks.clear()
+                t = time.perf_counter()
+                self._train_step(size)
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+                end = time.perf_counter()
+                step_times.append(end - t)
+                fwd, opt = self._marks.get("forward", t), self._marks.get("optimizer", end)
+                parts.append((fwd - t, opt - fwd, end - opt))
+            return step_times, parts, self._peak() - base, None
+        except Exception as exc:
+            if not memory.is_oom(exc):
+                raise
+            error = memory.error_line(exc)
+            if self.distributed:  # DDP's reducer expects the step it never saw end: wrap afresh
+                self._rewrap()
+            return step_times, parts, None, error
+        finally:
+            self.step.net.train()
+            self.step.optimizer.zero_grad(set_to_none=True)
 
     def _rewrap(self) -> None:
         """The same module and optimizer in a fresh DDP wrapper (its reducer reset)."""
@@ -314,6 +312,34 @@ class TrialRunner:
         if self.device.type == "cuda":
             return torch.cuda.max_memory_allocated(self.device)
         return memory.peak_rss()
+
+
+def _left_after(device: torch.device, mapped: int, vm_high: int, mapped_high: int) -> dict[str, float | int | None]:
+    """What a trial left, as a Trial's fields (MB): on CUDA the allocator's reserve and its
+    retries; on CPU the address space still mapped beyond `mapped`, the bytes mapped before the
+    trial (fragmentation), the peak of it through forward and backward (`mapped_high`, bytes)
+    where known, and the room the cap leaves.
+
+    CPU: the cap limits address space, which runs ahead of resident memory. Its peak through
+    forward and backward is known when the trial set the process's new high (VmPeak cannot be
+    reset; `vm_high` was the high before): the growing probes do; nothing after a failure does.
+    The room is what the cap leaves after the trial: each new size keeps a little mapped (oneDNN
+    caches the kernels it compiled for that shape, ~11 MB for a small conv net), so it is what
+    the next trial will have."""
+    if device.type == "cuda":
+        return {
+            "reserved_mb": torch.cuda.memory_reserved(device) / memory.MIB,
+            "alloc_retries": torch.cuda.memory_stats(device).get("num_alloc_retries", 0),
+            "mapped_peak_mb": None,
+            "room_mb": None,
+        }
+    reserved = (memory.vm_size() - mapped) / memory.MIB
+    mapped_peak = room = None
+    if device.type == "cpu":
+        mapped_peak = (mapped_high - mapped) / memory.MIB if mapped_high > vm_high else None
+        room = memory.address_space_room(memory.vm_size())
+        room = None if room is None else room / memory.MIB
+    return {"reserved_mb": reserved, "alloc_retries": None, "mapped_peak_mb": mapped_peak, "room_mb": room}
 
 
 def _cached_batch(split, n: int) -> tuple[torch.Tensor, torch.Tensor]:
