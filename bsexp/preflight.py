@@ -151,9 +151,11 @@ class Preflight(Callback):
                 if exc.key not in swept_keys(config):
                     raise
             points = sweep_points(config)
+            continued = config.get("resume") == "auto"  # a sweep continued in its own directory
             if points is not None:
-                check_points(config, points)
-            check_output_dir("hydra.sweep.dir", config.hydra.sweep.dir)
+                check_points(config, points, continued)
+            if not continued:
+                check_output_dir("hydra.sweep.dir", config.hydra.sweep.dir)
             claim("hydra.sweep.dir", config.hydra.sweep.dir)
 
 
@@ -176,18 +178,24 @@ def sweep_points(config: DictConfig) -> list[list[str]] | None:
     return [point for batch in BasicSweeper.split_arguments(overrides, None) for point in batch]
 
 
-def check_points(config: DictConfig, points: list[list[str]]) -> None:
+def check_points(config: DictConfig, points: list[list[str]], continued: bool = False) -> None:
     """Compose every point of the sweep and check it, before the first one trains: a bad value
-    in the last point would otherwise be found when its turn came, hours in. Exits with one
-    line naming the point, its key and value (code 2)."""
+    in the last point would otherwise be found when its turn came, hours in. A continued sweep's
+    points that ran already must compose to their own configs (a resume continues a run's own
+    config). Exits with one line naming the point, its key and value (code 2)."""
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    from bsexp.sweep import point_dirname
+
     loader = GlobalHydra.instance().config_loader()
     for num, overrides in enumerate(points):
         try:
-            check_all(loader.load_sweep_config(config, list(overrides)))
+            point = loader.load_sweep_config(config, list(overrides))
+            check_all(point)
+            if continued:
+                resume.check(point, str(Path(config.hydra.sweep.dir) / point_dirname(num, list(overrides))))
         except (ConfigError, HydraException, OmegaConfBaseException) as exc:
             swept = swept_keys(config)
             told = " ".join(o for o in overrides if o.partition("=")[0].lstrip("+~") in swept) or " ".join(overrides)

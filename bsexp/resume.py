@@ -100,6 +100,49 @@ def prepare_argv(argv: list[str]) -> list[str]:
     return [argv[0], *original, *args]
 
 
+SWEEP = "multirun.yaml"  # a sweep's own config, written by Hydra in its directory as it starts
+
+
+def prepare_sweep_argv(argv: list[str]) -> list[str]:
+    """The command line that continues a sweep: `-m resume=auto hydra.sweep.dir=D` becomes the
+    sweep's own overrides (from D/multirun.yaml, its launcher's too) and then the given ones, so
+    every point keeps its number and directory. A key the given ones would change, beyond those
+    that only say how the points are run or shown, is refused: a point's config cannot change.
+    Any other command line is returned as is."""
+    args = list(argv[1:])
+    if _last(args, "resume") != "auto":
+        return argv
+    sweep_dir = _last(args, "hydra.sweep.dir")
+    if sweep_dir is None:
+        raise ConfigError("resume", "auto", "with -m continues a sweep: add hydra.sweep.dir=<its directory>")
+    saved = Path(sweep_dir) / SWEEP
+    if not saved.is_file():
+        raise ConfigError("hydra.sweep.dir", sweep_dir, f"holds no sweep to continue (no {SWEEP})")
+    for arg in args:
+        key = arg.split("=", 1)[0].lstrip("+~")
+        if "=" in arg and key != "resume" and not key.startswith(("hydra.", "hydra/")) and not _run_only(key):
+            raise ConfigError(
+                key,
+                arg.split("=", 1)[1],
+                f"resume=auto continues the sweep in {sweep_dir} as it was "
+                f"started: leave {key} out (its points cannot change)",
+            )
+    overrides = (yaml.safe_load(saved.read_text()) or {}).get("hydra", {}).get("overrides", {})
+    given = {arg.split("=", 1)[0].lstrip("+~") for arg in args if "=" in arg}
+    original = [
+        str(o)
+        for o in [*overrides.get("task", []), *overrides.get("hydra", [])]
+        if str(o).split("=", 1)[0].lstrip("+~") not in {*given, "resume", "hydra.mode", "hydra.sweep.dir"}
+    ]
+    # Each point's .hydra/ as it was started: a point that ran writes this run's config beside it.
+    subdir = [] if "hydra.output_subdir" in given else ["hydra.output_subdir=${bsexp_output_subdir:}"]
+    return [argv[0], *args, *original, *subdir]  # -m first: Hydra's command line takes its flags before overrides
+
+
+def _run_only(key: str) -> bool:
+    return any(key == k or key.startswith(k + ".") for k in RUN_ONLY)
+
+
 def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
     if isinstance(node, dict):
         out: dict[str, Any] = {}

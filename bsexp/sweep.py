@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 INDEX = "jobs.jsonl"
 # Overrides that say how a point is run or shown, not what it computes: left out of its name.
-_NOT_IN_NAMES = ("logger", "trainer.progress", "trainer.threads", "hydra", "experiment")
+_NOT_IN_NAMES = ("logger", "trainer.progress", "trainer.threads", "hydra", "experiment", "resume")
 _MAX_NAME = 120
 _SUMMARY_KEYS = ("status", "batch_size", "seed", "val_acc", "test_acc", "steps", "wall_time_s")
 
@@ -47,13 +47,30 @@ def naming_overrides(overrides: list[str]) -> list[str]:
 def job_dirname() -> str:
     """`<job number>_<overrides>`: the OmegaConf resolver behind `hydra.sweep.subdir`."""
     hydra_cfg = HydraConfig.get()
-    name = ",".join(naming_overrides(list(hydra_cfg.overrides.task)))
+    return point_dirname(hydra_cfg.job.num, list(hydra_cfg.overrides.task))
+
+
+def point_dirname(num: int, overrides: list[str]) -> str:
+    """The directory of sweep point `num` of these overrides (`job_dirname`'s, for a point that
+    has not run: a continued sweep's, a report's grid)."""
+    name = ",".join(naming_overrides(overrides))
     name = re.sub(r"[^A-Za-z0-9._=,+\-\[\]]", "_", name)[:_MAX_NAME]
-    return f"{hydra_cfg.job.num}_{name}" if name else str(hydra_cfg.job.num)
+    return f"{num}_{name}" if name else str(num)
+
+
+def output_subdir() -> str:
+    """Where a job writes its Hydra files: its own `.hydra/` where it has none yet; else, a point of
+    a continued sweep that ran before, `.hydra/continued-<n>` beside it, the config it was started
+    with kept (as a resumed run's `.hydra/resume-<n>`)."""
+    hydra = Path(HydraConfig.get().runtime.output_dir) / ".hydra"
+    if not (hydra / "config.yaml").is_file():
+        return ".hydra"
+    return f".hydra/continued-{len(list(hydra.glob('continued-*'))) + 1}"
 
 
 def register_resolvers() -> None:
     OmegaConf.register_new_resolver("bsexp_job_dir", job_dirname, replace=True)
+    OmegaConf.register_new_resolver("bsexp_output_subdir", output_subdir, replace=True, use_cache=True)
     # In default output directories after the time: runs started in the same second on one
     # machine get directories of their own (the process id).
     OmegaConf.register_new_resolver("bsexp_pid", lambda: str(os.getpid()), replace=True, use_cache=True)

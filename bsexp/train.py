@@ -127,9 +127,8 @@ def main() -> None:
         from bsexp.distributed import agree_on_attempt
 
         agree_on_attempt()
-    if not _multirun_requested():
-        with exit_on_config_error():  # a resume continues the run's own config
-            sys.argv = resume.prepare_argv(sys.argv)
+    with exit_on_config_error():  # a resume continues the run's (or the sweep's) own config
+        sys.argv = resume.prepare_sweep_argv(sys.argv) if _multirun_requested() else resume.prepare_argv(sys.argv)
     if under_torchrun() and not any(a.partition("=")[0].lstrip("+~") == "distributed" for a in sys.argv[1:]):
         sys.argv.append("distributed=ddp")  # torchrun started the ranks: data parallel is what it asks for
     if env_rank() != 0:

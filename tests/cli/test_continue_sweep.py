@@ -1,0 +1,119 @@
+"""Sweeps that survive (issue 46): a sweep killed mid-way is continued in its own directory by one
+command, `python -m bsexp.train -m resume=auto hydra.sweep.dir=<dir>`, which runs only what is
+left (points never started, failed, or cut off: those resume from their own checkpoints), each
+point keeping its number and directory; it ends as the sweep uninterrupted would have."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import cli_env
+from resuming import SLOW
+
+# Four points of ~180 steps each, two at a time (Hydra's joblib launcher), a checkpoint every 7 steps.
+SWEEP = ["-m", "batch.size=64,128", "seed=0,1", *SLOW, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
+# Figures of the machine, not of the run: left out of the comparison.
+TIMING = {"wall_time_s", "train_time_s", "samples_per_s", "peak_memory_mb", "provenance", "resumed_from", "threads"}
+
+
+def bsexp(data_root, cwd, *args, **kwargs):
+    return subprocess.run(
+        [sys.executable, "-m", "bsexp.train", *args],
+        cwd=cwd,
+        env=cli_env(data_root),
+        capture_output=True,
+        text=True,
+        timeout=900,
+        **kwargs,
+    )
+
+
+def summaries(sweep: Path) -> dict[str, dict]:
+    return {
+        d.name: {k: v for k, v in json.loads((d / "summary.json").read_text()).items() if k not in TIMING}
+        for d in sweep.iterdir()
+        if (d / "summary.json").exists()
+    }
+
+
+def newest_step(sweep: Path) -> int:
+    return max((int(p.stem.split("-")[1]) for p in sweep.glob("*/checkpoints/step-*.pt")), default=0)
+
+
+def test_a_killed_sweep_continued_ends_as_the_sweep_uninterrupted(data_root, tmp_path):
+    whole = tmp_path / "whole"
+    out = bsexp(data_root, tmp_path, *SWEEP, f"hydra.sweep.dir={whole}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    expected = summaries(whole)
+    assert len(expected) == 4 and all(s["status"] == "completed" for s in expected.values())
+
+    sweep = tmp_path / "sweep"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bsexp.train", *SWEEP, f"hydra.sweep.dir={sweep}"],
+        cwd=tmp_path,
+        env=cli_env(data_root),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )  # its own process group: the launcher's workers die with it
+    deadline = time.time() + 600
+    while newest_step(sweep) < 20:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.time() < deadline
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGKILL)  # the whole sweep, as a machine that goes down
+    proc.communicate()
+    before = summaries(sweep)
+    assert len(before) < 4, "the sweep ended before it was killed: nothing left to continue"
+
+    # The one command: the sweep's own arguments come from its directory.
+    out = bsexp(data_root, tmp_path, "-m", "resume=auto", f"hydra.sweep.dir={sweep}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert summaries(sweep) == expected  # every point, in its own numbered directory, as if never stopped
+    index = [json.loads(line) for line in (sweep / "jobs.jsonl").read_text().splitlines()]
+    assert {e["dir"] for e in index} == set(expected) and {e["num"] for e in index} == {0, 1, 2, 3}
+    cut = [
+        d
+        for d in sweep.iterdir()
+        if (d / "summary.json").exists() and json.loads((d / "summary.json").read_text()).get("resumed_from")
+    ]
+    assert cut, "no point was resumed from its own checkpoint"
+    # A point that ran before keeps the config it was started with; this run's is beside it.
+    for point in cut:
+        assert (point / ".hydra" / "config.yaml").is_file() and (point / ".hydra" / "continued-1").is_dir()
+
+    # Continued once more, nothing is left: every point says so and nothing is rewritten.
+    files = {p: p.read_bytes() for p in sweep.glob("*/summary.json")}
+    out = bsexp(data_root, tmp_path, "-m", "resume=auto", f"hydra.sweep.dir={sweep}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.count("nothing left to resume") == 4
+    assert {p: p.read_bytes() for p in files} == files
+
+
+def test_a_continued_sweep_that_would_change_its_points_is_one_line(data_root, tmp_path):
+    sweep = tmp_path / "sweep"
+    tiny = [
+        "data.num_samples=600",
+        "data.val_size=100",
+        "epochs=1",
+        "model.width=8",
+        "logger=none",
+        "trainer.progress=false",
+    ]
+    out = bsexp(data_root, tmp_path, "-m", "batch.size=32,64", *tiny, f"hydra.sweep.dir={sweep}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    files = {p: p.read_bytes() for p in sweep.rglob("*") if p.is_file()}
+    out = bsexp(data_root, tmp_path, "-m", "resume=auto", f"hydra.sweep.dir={sweep}", "epochs=5")
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        f"error: epochs=5: resume=auto continues the sweep in {sweep} as it was started: leave epochs out (its "
+        f"points cannot change)"
+    ]
+    out = bsexp(data_root, tmp_path, "-m", "resume=auto", f"hydra.sweep.dir={tmp_path / 'nowhere'}")
+    assert out.returncode == 2 and "holds no sweep to continue (no multirun.yaml)" in out.stderr
+    assert {p: p.read_bytes() for p in sweep.rglob("*") if p.is_file()} == files
