@@ -235,3 +235,40 @@ def test_a_failing_point_is_recorded_failed_and_the_others_complete(data_root, t
     # Each point was its own SLURM job; the failure was the point's, not the job's.
     [array] = job_ids(sweep)[:1]
     assert set(dict(accounting(array.split("_")[0])).values()) == {"COMPLETED"}
+
+
+def test_a_sweep_whose_allocation_ended_is_continued_by_one_command(data_root, tmp_path):
+    # Two points as SLURM jobs, cut off mid-run (their jobs cancelled, the launching process gone,
+    # as when an allocation ends); `-m resume=auto hydra.sweep.dir=...` continues both as SLURM
+    # jobs again (the launcher is the sweep's own), and the sweep ends as it would have unbroken.
+    args = ["-m", LAUNCHER, "batch.size=64,128", *PREEMPTED]
+    whole = tmp_path / "whole"
+    out = bsexp(data_root, tmp_path, *args, f"hydra.sweep.dir={whole}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    sweep = tmp_path / "sweep"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bsexp.train", *args, f"hydra.sweep.dir={sweep}"],
+        cwd=tmp_path,
+        env=env(data_root),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.time() + 300
+        while max((newest_step(p) for p in sweep.glob("*_batch.size=*")), default=0) < 20:
+            assert proc.poll() is None and time.time() < deadline
+            time.sleep(0.05)
+        cancel(sweep)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not all(s.get("status") == "completed" for s in summaries(sweep).values()) or len(summaries(sweep)) < 2
+    out = bsexp(data_root, tmp_path, "-m", "resume=auto", f"hydra.sweep.dir={sweep}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    timing = {"wall_time_s", "train_time_s", "samples_per_s", "peak_memory_mb", "provenance", "resumed_from"}
+
+    def same(s: dict) -> dict:
+        return {k: v for k, v in s.items() if k not in timing}
+
+    assert {k: same(s) for k, s in summaries(sweep).items()} == {k: same(s) for k, s in summaries(whole).items()}
+    assert len(job_ids(sweep)) >= 2  # the continued points ran as jobs of their own
