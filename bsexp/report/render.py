@@ -14,7 +14,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bsexp.report.analysis import TOLERANCE_SE, TRAINED_ABOVE, Analysis, Breaking, Critical, Labels, Reach, Row, grid
+from bsexp.report.analysis import (
+    TOLERANCE_SE,
+    TRAINED_ABOVE,
+    Analysis,
+    Breaking,
+    Labels,
+    Reach,
+    Row,
+    StepsCritical,
+    grid,
+)
 
 # ----------------------------------------------------------------------------- the table
 
@@ -284,7 +294,7 @@ def _breaking_line(b: Breaking, analysis: Analysis) -> str:
     return line
 
 
-def _critical_lines(c: Critical, analysis: Analysis) -> list[str]:
+def _critical_lines(c: StepsCritical, analysis: Analysis) -> list[str]:
     metric, head = analysis.metric, f"**Critical batch**{_family(c.family, analysis)}"
     left = f" Left out: {'; '.join(c.left_out)}." if c.left_out else ""
     doubt = f" Caution: {c.target.doubt}." if c.target.doubt else ""
@@ -307,7 +317,7 @@ def _critical_lines(c: Critical, analysis: Analysis) -> list[str]:
         "| batch | samples per step | steps to target | samples to target | steps fitted |",
         "| --- | --- | --- | --- | --- |",
     ]
-    for row, got in c.reached:  # first-evaluation bounds are left out (analysis.critical_batch)
+    for row, got in c.reached:  # first-evaluation bounds are left out (analysis.steps_critical_batch)
         lines.append(
             f"| {row.batch} | {got.batch:,.1f} | {got.steps:,.1f} | {got.samples:,.0f} | "
             f"{fit.s_min + fit.e_min / got.batch:,.1f} |"
