@@ -21,8 +21,19 @@ to the first DIR:
 With W&B enabled in the sweep, the table and figures also go to a `report` run of its group.
 Failed, diverged and missing points are listed as such.
 
-`analysis` holds what the sweep found (pure, tested alone), `render` how it is shown, `load`
-how a sweep is read from disk, `cli` the command line.
+The report's three commands share one shape: load (points from disk), analyse (pure: no plotting,
+no files, no wandb, no torch; tested alone), render (markdown, CSV, figures, W&B), and a command
+line that calls the three in turn:
+
+- `python -m bsexp.report` (this package): `load`, `analysis/`, `render/`, `cli`;
+- `python -m bsexp.report.critical`, the critical batch measured by branches (Merrill et al.):
+  `critical/` with its own `load`, `analysis`, `render` and `cli`;
+- `python -m bsexp.report.pareto`, arms against tuned fixed batches: `pareto/` with its own
+  `analysis`, `render` and `cli`, its points read by `load` as this package reads them.
+
+Two critical batches, kept apart by name: `StepsCritical` (`analysis.fit`), fitted to the steps
+each batch of a sweep took to a target (McCandlish et al.), and `BranchedCritical`
+(`critical.analysis`), measured by branches from one trunk (Merrill et al.).
 """
 
 from bsexp.report.analysis import fit_critical_batch

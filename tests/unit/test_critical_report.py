@@ -8,23 +8,30 @@ import sys
 
 import pytest
 
-from bsexp.report.critical import Critical, add_b_crit, at_samples, critical_batch, report, window_b_simple
+from bsexp.report.critical import report
+from bsexp.report.critical.analysis import (
+    BranchedCritical,
+    add_b_crit,
+    at_samples,
+    branched_critical_batch,
+    window_b_simple,
+)
 from report_runs import known_b_crit_runs, points
 
 
 def test_the_critical_batch_is_the_largest_batch_within_epsilon_of_the_smallest():
     losses = {32: 1.00, 64: 1.03, 128: 1.049, 256: 1.06, 512: 1.5}
-    assert critical_batch(losses, 0.05) == Critical(128)
-    assert critical_batch(losses, 0.01) == Critical(32, "<=")  # 64 already out: at most the smallest
-    assert critical_batch(losses, 0.1) == Critical(256)
-    assert critical_batch(losses, 1.0) == Critical(512, ">=")  # every batch within: a lower bound
+    assert branched_critical_batch(losses, 0.05) == BranchedCritical(128)
+    assert branched_critical_batch(losses, 0.01) == BranchedCritical(32, "<=")  # 64 already out: at most the smallest
+    assert branched_critical_batch(losses, 0.1) == BranchedCritical(256)
+    assert branched_critical_batch(losses, 1.0) == BranchedCritical(512, ">=")  # every batch within: a lower bound
     # A batch that falls out ends it, though a larger one comes back within (noise): contiguous.
-    assert critical_batch({32: 1.0, 64: 1.2, 128: 1.01}, 0.05) == Critical(32, "<=")
+    assert branched_critical_batch({32: 1.0, 64: 1.2, 128: 1.01}, 0.05) == BranchedCritical(32, "<=")
     # A batch without a result ends the search (a lower bound); without the smallest, no answer.
-    assert critical_batch({32: 1.0, 64: None, 128: 1.01}, 0.05) == Critical(32, ">=")
-    assert critical_batch({32: None, 64: 1.0}, 0.05) == Critical(None)
-    assert critical_batch({}, 0.05).batch is None
-    assert str(Critical(128)) == "128" and str(Critical(1024, ">=")) == "≥ 1,024"
+    assert branched_critical_batch({32: 1.0, 64: None, 128: 1.01}, 0.05) == BranchedCritical(32, ">=")
+    assert branched_critical_batch({32: None, 64: 1.0}, 0.05) == BranchedCritical(None)
+    assert branched_critical_batch({}, 0.05).batch is None
+    assert str(BranchedCritical(128)) == "128" and str(BranchedCritical(1024, ">=")) == "≥ 1,024"
 
 
 def test_the_loss_at_a_number_of_samples_is_interpolated_between_evaluations():
@@ -98,14 +105,15 @@ def test_the_report_holds_the_critical_batch_b_simple_their_ratio_and_the_sensit
     sweep = _branch_sweep(tmp_path)
     found = report(sweep, epsilon=0.05)
     by_at = {s.at: s for s in found}
-    assert by_at[0].critical == Critical(64) and by_at[4096].critical == Critical(256)
+    assert by_at[0].critical == BranchedCritical(64) and by_at[4096].critical == BranchedCritical(256)
     assert [c.batch for c in by_at[4096].per_seed] == [512, 256]  # seed 1's 512 branch is 0.016 worse
     # B_simple: mean tr(Σ) / mean |G|² over [at, at + 2048]: 100 + mean(0..2048 step 512)/100 = 110.24
     assert by_at[0].b_simple == pytest.approx(100 + 1024 / 100)
     assert by_at[4096].b_simple == pytest.approx(100 + (4096 + 1024) / 100)
     assert by_at[0].ratio(by_at[0].b_simple) == pytest.approx(110.24 / 64)
-    assert by_at[0].by_epsilon[0.01] == Critical(32, "<=") and by_at[4096].by_epsilon[0.1] == Critical(512, ">=")
-    assert by_at[4096].by_length[0.5] == Critical(64)  # half-way, the larger batches lag
+    assert by_at[0].by_epsilon[0.01] == BranchedCritical(32, "<=")
+    assert by_at[4096].by_epsilon[0.1] == BranchedCritical(512, ">=")
+    assert by_at[4096].by_length[0.5] == BranchedCritical(64)  # half-way, the larger batches lag
     assert by_at[4096].target == pytest.approx(0.1 + (4096 + 2048) / 10_000)
     text = (sweep / "critical.md").read_text()
     assert "| 4,096 | 256 | ≥ 512, 256 | 151 | 0.59 |" in text
@@ -155,8 +163,9 @@ def test_a_diverged_branch_is_out_of_tolerance_and_a_branch_without_progress_tel
     import math
 
     # 256 diverged: the critical batch is 128, not "at least 512" by skipping it
-    assert critical_batch({32: 1.0, 64: 1.0, 128: 1.01, 256: math.inf, 512: 1.0}, 0.05) == Critical(128)
+    diverged = {32: 1.0, 64: 1.0, 128: 1.01, 256: math.inf, 512: 1.0}
+    assert branched_critical_batch(diverged, 0.05) == BranchedCritical(128)
     # nothing learned yet (the smallest batch still at its starting loss): no answer, not "every batch"
-    assert critical_batch({32: 2.29, 64: 2.30, 1024: 2.30}, 0.05, start=2.30) == Critical(None, "none")
-    assert str(Critical(None, "none")) == "no progress"
-    assert critical_batch({32: 1.5, 64: 1.52}, 0.05, start=2.30) == Critical(64, ">=")
+    assert branched_critical_batch({32: 2.29, 64: 2.30, 1024: 2.30}, 0.05, start=2.30) == BranchedCritical(None, "none")
+    assert str(BranchedCritical(None, "none")) == "no progress"
+    assert branched_critical_batch({32: 1.5, 64: 1.52}, 0.05, start=2.30) == BranchedCritical(64, ">=")

@@ -17,7 +17,6 @@ from bsexp.report.analysis import (
     analyse,
     breaking_point,
     choose_target,
-    critical_batch,
     difference_se,
     fit_critical_batch,
     fit_steps_samples,
@@ -25,6 +24,7 @@ from bsexp.report.analysis import (
     reach,
     reach_row,
     schedule_bound,
+    steps_critical_batch,
 )
 from report_runs import effective_batch, known_b_crit_runs, points, synthetic_run
 
@@ -39,7 +39,7 @@ def rows_of(runs: list[dict]):
 def test_the_critical_batch_is_fitted_to_the_samples_each_step_took_not_the_nominal_batch():
     rows = rows_of(known_b_crit_runs(b_crit=5000))
     target = 0.6
-    critical = critical_batch(rows, "val_acc", target)
+    critical = steps_critical_batch(rows, "val_acc", target)
     assert critical.refused is None and critical.batches == [64, 128, 256, 512, 1024]
     assert critical.b_crit == pytest.approx(5000, rel=0.03)
     # The samples each batch took are the records' own: 875 a step at a nominal 1024.
@@ -52,14 +52,14 @@ def test_the_critical_batch_is_fitted_to_the_samples_each_step_took_not_the_nomi
 
 @pytest.mark.parametrize("b_crit", [300, 2000])
 def test_the_fit_recovers_a_known_critical_batch_at_the_default_target(b_crit):
-    critical = critical_batch(rows_of(known_b_crit_runs(b_crit=b_crit, eval_every=3)), "val_acc")
+    critical = steps_critical_batch(rows_of(known_b_crit_runs(b_crit=b_crit, eval_every=3)), "val_acc")
     assert critical.refused is None
     assert critical.b_crit == pytest.approx(b_crit, rel=0.05)
     assert critical.fit.rms < 0.05
 
 
 def test_two_batch_sizes_are_refused_with_the_reason():
-    critical = critical_batch(rows_of(known_b_crit_runs(batches=(64, 128))), "val_acc", 0.6)
+    critical = steps_critical_batch(rows_of(known_b_crit_runs(batches=(64, 128))), "val_acc", 0.6)
     assert critical.b_crit is None and critical.fit is None
     assert critical.refused.startswith("fewer than 3 batch sizes trained (64, 128)")
     assert fit_critical_batch([64, 64, 128], [10, 11, 6]) is None  # two distinct batches, however many points
@@ -132,7 +132,7 @@ def test_the_default_target_is_reached_by_every_point_within_the_first_half_of_i
 def test_a_point_evaluated_only_late_refuses_the_target_and_says_how_to_evaluate_more_often():
     runs = known_b_crit_runs(batches=(64, 128, 256))
     runs[0]["records"] = runs[0]["records"][-1:]  # evaluated once, at its end
-    critical = critical_batch(rows_of(runs), "val_acc")
+    critical = steps_critical_batch(rows_of(runs), "val_acc")
     assert critical.b_crit is None and "trainer.eval_every_steps" in critical.refused
 
 
@@ -195,7 +195,7 @@ def test_rows_at_chance_level_did_not_train_with_the_classes_summary_json_gives(
     )
     assert configured.num_classes == 4
     # A row that did not train is left out of the fit, and the fit says so.
-    critical = critical_batch(
+    critical = steps_critical_batch(
         rows_of(known_b_crit_runs(batches=(64, 128, 256, 512)) + [synthetic_run(1024, 0, 60, lambda s: 0.1)]), "val_acc"
     )
     assert "batch 1024: did not train" in critical.left_out and 1024 not in critical.batches
@@ -236,15 +236,22 @@ def test_the_noise_scale_says_why_it_is_absent_and_is_the_mean_where_measured():
 
 
 def test_the_analysis_imports_no_plotting_no_wandb_no_torch_and_reads_no_files():
-    source = Path(__import__("bsexp.report.analysis", fromlist=["_"]).__file__).read_text()
-    imported = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            imported |= {a.name.split(".")[0] for a in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            imported.add((node.module or "").split(".")[0])
-    assert imported <= {"__future__", "collections", "math", "statistics", "dataclasses", "pathlib", "typing"}, imported
-    assert "open(" not in source and "read_text" not in source
+    # Every module of the sweep's analysis package, and each command's own analysis (report.critical,
+    # report.pareto): the standard library and the sweep's analysis only.
+    report = Path(__import__("bsexp.report", fromlist=["_"]).__file__).parent
+    modules = sorted((report / "analysis").glob("*.py")) + sorted(report.glob("*/analysis.py"))
+    assert len(modules) > 3
+    allowed = {"__future__", "collections", "math", "random", "statistics", "dataclasses", "pathlib", "typing"}
+    for path in modules:
+        source = path.read_text()
+        imported = set()
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Import):
+                imported |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and not (node.module or "").startswith("bsexp.report.analysis"):
+                imported.add((node.module or "").split(".")[0])
+        assert imported <= allowed, (path, imported)
+        assert "open(" not in source and "read_text" not in source, path
 
 
 def _model(phases, batches):

@@ -1,0 +1,55 @@
+"""The command line of `python -m bsexp.report.critical BRANCH_SWEEP [MORE ...]` (see the package's
+docstring): load the branches, analyse them, render critical.md, critical.csv and critical.png."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+from bsexp.report.critical.analysis import EPSILON, Stage, add_b_crit, add_trunk, stages
+from bsexp.report.critical.load import latest_branches, trunk_records
+from bsexp.report.critical.render import figure, markdown, write_csv
+from bsexp.report.load import load_points
+
+
+def report(
+    sweep: Path | Sequence[Path], fixed: Path | None = None, epsilon: float = EPSILON, out: Path | None = None
+) -> list[Stage]:
+    """The report of the branches in `sweep` (one directory, or several: a point run again in a
+    later one replaces the earlier's)."""
+    sweeps = [sweep] if isinstance(sweep, Path) else list(sweep)
+    branches = latest_branches(sweeps)
+    if not branches:
+        raise ValueError(f"{', '.join(map(str, sweeps))} holds no branch runs (summary.json with a `branch` entry)")
+    found = stages(branches, epsilon)
+    add_trunk(found, trunk_records(branches))
+    if fixed is not None:
+        add_b_crit(found, load_points(fixed))
+    out = out or sweeps[0]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "critical.md").write_text(markdown(found, epsilon, len({b.seed for b in branches}), fixed is not None))
+    write_csv(found, out / "critical.csv")
+    figure(found, epsilon, out / "critical.png")
+    return found
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    from bsexp.report.critical import __doc__ as doc
+
+    parser = argparse.ArgumentParser(prog="python -m bsexp.report.critical", description=doc.split("\n\n")[0])
+    parser.add_argument("sweep", type=Path, nargs="+", help="the branch sweep's directory (or several)")
+    parser.add_argument("--sweep", dest="fixed", type=Path, default=None, help="a fixed-batch sweep, for B_crit")
+    parser.add_argument("--epsilon", type=float, default=EPSILON, help="relative loss tolerance (default 0.05)")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    for name, path in (*(("sweep", p) for p in args.sweep), ("--sweep", args.fixed)):
+        if path is not None and not path.is_dir():
+            parser.exit(2, f"error: {name}={path}: no such directory; valid: a sweep directory\n")
+    if not args.epsilon > 0:
+        parser.exit(2, f"error: --epsilon={args.epsilon}: must be positive (a relative tolerance, e.g. 0.05)\n")
+    try:
+        report(args.sweep, args.fixed, args.epsilon, args.out)
+    except ValueError as exc:
+        parser.exit(2, f"error: sweep={args.sweep[0]}: {exc}; valid: the directory of a branch sweep\n")
+    print(((args.out or args.sweep[0]) / "critical.md").read_text())

@@ -1,0 +1,50 @@
+"""Reading a branch sweep from disk: its branches (each job's summary.json `branch` entry and its
+metrics.jsonl) and the metrics of the trunks they branched from."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bsexp.metrics import read_jsonl
+from bsexp.report.critical.analysis import Branch
+
+
+def load_branches(sweep: Path) -> list[Branch]:
+    found = []
+    for job in sorted(p for p in sweep.iterdir() if (p / "summary.json").is_file()):
+        summary = json.loads((job / "summary.json").read_text())
+        node = summary.get("branch")
+        if not node:
+            continue
+        found.append(
+            Branch(
+                summary["seed"],
+                node["at_samples"],
+                node["batch"],
+                node["samples"],
+                node["trunk"],
+                summary["status"],
+                read_jsonl(job / "metrics.jsonl"),
+            )
+        )
+    return found
+
+
+def latest_branches(sweeps: Sequence[Path]) -> list[Branch]:
+    """The branches of one or more sweeps: a point (seed, branch point, batch) run again in a later
+    sweep replaces the earlier's where it completed (or where there was none)."""
+    latest: dict[tuple[int, int, int], Branch] = {}
+    for directory in sweeps:
+        for b in load_branches(directory):
+            if b.status == "completed" or (b.seed, b.at, b.batch) not in latest:
+                latest[(b.seed, b.at, b.batch)] = b
+    return list(latest.values())
+
+
+def trunk_records(branches: Sequence[Branch]) -> dict[int, list[dict[str, Any]]]:
+    """Each seed's trunk metrics records, from the trunk its branches name."""
+    trunks = {b.seed: Path(b.trunk) for b in branches}
+    return {seed: read_jsonl(path / "metrics.jsonl") for seed, path in trunks.items()}

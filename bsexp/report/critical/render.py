@@ -1,0 +1,176 @@
+"""The critical batch from branches as people read it: critical.md (the critical batch at each
+branch point beside B_simple and B_crit, the branches' losses, and how the answer moves with ε and
+the branch length), critical.csv and critical.png."""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+from bsexp.report.critical.analysis import EPSILONS, LENGTHS, Stage, mean_of
+
+
+def _num(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def markdown(found: Sequence[Stage], epsilon: float, seeds: int, swept: bool) -> str:
+    length = found[0].length if found else 0
+    lines = [*_estimates(found, epsilon, seeds, swept, length), *_losses(found), *_sensitivity(found, epsilon, length)]
+    notes = [f"- {s.at:,}: B_simple: {s.b_simple_note}" for s in found if s.b_simple_note]
+    notes += [f"- {s.at:,}: B_crit {s.b_crit_note}" for s in found if s.b_crit is None and s.b_crit_note]
+    if notes:
+        lines += ["", "Where an estimate is missing or partial:", *notes]
+    return "\n".join(lines) + "\n"
+
+
+def _estimates(found: Sequence[Stage], epsilon: float, seeds: int, swept: bool, length: int) -> list[str]:
+    """What the critical batch is, and its table beside B_simple and B_crit at each branch point."""
+    lines = [
+        "# The critical batch, measured by branches",
+        "",
+        f"Branches of {length:,} samples from trunk checkpoints, {seeds} seed(s); the critical batch is the largest "
+        f"batch whose branch's mean validation loss over the seeds ends within ε = {epsilon:g} (relative) of the "
+        f"smallest batch's. ≥: every batch branched stayed within ε; ≤: the next batch up already fell out; "
+        f"no progress: the smallest batch's branch ended less than ε below its starting loss (too short to tell). "
+        f"A diverged branch is out of any ε. "
+        f"B_simple: the trunks' mean over the branch's window. "
+        + (
+            "B_crit: E_min / S_min from the fixed-batch sweep, to the validation accuracy the trunk had at the "
+            "branch's end."
+            if swept
+            else "B_crit: no fixed-batch sweep given (--sweep)."
+        ),
+        "",
+        "| samples seen | critical batch | per seed | B_simple | B_simple / critical | target val_acc | B_crit "
+        "| B_crit / critical |",
+        "| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for s in found:
+        b_simple = _num(s.b_simple) if s.b_simple is not None or not s.b_simple_note else "unresolved"
+        lines.append(
+            f"| {s.at:,} | {s.critical} | {', '.join(str(c) for c in s.per_seed)} | {b_simple} | "
+            f"{s.shown_ratio(s.b_simple)} | {_num(s.target and 100 * s.target, 2)} | {_num(s.b_crit)} | "
+            f"{s.shown_ratio(s.b_crit)} |"
+        )
+    return lines
+
+
+def _losses(found: Sequence[Stage]) -> list[str]:
+    """The seeds' mean validation loss at each branch's end, by branch point and batch."""
+    batches = sorted({b for s in found for b in s.losses})
+    lines = [
+        "",
+        "Mean validation loss at the branch's end, by batch (diverged: a seed's branch diverged; "
+        "- : not run or failed):",
+        "",
+        "| samples seen | " + " | ".join(f"B={b:,}" for b in batches) + " |",
+        "| ---: |" + " ---: |" * len(batches),
+    ]
+    for s in found:
+        cells = []
+        for b in batches:
+            values = s.losses.get(b)
+            mean = mean_of(values) if values else None
+            cells.append(
+                "-"
+                if mean is None
+                else ("diverged" if not math.isfinite(mean) else (f"{mean:.4f}" if mean < 1e4 else f"{mean:.3g}"))
+            )
+        lines.append(f"| {s.at:,} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _sensitivity(found: Sequence[Stage], epsilon: float, length: int) -> list[str]:
+    """The critical batch at each ε, and at each branch length."""
+    lines = [
+        "",
+        "Sensitivity to ε (relative tolerance), full branch length:",
+        "",
+        "| samples seen | " + " | ".join(f"ε = {e:g}" for e in EPSILONS) + " |",
+        "| ---: |" + " ---: |" * len(EPSILONS),
+    ]
+    for s in found:
+        lines.append(f"| {s.at:,} | " + " | ".join(str(s.by_epsilon[e]) for e in EPSILONS) + " |")
+    lines += [
+        "",
+        f"Sensitivity to the branch length (ε = {epsilon:g}; the loss at that point of the same branches):",
+        "",
+        "| samples seen | " + " | ".join(f"Δ = {int(f * length):,}" for f in LENGTHS) + " |",
+        "| ---: |" + " ---: |" * len(LENGTHS),
+    ]
+    for s in found:
+        lines.append(f"| {s.at:,} | " + " | ".join(str(s.by_length[f]) for f in LENGTHS) + " |")
+    return lines
+
+
+def write_csv(found: Sequence[Stage], path: Path) -> None:
+    with open(path, "w", newline="") as out:
+        writer = csv.writer(out)
+        writer.writerow(
+            [
+                "samples_seen",
+                "critical_batch",
+                "bound",
+                "b_simple",
+                "b_simple_ratio",
+                "target_val_acc",
+                "b_crit",
+                "b_crit_ratio",
+                *(f"critical_eps_{e:g}" for e in EPSILONS),
+                *(f"critical_length_{f:g}" for f in LENGTHS),
+            ]
+        )
+        for s in found:
+            writer.writerow(
+                [
+                    s.at,
+                    s.critical.batch,
+                    s.critical.bound,
+                    s.b_simple,
+                    s.ratio(s.b_simple),
+                    s.target,
+                    s.b_crit,
+                    s.ratio(s.b_crit),
+                    *(s.by_epsilon[e].batch for e in EPSILONS),
+                    *(s.by_length[f].batch for f in LENGTHS),
+                ]
+            )
+
+
+def figure(found: Sequence[Stage], epsilon: float, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    x = [s.at for s in found]
+    ax.plot(
+        x, [s.critical.batch for s in found], "o-", color="black", label=f"critical batch, branches (ε={epsilon:g})"
+    )
+    for s in found:
+        values = [c.batch for c in s.per_seed if c.batch]
+        if values:
+            ax.vlines(s.at, min(values), max(values), color="black", alpha=0.3, linewidth=4)
+        if s.critical.bound != "=" and s.critical.batch:
+            ax.annotate(
+                "≥" if s.critical.bound == ">=" else "≤",
+                (s.at, s.critical.batch),
+                textcoords="offset points",
+                xytext=(4, 4),
+            )
+    ax.plot(x, [s.b_simple for s in found], "s--", color="tab:blue", label="B_simple (trunk, over the window)")
+    if any(s.b_crit for s in found):
+        ax.plot(x, [s.b_crit for s in found], "^:", color="tab:red", label="B_crit (steps-to-target fit)")
+    ax.set_xscale("symlog", linthresh=max(1, min((v for v in x if v > 0), default=1)))
+    ax.set_yscale("log", base=2)
+    ax.set_xlabel("samples seen by the trunk at the branch point")
+    ax.set_ylabel("batch size")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

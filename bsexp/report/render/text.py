@@ -1,0 +1,252 @@
+"""report.md: the sweep's table, then what it found in words (rows that did not train, the best
+row, each family's breaking point and critical batch, the noise scale), the points that did not
+complete and the figures. Accuracies and the gap in %, as in report.csv."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from bsexp.report.analysis import TOLERANCE_SE, TRAINED_ABOVE, Analysis, Breaking, Row, StepsCritical
+from bsexp.report.render.names import by_family, family_note, row_name, seed_count, title
+from bsexp.report.render.table import pct, table
+
+# report.md's columns, beside report.csv's (render.table.COLUMNS); "configuration" only where a row has one.
+HEADERS = (
+    "batch",
+    "micro x accum x world",
+    "lr",
+    "wd",
+    "val acc (%)",
+    "test acc (%)",
+    "train acc (%)",
+    "gap (%)",
+    "steps",
+    "wall (s)",
+    "samples/s",
+    "peak (MB)",
+    "seeds",
+    "status",
+)
+
+
+def markdown(analysis: Analysis, dirs: list[Path], figures: list[str]) -> str:
+    values = table(analysis)
+    lines = [
+        *_heading(analysis, dirs),
+        *_table_lines(analysis, values),
+        *_notes(analysis, values),
+        *_training_lines(analysis),
+        *_finding_lines(analysis),
+    ]
+    failed = [p for r in analysis.rows for p in r.points if p.status != "completed"]
+    if failed:
+        lines += ["", "## Points that did not complete", ""]
+        lines += [f"- `{p.name}`: {p.status}" + (f" ({p.error})" if p.error else "") for p in failed]
+    if figures:
+        lines += ["", "## Figures", ""] + [f"![{name}]({name})" for name in figures]
+    return "\n".join(lines) + "\n"
+
+
+def _heading(analysis: Analysis, dirs: list[Path]) -> list[str]:
+    """The sweep's directories, its data, model, epochs and seeds, and what every point shares."""
+    experiments = analysis.experiments
+    return [
+        f"# Batch-size sweep: {', '.join(str(d) for d in dirs)}",
+        "",
+        f"{title(analysis.labels)}. "
+        + (f"Experiment: {', '.join(experiments)} (conf/experiment/). " if experiments else "")
+        + f"Every point: {', '.join(f'`{o}`' for o in analysis.common) or 'no other overrides'}. "
+        f"Accuracies and the gap in %, mean ± std over the seeds of a row ({seed_count(analysis.labels)}); "
+        f"best by mean {analysis.metric} marked ★.",
+        "",
+    ]
+
+
+def _table_lines(analysis: Analysis, values: list[dict[str, Any]]) -> list[str]:
+    show_config = analysis.varies_configuration
+    headers = ["", *(["configuration"] if show_config else []), *HEADERS]
+    lines = ["| " + " | ".join(headers) + " |", "|" + " --- |" * len(headers)]
+    for row, v in zip(analysis.rows, values):
+        lines.append("| " + " | ".join(_cells(row, v, analysis, show_config)) + " |")
+    lines.append("")
+    return lines
+
+
+def _cells(row: Row, v: dict[str, Any], analysis: Analysis, show_config: bool) -> list[str]:
+    """One row of the table: `v` is its row of report.csv (`table`)."""
+    status = v["status"] + (", **did not train**" if v["did_not_train"] else "")
+    return [
+        "★" if row is analysis.best else "",
+        *([v["configuration"] or "-"] if show_config else []),
+        _num(v["batch"], "d") + (f" → {v['final_batch']}" if v["final_batch"] else ""),
+        v["micro x accum x world"] or "-",
+        _num(v["lr"], ".4g"),
+        _num(v["weight_decay"], ".3g"),
+        _mean_std(v["val_acc_pct"], v["val_acc_std_pct"]),
+        _mean_std(v["test_acc_pct"], v["test_acc_std_pct"]),
+        _num(v["train_acc_pct"], ".2f"),
+        _mean_std(v["gen_gap_pct"], v["gen_gap_std_pct"]),
+        _num(v["steps"], ".0f"),
+        _spread(v["wall_time_s"], v["wall_time_std_s"], ".1f"),
+        _spread(v["samples_per_s"], v["samples_per_s_std"], ",.0f"),
+        _num(v["peak_memory_mb"], ",.0f"),
+        v["seeds"],
+        status,
+    ]
+
+
+def _notes(analysis: Analysis, values: list[dict[str, Any]]) -> list[str]:
+    """What the table's columns mean where it is not plain: a batch that changed, the timings' spread."""
+    lines = []
+    if any(v["final_batch"] for v in values):
+        lines += [
+            (
+                "Batch a → b: the batch changed in training, from a to b (over the seeds); micro-batch, lr and "
+                "wd are the first batch's."
+            ),
+            "",
+        ]
+    if all(len(r.values("wall_time_s")) <= 1 for r in analysis.rows):
+        lines += [
+            "Wall time and samples/s: one measurement a point (one seed each), with no spread to tell a real "
+            "difference from the machine's load; sweep seed=0,1,2 for one.",
+            "",
+        ]
+    else:
+        lines += ["Wall time and samples/s: mean ± std over the seeds of a row.", ""]
+    return lines
+
+
+def _training_lines(analysis: Analysis) -> list[str]:
+    """The rows that did not train, and those that did not fit the training set (under-trained)."""
+    metric, lines = analysis.metric, []
+    untrained = [r for r in analysis.rows if r.did_not_train(metric)]
+    if untrained:
+        chance = untrained[0].chance
+        lines.append(
+            f"**Did not train**: {', '.join(row_name(r) for r in untrained)}: mean {metric} below "
+            f"{100 * (chance + TRAINED_ABOVE * (1 - chance)):.2f} % (chance, {100 * chance:.2f} %, plus "
+            f"{TRAINED_ABOVE:g} of the way from chance to 100 %)."
+        )
+    for _, members in by_family(analysis):
+        low = [r for r in members if not r.did_not_train(metric) and r.under_trained(members)]
+        top = max(members, key=lambda r: r.mean("train_acc") if r.mean("train_acc") is not None else -1.0)
+        for row in low:
+            lines.append(
+                f"**Under-trained**: {row_name(row)}, train acc {pct(row.mean('train_acc')):.2f} %, "
+                f"{100 * (top.mean('train_acc') - row.mean('train_acc')):.1f} points below "
+                f"{row_name(top)}'s: its gap is small because it did not fit the training set, not "
+                f"because it generalises better (train longer, or raise its LR)."
+            )
+    return lines
+
+
+def _finding_lines(analysis: Analysis) -> list[str]:
+    """The best row, each family's breaking point and critical batch, and the noise scale."""
+    metric, lines = analysis.metric, []
+    best = analysis.best
+    if best is not None:
+        n = len(best.values(metric))
+        lines.append(
+            f"**Best**: {row_name(best)}, {metric} "
+            f"{_mean_std(pct(best.mean(metric)), pct(best.std(metric)))} % ({n} seed{'s' if n != 1 else ''})."
+        )
+    for breaking in analysis.breaking:
+        lines.append(_breaking_line(breaking, analysis))
+    if analysis.critical:
+        for critical in analysis.critical:
+            lines += _critical_lines(critical, analysis)
+        lines.append(_noise_line(analysis))
+    elif analysis.noise.b_simple is not None:
+        lines.append(_noise_line(analysis))
+    return lines
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def _spread(mean: float | None, std: float | None, fmt: str) -> str:
+    return _num(mean, fmt) + (f" ± {format(std, fmt)}" if std is not None else "")
+
+
+def _mean_std(mean: float | None, std: float | None) -> str:
+    if mean is None:
+        return "-"
+    return f"{mean:.2f} ± {std:.2f}" if std is not None else f"{mean:.2f}"
+
+
+def _tolerance(breaking: Breaking) -> str:
+    how = "--tolerance" if breaking.given else f"{TOLERANCE_SE:g} standard errors of the difference of the two means"
+    return f"{100 * breaking.tolerance:.2f} points: {how}"
+
+
+def _breaking_line(b: Breaking, analysis: Analysis) -> str:
+    metric, head = analysis.metric, f"**Breaking point**{family_note(b.family, analysis)}"
+    if b.refused:
+        return f"{head}: not judged: {b.refused}."
+    best = f"the best, batch {b.best.batch}, at {pct(b.best.mean(metric)):.2f} %"
+    if b.row is None:
+        if b.best is b.members[-1]:
+            return f"{head}: none within the swept range: {best}, is the largest batch swept."
+        return (
+            f"{head}: none within the swept range: every batch up to {b.members[-1].batch} stayed within the "
+            f"tolerance ({_tolerance(b)}) of {best}."
+        )
+    held = f"; up to batch {b.held.batch} it held" if b.held is not b.best else ""
+    line = (
+        f"{head}: batch {b.row.batch}, the first batch above {best}, whose {metric} "
+        f"({pct(b.row.mean(metric)):.2f} %) falls more than the tolerance ({_tolerance(b)}) below it{held}."
+    )
+    if b.best_is_smallest:
+        line += " The best is the smallest batch swept: accuracy may be flat only below it."
+    return line
+
+
+def _critical_lines(c: StepsCritical, analysis: Analysis) -> list[str]:
+    metric, head = analysis.metric, f"**Critical batch**{family_note(c.family, analysis)}"
+    left = f" Left out: {'; '.join(c.left_out)}." if c.left_out else ""
+    doubt = f" Caution: {c.target.doubt}." if c.target.doubt else ""
+    if c.refused:
+        return [f"{head}: not fitted: {c.refused}.{left}{doubt}"]
+    fit, target = c.fit, c.target
+    low, high = min(c.batches), max(c.batches)
+    where = (
+        ""
+        if low <= fit.b_crit <= high
+        else f" It lies outside the batches that reached the target ({low}-{high}): an extrapolation."
+    )
+    lines = [
+        f"{head}: B_crit = E_min / S_min = {fit.b_crit:,.0f} (S_min = {fit.s_min:,.1f} steps, E_min = "
+        f"{fit.e_min:,.0f} samples), the fit of (S/S_min - 1)(E/E_min - 1) = 1 (McCandlish et al. 2018) to the "
+        f"steps S and samples E each batch took to reach {metric} >= {100 * target.value:.2f} % ({target.rule}), "
+        f"read from the metrics records and interpolated between evaluations; relative residual "
+        f"{100 * fit.rms:.1f} %.{where}{left}{doubt}",
+        "",
+        "| batch | samples per step | steps to target | samples to target | steps fitted |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for row, got in c.reached:  # first-evaluation bounds are left out (analysis.steps_critical_batch)
+        lines.append(
+            f"| {row.batch} | {got.batch:,.1f} | {got.steps:,.1f} | {got.samples:,.0f} | "
+            f"{fit.s_min + fit.e_min / got.batch:,.1f} |"
+        )
+    lines.append("")
+    return lines
+
+
+def _noise_line(analysis: Analysis) -> str:
+    noise = analysis.noise
+    if noise.b_simple is not None:
+        spread = f"; from {min(noise.values):,.0f} to {max(noise.values):,.0f}" if len(noise.values) > 1 else ""
+        return (
+            f"**Gradient noise scale**: B_simple = {noise.b_simple:,.0f} (each run's mean over training, "
+            f"averaged over {len(noise.values)} point{'s' if len(noise.values) != 1 else ''}{spread}); "
+            f"noise_scale.png draws it over training."
+        )
+    return (
+        f"**Gradient noise scale**: not measured: {noise.absent}. To get B_simple beside B_crit, rerun with "
+        f"`trainer.noise_scale=always`, which measures it on the side without changing training; "
+        f"accumulation (`batch=accumulation`) and DDP measure it for free."
+    )
