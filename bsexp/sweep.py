@@ -157,6 +157,27 @@ def started_sweep() -> Path | None:
     return _STARTED[0] if _STARTED else None
 
 
+def grid(sweep_dir: Path) -> list[tuple[str, list[str]]]:
+    """Every point of the sweep in `sweep_dir` as it was started (its multirun.yaml: the sweeper's
+    params and the command line's overrides), as (its directory's name, its overrides), in the
+    order Hydra's basic sweeper numbers them; [] where that cannot be read (no multirun.yaml,
+    another sweeper, a sweep expression that needs Hydra's config search path)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    saved = Path(sweep_dir) / "multirun.yaml"
+    try:
+        config = OmegaConf.load(saved)
+        if config.hydra.sweeper.get("_target_") != "hydra._internal.core_plugins.basic_sweeper.BasicSweeper":
+            return []
+        params = [f"{key}={value}" for key, value in (config.hydra.sweeper.get("params") or {}).items()]
+        overrides = OverridesParser.create().parse_overrides([*params, *config.hydra.overrides.task])
+        points = [list(point) for batch in BasicSweeper.split_arguments(overrides, None) for point in batch]
+    except Exception:  # noqa: BLE001 - the grid is a help to the report, never a reason to fail it
+        return []
+    return [(point_dirname(num, point), point) for num, point in enumerate(points)]
+
+
 def read_index(sweep_dir: Path) -> dict[str, dict[str, Any]]:
     """The sweep's index by job directory name (the last line for a point that ran twice)."""
     return {entry["dir"]: entry for entry in read_jsonl(Path(sweep_dir) / INDEX)}

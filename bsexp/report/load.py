@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from bsexp.metrics import read_jsonl
 from bsexp.report.analysis import Point
-from bsexp.sweep import naming_overrides, read_index
+from bsexp.sweep import grid, naming_overrides, read_index
 
 
 def load_points(sweep_dir: Path) -> list[Point]:
@@ -33,7 +33,11 @@ def load_points(sweep_dir: Path) -> list[Point]:
     known = {p.name for p in points}
     for name, entry in index.items():
         if name not in known:
+            known.add(name)
             points.append(_point(sweep_dir / name, entry.get("overrides", []), {}, None, [], "missing", None))
+    for name, overrides in grid(sweep_dir):  # the sweep's own points that never started
+        if name not in known:
+            points.append(_point(sweep_dir / name, overrides, {}, None, [], "missing", None))
     return points
 
 

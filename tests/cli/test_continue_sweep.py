@@ -5,6 +5,7 @@ point keeping its number and directory; it ends as the sweep uninterrupted would
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -117,3 +118,32 @@ def test_a_continued_sweep_that_would_change_its_points_is_one_line(data_root, t
     out = bsexp(data_root, tmp_path, "-m", "resume=auto", f"hydra.sweep.dir={tmp_path / 'nowhere'}")
     assert out.returncode == 2 and "holds no sweep to continue (no multirun.yaml)" in out.stderr
     assert {p: p.read_bytes() for p in sweep.rglob("*") if p.is_file()} == files
+
+
+def test_the_report_lists_every_point_of_the_grid_those_never_started_as_missing(data_root, tmp_path):
+    sweep = tmp_path / "sweep"
+    tiny = [
+        "data.num_samples=600",
+        "data.val_size=100",
+        "epochs=1",
+        "model.width=8",
+        "logger=none",
+        "trainer.progress=false",
+    ]
+    out = bsexp(data_root, tmp_path, "-m", "batch.size=32,64,128", *tiny, f"hydra.sweep.dir={sweep}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    # As if the sweep had stopped before its last point: no directory, no line in the index.
+    [last] = [d for d in sweep.iterdir() if d.name.startswith("2_")]
+    shutil.rmtree(last)
+    index = sweep / "jobs.jsonl"
+    index.write_text("".join(line + "\n" for line in index.read_text().splitlines() if f'"{last.name}"' not in line))
+    report = subprocess.run(
+        [sys.executable, "-m", "bsexp.report", str(sweep), "--no-wandb"],
+        cwd=tmp_path,
+        env=cli_env(data_root),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert report.returncode == 0, report.stderr[-3000:]
+    assert f"- `{last.name}`: missing" in (sweep / "report.md").read_text()
