@@ -25,7 +25,7 @@ from bsexp.metrics import JsonlSink, MlflowSink, Sinks, TensorBoardSink, WandbSi
 from bsexp.models import checkpoint_blocks, ghost_batchnorm
 from bsexp.noise import NoiseMeter, NoiseScale
 from bsexp.optim import build_optimizer
-from bsexp.runtime import autocast, grad_scaler
+from bsexp.runtime import autocast, grad_scaler, run_speed
 from bsexp.step import Step
 from bsexp.syncbn import convert_sync_batchnorm
 
@@ -95,7 +95,19 @@ def wrap_model(
 ) -> tuple[nn.Module, GradSync | None]:
     """The model as it trains: on the device; when distributed, with synchronised BatchNorm (as
     configured) inside DDP, whose gradients are summed (not averaged) by bsexp's communication
-    hook. `process_group`: a group of its own (the finder's trials); None: the default one."""
+    hook; on the fast path in channels_last and compiled (around DDP, so that its buckets are
+    compiled with it). `process_group`: a group of its own (the finder's trials); None: the
+    default one."""
+    speed = run_speed(cfg, device, model)
+    if speed.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    model, grad_sync = _distributed(cfg, model, device, distributed, process_group)
+    return (torch.compile(model, mode=speed.compile) if speed.compile else model), grad_sync
+
+
+def _distributed(
+    cfg: DictConfig, model: nn.Module, device: torch.device, distributed: bool, process_group: Any
+) -> tuple[nn.Module, GradSync | None]:
     if not distributed:
         return model.to(device), None
     if sync_batchnorm(cfg, True):
@@ -134,7 +146,8 @@ def make_step(
     (on the side where the step has one micro-batch, which leaves training unchanged).
     `n_train`: the training set's size, which the noise scale's |G|² estimate is corrected for."""
     precision = str(cfg.precision)
-    optimizer = build_optimizer(cfg, model, hp)
+    speed = run_speed(cfg, world.device, model)
+    optimizer = build_optimizer(cfg, model, hp, fused=speed.fused_optimizer)
     noise_mode = str(cfg.trainer.noise_scale)
     if measure_noise and noise_mode == "auto":
         noise_mode = "always"
@@ -163,6 +176,8 @@ def make_step(
         autocast=autocast(world.device, precision),
         world=world,
         reduce=reduce,
+        channels_last=speed.channels_last,
+        compiled=speed.compile is not None,
         clip_grad_norm=cfg.trainer.clip_grad_norm,
         grad_sync=grad_sync,
         noise=noise,

@@ -39,7 +39,7 @@ from bsexp.finder import server
 from bsexp.finder.find import find_plan
 from bsexp.metrics import Sinks
 from bsexp.optim import Hyperparameters
-from bsexp.runtime import preserved_rng, resolve_device, seed_everything
+from bsexp.runtime import compiled_graphs, preserved_rng, resolve_device, run_speed, seed_everything
 from bsexp.step import Step, train_step
 
 log = logging.getLogger(__name__)
@@ -151,6 +151,7 @@ class Loop:
     ghost_batch: int | None = None
     checkpointer: Checkpointer | None = None
     show_progress: bool = True
+    graphs_before: int = 0  # graphs torch.compile had compiled in this process before this run
 
     @property
     def world(self) -> World:
@@ -224,6 +225,7 @@ def build_loop(
         ghost_batch=cfg.model.get("ghost_batch"),
         checkpointer=checkpointer,
         show_progress=cfg.trainer.progress,
+        graphs_before=compiled_graphs(),
     )
 
 
@@ -238,7 +240,7 @@ def _lay_out(cfg: DictConfig, world: World, state: dict | None, trunk: dict | No
     # The CPU finder's probe processes fork from a server that imports torch and bsexp while this
     # process builds the data and the model; it is stopped once the policy has laid the run out.
     with server.running(state is None and world.device.type == "cpu" and traits(policy).searches):
-        seed_everything(cfg.seed, cfg.trainer.deterministic)
+        seed_everything(cfg.seed, cfg.trainer.deterministic, run_speed(cfg, world.device))
         splits = build_data(cfg).to(world.device)
         n_train = len(splits.train)
         policy.check_data(n_train, splits.name)

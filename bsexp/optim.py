@@ -9,6 +9,8 @@ branch and a closed-loop policy's new layout need nothing restored or patched.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from omegaconf import DictConfig
 from torch import nn
@@ -16,7 +18,7 @@ from torch import nn
 from bsexp.batch.hparams import Rules, scaled
 from bsexp.batch.layout import Layout
 from bsexp.batch.scaling import ScaledHparams
-from bsexp.config.checks import call_target
+from bsexp.config.checks import call_target, locate
 
 # Given to the optimizer by bsexp, scaled and per parameter group, not as written in the config.
 _APPLIED_BY_BSEXP = ("lr", "weight_decay", "decay_norm_and_bias")
@@ -34,12 +36,22 @@ def param_groups(model: nn.Module, weight_decay: float, decay_norm_and_bias: boo
     return groups
 
 
-def build_optimizer(cfg: DictConfig, model: nn.Module, hp: ScaledHparams) -> torch.optim.Optimizer:
+def build_optimizer(cfg: DictConfig, model: nn.Module, hp: ScaledHparams, fused: bool = False) -> torch.optim.Optimizer:
+    """`fused`: the update in one kernel over all parameters where the optimizer has one (torch's
+    SGD, Adam, AdamW; on the CPU too), else as it comes."""
     # PyTorch's SGD multiplies by the LR outside its momentum buffer, so Goyal et al.'s
     # momentum correction (remark 2) is not needed when the LR changes.
     node = cfg.optimizer
     groups = param_groups(model, hp.weight_decay, node.decay_norm_and_bias)
-    return call_target("optimizer", node, groups, exclude=_APPLIED_BY_BSEXP, lr=hp.lr)
+    extra = {"fused": True} if fused and _takes(locate("optimizer", node._target_), "fused") else {}
+    return call_target("optimizer", node, groups, exclude=_APPLIED_BY_BSEXP, lr=hp.lr, **extra)
+
+
+def _takes(fn, name: str) -> bool:
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 class Hyperparameters:

@@ -8,7 +8,9 @@ import platform
 import random
 import resource
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -43,15 +45,66 @@ def gpus(count: int) -> str:
     return f"{count} GPU" + ("" if count == 1 else "s")
 
 
-def seed_everything(seed: int, deterministic: bool) -> None:
+def seed_everything(seed: int, deterministic: bool, speed: Speed | None = None) -> None:
+    """Seed every generator, and set how torch computes for the whole process (each run sets
+    every flag, so that a run in a process another ran in does not inherit its)."""
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)  # also seeds every CUDA device
+    fast = speed is not None and speed.fast
+    deterministic = deterministic and not fast
     if deterministic:
         # cuBLAS needs a fixed workspace to be deterministic; ops with no deterministic kernel warn.
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True, warn_only=True)
-        torch.backends.cudnn.benchmark = False
+    torch.use_deterministic_algorithms(deterministic, warn_only=True)
+    torch.backends.cudnn.benchmark = fast  # the autotuner times algorithms: fastest, not the same each run
+    # TF32 (10 mantissa bits) for fp32 matrix products; torch's own defaults on the reproducible path.
+    torch.backends.cuda.matmul.allow_tf32 = fast
+    torch.backends.cudnn.allow_tf32 = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class Speed:
+    """How a run computes, resolved once from trainer.speed (recorded in summary.json)."""
+
+    fast: bool = False
+    channels_last: bool = False  # image models' activations in NHWC, the layout tensor cores read
+    compile: str | None = None  # torch.compile's mode (None: eager)
+    fused_optimizer: bool = False  # the optimizer's update in one kernel over all parameters
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "fast": self.fast,
+            "cudnn_benchmark": self.fast,
+            "tf32": self.fast,
+            "channels_last": self.channels_last,
+            "compile": self.compile,
+            "fused_optimizer": self.fused_optimizer,
+        }
+
+
+def compiled_graphs() -> int:
+    """Graphs torch.compile has compiled in this process so far (a recompile adds one)."""
+    import sys
+
+    if "torch._dynamo" not in sys.modules:
+        return 0
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def speed_for(choice: str, device: torch.device, images: bool, compile_mode: str | None = None) -> Speed:
+    """trainer.speed for a run on `device`: auto is fast on CUDA and reproducible on the CPU (the
+    path the equivalence tests hold bit for bit). `images`: the model reads N x C x H x W inputs,
+    whose convolutions run fastest in channels_last. torch.compile's mode: `compile_mode`, else
+    CUDA graphs on CUDA (reduce-overhead: a tiny model's step is launch-bound) and inductor's
+    default on the CPU."""
+    fast = choice == "fast" or (choice == "auto" and device.type == "cuda")
+    if not fast:
+        return Speed()
+    mode = compile_mode or ("reduce-overhead" if device.type == "cuda" else "default")
+    return Speed(fast=True, channels_last=images, compile=mode, fused_optimizer=True)
 
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -155,3 +208,10 @@ def limit_memory(device: torch.device, limit_bytes: int) -> None:
             from bsexp.errors import ConfigError
 
             raise ConfigError("trainer.memory_limit_gb", round(limit_bytes / 2**30, 3), str(exc)) from None
+
+
+def run_speed(cfg, device: torch.device, model: torch.nn.Module | None = None) -> Speed:
+    """trainer.speed resolved for this run (bsexp.runtime.speed_for): channels_last where the
+    model convolves images."""
+    images = model is not None and any(isinstance(m, torch.nn.Conv2d) for m in model.modules())
+    return speed_for(str(cfg.trainer.speed), device, images, cfg.trainer.get("compile_mode"))

@@ -42,6 +42,8 @@ class Step:
     autocast: Callable[[], Any]
     world: World
     reduce: str = "none"
+    channels_last: bool = False  # inputs of 4 dimensions in channels_last, as the fast path's model is
+    compiled: bool = False  # the model is torch.compile's: the batch dimension is marked dynamic
     clip_grad_norm: float | None = None
     grad_sync: GradSync | None = None  # the DDP communication hook's state
     noise: NoiseMeter | None = None
@@ -49,8 +51,9 @@ class Step:
 
     @property
     def net(self) -> nn.Module:
-        """The model itself, without its DDP wrapper."""
-        return self.model.module if isinstance(self.model, DistributedDataParallel) else self.model
+        """The model itself, without torch.compile's wrapper or DDP's (its parameters are theirs)."""
+        model = getattr(self.model, "_orig_mod", self.model)
+        return model.module if isinstance(model, DistributedDataParallel) else model
 
     @property
     def device(self) -> torch.device:
@@ -91,6 +94,7 @@ def _forward_backward(step: Step, x: torch.Tensor, y: torch.Tensor, step_samples
     step_loss = correct = 0
     try:
         for i, (xm, ym) in enumerate(zip(x.split(sizes), y.split(sizes))):
+            xm = _fast_input(step, xm)
             sync = step.reduce == "none" or (step.reduce == "hook" and i == len(sizes) - 1)
             with contextlib.nullcontext() if sync else model.no_sync():
                 with step.autocast():
@@ -111,6 +115,17 @@ def _forward_backward(step: Step, x: torch.Tensor, y: torch.Tensor, step_samples
             raise
         return None
     return step_loss * step_samples, correct
+
+
+def _fast_input(step: Step, x: torch.Tensor) -> torch.Tensor:
+    """The fast path's input: in channels_last for a channels_last model; for a compiled one, its
+    batch dimension marked dynamic, so that a micro-batch of another size (an epoch's short last
+    step, a batch that grows, an OOM's halving) runs the graph compiled once, not a new one."""
+    if step.channels_last and x.dim() == 4:
+        x = x.contiguous(memory_format=torch.channels_last)
+    if step.compiled and len(x) > 1:
+        torch._dynamo.mark_dynamic(x, 0)
+    return x
 
 
 def _shrink(step: Step, plan: BatchPlan) -> BatchPlan:

@@ -13,7 +13,7 @@ from omegaconf import DictConfig
 from bsexp.batch.scaling import cautions
 from bsexp.distributed import World
 from bsexp.noise import NoiseScale
-from bsexp.runtime import peak_memory_mb, provenance
+from bsexp.runtime import compiled_graphs, peak_memory_mb, provenance, run_speed
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,15 @@ def announce(cfg: DictConfig, loop, hparams: dict[str, Any]) -> None:
         splits.num_classes,
     )
     log.info("model %s: %s parameters, on %s, %s", cfg.model._target_, f"{params:,}", loop.world.device, cfg.precision)
+    speed = run_speed(cfg, loop.world.device, loop.step.net)
+    log.info(
+        "speed %s: %s",
+        cfg.trainer.speed,
+        "reproducible (deterministic algorithms, no autotuner, eager)"
+        if not speed.fast
+        else f"fast (cuDNN autotuner, TF32, torch.compile {speed.compile}, fused optimizer"
+        f"{', channels_last' if speed.channels_last else ''})",
+    )
     log.info(
         "batch %d = micro %d x accum %d x world %d; k = %d/%d = %g",
         h["batch_size"],
@@ -138,6 +147,8 @@ def make_summary(
         "precision": str(cfg.precision),
         "device": str(device),
         "threads": torch.get_num_threads(),
+        "speed": run_speed(cfg, device, loop.step.net).summary(),
+        "compiled_graphs": compiled_graphs() - loop.graphs_before,  # torch.compile's: 1 a graph, more on recompiles
         "finder": loop.batching.found.summary() if loop.batching.found is not None else None,
         **loop.batching.summary(state.samples_seen),
         **(noise.scale if noise is not None else NoiseScale()).summary(),

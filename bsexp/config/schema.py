@@ -32,6 +32,7 @@ Norm = choice("Norm", *NORMS, module=__name__)
 DistributedKind = choice("DistributedKind", "none", "ddp", module=__name__)
 Backend = choice("Backend", "auto", "gloo", "nccl", module=__name__)
 NoiseMode = choice("NoiseMode", "auto", "off", "always", module=__name__)
+Speed = choice("Speed", "auto", "fast", "reproducible", module=__name__)
 WandbMode = choice("WandbMode", "offline", "online", "disabled", module=__name__)
 # The torchvision sets bsexp knows: name -> (torchvision class, number of classes).
 VISION_SETS = {
@@ -270,7 +271,12 @@ class TrainerConfig:
     # of its first batch take; the run ends when it has taken them)
     max_steps: Optional[int] = at_least(1, None)
     progress: bool = True  # progress bars (off anyway when output is not a terminal)
-    deterministic: bool = True
+    # fast: cuDNN's autotuner and TF32, channels_last for image models, torch.compile, fused optimizer
+    # kernels; reproducible: bit for bit the same run again (what the equivalence tests hold);
+    # auto: fast on CUDA, reproducible on the CPU (docs: GPUs)
+    speed: Speed = Speed.auto
+    compile_mode: Optional[str] = None  # torch.compile's mode when fast; null: reduce-overhead on CUDA, default on CPU
+    deterministic: bool = True  # the reproducible path: torch's deterministic algorithms
     threads: Optional[int] = at_least(1, None)  # torch CPU threads; null: torch's default
     memory_limit_gb: Optional[float] = positive(None)  # train as on a smaller machine: a real cap on memory
     oom_recovery: bool = True  # on OOM: halve the micro-batch, accumulate, retry the same data

@@ -29,7 +29,7 @@ from bsexp.finder import server
 from bsexp.finder.result import Trial
 from bsexp.finder.server import CACHE_CAPACITY
 from bsexp.finder.trial import TrialData, TrialRunner
-from bsexp.runtime import cap_device_memory, seed_everything
+from bsexp.runtime import cap_device_memory, run_speed, seed_everything
 
 log = logging.getLogger(__name__)
 
@@ -315,7 +315,7 @@ def _model(cfg: DictConfig, data: TrialData, distributed: bool, threads: int) ->
     distributed run's world (None otherwise)."""
     torch.set_num_threads(threads)
     memory.return_freed_memory()
-    seed_everything(cfg.seed, cfg.trainer.deterministic)
+    seed_everything(cfg.seed, cfg.trainer.deterministic, run_speed(cfg, torch.device("cpu")))
     group = None
     if distributed:  # a world of one rank, so DDP and SyncBatchNorm are really there
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
