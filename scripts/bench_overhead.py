@@ -10,7 +10,7 @@ What is measured
            real Hydra config. Includes bsexp's batching (the epoch's seeded shuffle, the step
            spans, one index gather per step), its micro-batch split and loss normalisation, the detached
            loss and correct count it returns, the GradScaler calls (pass-through in fp32) and
-           the LR scheduler step.
+           the LR written for the step (bsexp.optim.Hyperparameters).
     plain  What a person writes by hand: a seeded `torch.randperm` per epoch, `x[idx], y[idx]`
            per batch, then `opt.zero_grad(); loss = F.cross_entropy(model(x), y);
            loss.backward(); opt.step(); sched.step()`, with an optimizer of the same class and
@@ -97,9 +97,12 @@ def build(overrides: list[str], epochs: int) -> tuple[Loop, str]:
 
 def bsexp_steps(loop: Loop, epoch: int) -> Iterator[None]:
     """One epoch of bsexp's own steps, pausing after each (the same `yield` as `Plain.steps`)."""
-    steps = loop.batches.steps(epoch, loop.policy.run_steps.epoch(epoch), drop_last=loop.drop_last)
+    run = loop.batching.layout.run
+    steps = loop.batches.steps(epoch, run.epoch(epoch % len(run.epoch_starts)), drop_last=loop.drop_last)
+    first = epoch * len(run.epoch(0))  # the run's step count, as the loop's LR writer counts it
     for index, (x, y, samples) in enumerate(steps):
-        train_step(loop.step, x, y, samples, loop.policy.plan(index))
+        loop.hyperparameters.apply(first + index, loop.batching.layout)  # as the loop writes each step's LR
+        train_step(loop.step, x, y, samples, loop.batching.plan(index))
         yield
 
 
@@ -113,25 +116,29 @@ class Plain:
         index = {id(p): i for i, p in enumerate(loop.step.model.parameters())}
         groups = [
             {
-                **{k: v for k, v in group.items() if k not in ("params", "initial_lr")},
+                **{k: v for k, v in group.items() if k != "params"},
                 "params": [params[index[id(p)]] for p in group["params"]],
-                "lr": group.get("initial_lr", group["lr"]),
+                "lr": lr,  # the scaled LR the schedule multiplies
             }
-            for group in loop.step.optimizer.param_groups
+            for group, lr in zip(loop.step.optimizer.param_groups, loop.hyperparameters.lrs)
         ]
         cls = type(loop.step.optimizer)  # its defaults too: some (timm's Lamb) read them in `step`
         accepted = inspect.signature(cls).parameters
         self.opt = cls(groups, **{k: v for k, v in loop.step.optimizer.defaults.items() if k in accepted})
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, loop.step.scheduler.lr_lambdas[0])
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, loop.hyperparameters.factors)
         split = loop.batches.split
         self.x, self.y, self.mean, self.std = split.x, split.y, split.mean, split.std
         self.seed, self.augment, self.fill = loop.batches.seed, loop.batches.augment, split.black
-        self.size, self.micro, self.drop_last = loop.policy.current.size, loop.policy.current.micro_size, loop.drop_last
+        self.size, self.micro, self.drop_last = (
+            loop.batching.current.size,
+            loop.batching.current.micro_size,
+            loop.drop_last,
+        )
         self.clip = loop.step.clip_grad_norm
         dtype, device_type = DTYPES.get(precision), self.x.device.type
         self.autocast = (lambda: torch.autocast(device_type, dtype=dtype)) if dtype else contextlib.nullcontext
         self.scaler = torch.amp.GradScaler(device_type) if precision == "fp16" else None
-        self.simple = dtype is None and self.clip is None and loop.policy.current.accum_steps == 1
+        self.simple = dtype is None and self.clip is None and loop.batching.current.accum_steps == 1
 
     def steps(self, epoch: int) -> Iterator[None]:
         model, opt, sched, x_all, y_all = self.model, self.opt, self.sched, self.x, self.y
@@ -187,8 +194,8 @@ def main() -> None:
     loop.step.model.train()
     plain.model.train()
     sync = torch.cuda.synchronize if loop.world.device.type == "cuda" else (lambda: None)
-    n, plan = len(loop.batches), loop.policy.current
-    per_epoch = len(loop.policy.run_steps.epoch(0))
+    n, plan = len(loop.batches), loop.batching.current
+    per_epoch = len(loop.batching.layout.run.epoch(0))
 
     def round_times(epoch: int) -> tuple[float, float]:
         """One epoch per side, step by step in strict turns (so every step of either side runs
