@@ -88,19 +88,20 @@ say "| check | outcome | time |"
 say "| --- | --- | --- |"
 
 # 1. Every CUDA path, as a user runs it (one GPU shared by a few workers).
-BSEXP_TEST_GPU=1 step "tests/gpu (BSEXP_TEST_GPU=1)" 210 "$py" -m pytest -m cuda tests/gpu -n 4 -p no:cacheprovider \
+BSEXP_TEST_GPU=1 step "tests/gpu (BSEXP_TEST_GPU=1)" 180 "$py" -m pytest -m cuda tests/gpu -n 4 -p no:cacheprovider \
     -o addopts="" -ra --junitxml="$out/gpu.xml"
 # 2. The default tiers with the GPU present. test_install builds a wheel, which needs the
 #    registry for its build backend: not here.
-step "default tiers, GPU present ($tiers)" 170 "$py" -m pytest $tiers -n "$workers" --dist loadfile \
+step "default tiers, GPU present ($tiers)" 140 "$py" -m pytest $tiers -n "$workers" --dist loadfile \
     -m "not slow" -p no:cacheprovider -o addopts="" -ra --deselect tests/cli/test_install.py \
     --junitxml="$out/default.xml"
-# 3. The benchmarks: bsexp's step against a plain loop, on the default run and on ResNet-18.
+# 3. The benchmarks: bsexp's reproducible and fast paths against a best-practice hand loop, on
+#    ResNet-18 (bf16, batch 512) and the default run; on a CPU the default run only (minutes else).
 device=$("$py" -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")
-step "bench_overhead: default run ($device)" 45 "$py" scripts/bench_overhead.py --rounds 12 "device=$device"
-if [[ $device == cuda ]]; then  # minutes on a CPU
-    step "bench_overhead: resnet18 bf16 batch 256 (cuda)" 45 "$py" scripts/bench_overhead.py --rounds 6 device=cuda \
-        data=synthetic "data.shape=[3,32,32]" data.num_samples=4096 model=resnet18 precision=bf16 batch.size=256
+if [[ $device == cuda ]]; then
+    step "bench_gpu: resnet18 bf16 512, default run (cuda)" 140 "$py" scripts/bench_gpu.py --steps 40
+else
+    step "bench_gpu: default run (cpu)" 140 "$py" scripts/bench_gpu.py --steps 20 --warmup 5 --cases mnist1d
 fi
 
 # Each test's outcome, and the benchmarks' figures, from what the steps wrote.
@@ -135,9 +136,9 @@ for name, title in (("gpu.xml", "tests/gpu"), ("default.xml", "default tiers")):
         print("\n".join(rows))
     for why, n in skipped.items():
         print(f"\n{n} skipped: {why}")
-print("\n## Benchmarks (bsexp / plain loop, lower is better; the lines as they were printed)\n")
-lines = [line for line in log.splitlines() if re.search(r"ratio|samples/s|bsexp/plain|median", line)]
-print("```\n" + ("\n".join(lines[-40:]) or "(none printed)") + "\n```")
+print("\n## Benchmarks (scripts/bench_gpu.py, as it printed them)\n")
+lines = [line for line in log.splitlines() if line.startswith("|") or re.search(r"goal|torch .*timed steps", line)]
+print("\n".join(lines[-20:]) or "(none printed)")
 PY
 say ""
 say "total: $((SECONDS - started)) s"

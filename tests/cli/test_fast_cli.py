@@ -1,0 +1,44 @@
+"""The fast path through the CLI: a run stopped mid-way (SIGTERM: a checkpoint at the next step)
+resumes, compiling anew, and ends where the same fast run uninterrupted ends; summary.json says
+how it computed."""
+
+import json
+import signal
+import subprocess
+import sys
+
+from conftest import cli_env
+from resuming import SLOW, assert_ends_as, newest_step, start, stop_mid_run, uninterrupted
+
+FAST = ["batch.size=64", "trainer.speed=fast"]
+
+
+def test_a_fast_run_stopped_mid_way_resumes_to_the_same_end(make_cfg, data_root, tmp_path):
+    run_dir = tmp_path / "run"
+    code, err = stop_mid_run(
+        start(data_root, tmp_path, *SLOW, *FAST, f"hydra.run.dir={run_dir}"), run_dir, signal.SIGTERM, seed=11
+    )
+    assert code == 128 + signal.SIGTERM, err[-3000:]
+    stopped_at = newest_step(run_dir)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "bsexp.train", *SLOW, *FAST, "resume=auto", f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path,
+        env=cli_env(data_root),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["resumed_from"].endswith(f"step-{stopped_at:09d}.pt")
+    assert summary["speed"] == {
+        "fast": True,
+        "cudnn_benchmark": True,
+        "tf32": True,
+        "channels_last": False,
+        "compile": "default",
+        "fused_optimizer": True,
+    }
+    assert summary["compiled_graphs"] == 1  # in the resumed process: one graph, the last short step too
+    loop, _ = uninterrupted(make_cfg, *FAST)
+    assert_ends_as(run_dir, loop)  # bit for bit: the same compiled code, the same steps
