@@ -4,6 +4,7 @@ which decides its own interval and writes one metrics record when it is due."""
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 import torch
@@ -42,16 +43,28 @@ class Evaluator:
     and train accuracy (both in eval mode, on equal-sized samples), the running training loss,
     the LR and batch plan of the last step, and the noise scale — one record, to the sinks."""
 
-    def __init__(self, every_steps: int, batch_size: int, sinks, at_steps: tuple[int, ...] = ()) -> None:
+    def __init__(
+        self, every_steps: int, batch_size: int, sinks, at_steps: tuple[int, ...] = (), growth: float | None = None
+    ) -> None:
         self.every_steps, self.batch_size, self.sinks = every_steps, batch_size, sinks
         self.at_steps = frozenset(at_steps)  # besides the interval (a branch's evaluations along it)
+        self.growth = growth  # besides: at steps growing by this fraction (trainer.eval_growth)
+        self._mark = 1  # the next of those steps
 
     def due(self, step: int, at_epoch_end: bool, total: int) -> bool:
-        if step >= total or step in self.at_steps:
+        if step >= total or step in self.at_steps or (self.growth and self._grown(step)):
             return True
         if self.every_steps:
             return step % self.every_steps == 0
         return at_epoch_end
+
+    def _grown(self, step: int) -> bool:
+        """Whether `step` is one of 1, then each the first step at least (1 + growth) times the
+        one before: between two of them the steps grow by `growth` at most, so a step
+        interpolated between them (the one a target was reached at) is off by less than that."""
+        while self._mark < step:
+            self._mark = max(self._mark + 1, math.ceil(self._mark * (1 + self.growth)))
+        return self._mark == step
 
     def split(self, loop, split: Split) -> tuple[float, float]:
         step = loop.step

@@ -64,6 +64,7 @@ class TrainState:
     samples_before: int = 0  # samples seen before this run's own training (a branch: the trunk's)
     last_finite_loss: float | None = None  # the mean training loss of the last step before a divergence
     diverged_at_step: int | None = None
+    stopped_at: int | None = None  # the step the run reached trainer.stop_at and ended
     records: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -152,6 +153,7 @@ class Loop:
     checkpointer: Checkpointer | None = None
     show_progress: bool = True
     graphs_before: int = 0  # graphs torch.compile had compiled in this process before this run
+    stop_at: float | None = None  # end the run once val_acc reaches it (trainer.stop_at)
 
     @property
     def world(self) -> World:
@@ -217,8 +219,13 @@ def build_loop(
         hp=hp,
         drop_last=cfg.batch.drop_last,
         evaluator=Evaluator(
-            cfg.trainer.eval_every_steps, cfg.trainer.eval_batch_size, sinks, batching.layout.eval_steps
+            cfg.trainer.eval_every_steps,
+            cfg.trainer.eval_batch_size,
+            sinks,
+            batching.layout.eval_steps,
+            growth=cfg.trainer.get("eval_growth"),
         ),
+        stop_at=cfg.trainer.get("stop_at"),
         watch=Watch(every=1 if world.device.type == "cpu" else 16),
         sinks=sinks,
         sync_batchnorm=sync_batchnorm(cfg, world.distributed),
@@ -332,9 +339,20 @@ def _after_step(loop: Loop, state: TrainState, at_epoch_end: bool, bar: tqdm, cl
         return "diverged"
     if not bar.disable and (state.step % 10 == 0 or bar.n == bar.total):
         _show_postfix(bar, state, clock.seconds())
+    reached = False
     if eval_due:
         with clock.paused():
             loop.evaluator.log(loop, state, loop.batching.epochs_done(state))
+        reached = loop.stop_at is not None and state.records[-1]["val_acc"] >= loop.stop_at
+    if reached:  # steps to result: the run has what it was for (every rank saw the same record)
+        state.stopped_at = state.step
+        log.info(
+            "val_acc %.4f reached trainer.stop_at=%g at step %d: the run ends here",
+            state.records[-1]["val_acc"],
+            loop.stop_at,
+            state.step,
+        )
+        save_due = True
     if loop.checkpointer is not None and (stop or save_due):
         with clock.paused():
             loop.checkpointer.save(loop, state)
@@ -343,7 +361,7 @@ def _after_step(loop: Loop, state: TrainState, at_epoch_end: bool, bar: tqdm, cl
             "signal %d: checkpoint saved at step %d; stopping, status preempted", loop.watch.stop_signal, state.step
         )
         return "preempted"
-    return None
+    return "completed" if reached else None
 
 
 class EpochBar(tqdm):

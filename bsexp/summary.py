@@ -32,6 +32,7 @@ def hyperparameters(cfg: DictConfig, loop) -> dict[str, Any]:
         "lr_rule": str(cfg.scaling.lr_rule),
         "wd_rule": str(cfg.scaling.wd_rule),
         "base_lr": cfg.optimizer.lr,
+        "momentum": cfg.optimizer.get("momentum"),  # as the optimizer's config has it (the tuning's, where searched)
         "base_weight_decay": cfg.optimizer.weight_decay,
         "lr": hp.lr,
         "lr_peak": hp.lr_peak,
@@ -116,6 +117,7 @@ def make_summary(
         "status": status,
         **hparams,
         "diverged_at_step": state.diverged_at_step,
+        "stopped_at": state.stopped_at,  # where val_acc reached trainer.stop_at and the run ended
         "last_finite_loss": state.last_finite_loss,
         "final_batch_size": plan.size,  # where a batch schedule ended
         "final_micro_size": plan.micro_size,  # after any OOM recovery

@@ -266,6 +266,10 @@ class ScheduleConfig:
 class TrainerConfig:
     clip_grad_norm: Optional[float] = positive(None)
     eval_every_steps: int = at_least(0, 0)  # 0: evaluate at the end of every epoch
+    # Besides: evaluate at steps growing by this fraction (0.04: 1, 2, ..., 25, 26, 27, 28, 30, ...), so
+    # that the step a run reached a target is resolved to about that fraction, at any batch size
+    eval_growth: Optional[float] = positive(None)
+    stop_at: Optional[float] = bounded(None, low=0, high=1)  # end the run once val_acc reaches this (steps to result)
     eval_batch_size: int = at_least(1, 1024)
     # stop after this many optimizer steps (batch=adaptive: a budget of the samples that many steps
     # of its first batch take; the run ends when it has taken them)
@@ -298,6 +302,23 @@ class CheckpointConfig:
 
 
 @dataclass
+class TuneConfig:
+    """Steps to result (python -m bsexp.tune, experiment=steps_to_result): the learning rate tuned at
+    each batch size by a quasi-random search (bsexp.tuning), then the best of each rerun over seeds.
+    A config takes its values with `optimizer.lr: ${bsexp_tuned:lr}`."""
+
+    trial: Optional[int] = at_least(0, None)  # this run's point of the search; null: no search
+    trials: int = at_least(1, 16)  # points of the search at every batch size (the budget)
+    lr_min: float = positive(0.001)  # the LR is searched log-uniformly in [lr_min, lr_max]
+    lr_max: float = positive(10.0)
+    momentum: bool = False  # search SGD's momentum too (1 - momentum log-uniform in [0.01, 0.5])
+    search_seed: int = at_least(0, 0)  # scrambles the Sobol sequence
+    target: float = bounded(0.9, low=0, high=1)  # the val_acc a run's steps are counted to
+    seeds: int = at_least(0, 3)  # reruns of each batch size's best trial, seeds 1 to this
+    best: Optional[str] = None  # the best trials (best.json): their values, for the reruns
+
+
+@dataclass
 class Config:
     data: Any = MISSING
     model: Any = MISSING
@@ -314,6 +335,7 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     branch: BranchConfig = field(default_factory=BranchConfig)
+    tune: TuneConfig = field(default_factory=TuneConfig)
     resume: Optional[str] = None  # auto: the newest readable checkpoint of the run directory; or a path
 
 

@@ -1,0 +1,3 @@
+from bsexp.report.steps.cli import main
+
+main()

@@ -1,0 +1,59 @@
+"""The search behind steps to result (`python -m bsexp.tune`, experiment=steps_to_result): each trial
+is a point of a quasi-random Sobol sequence (scipy.stats.qmc) over the learning rate, log-uniform in
+[tune.lr_min, tune.lr_max], and, where asked, SGD's momentum (1 - momentum log-uniform in
+[0.01, 0.5]), as Shallue et al. 2019 searched (quasi-random search, their section 4.3). A trial's
+point depends on its number alone, so a search stopped half-way continues with the same points.
+Once the trials have run, each batch size's best values are read from the tuning's best.json.
+
+A config names them by interpolation, `optimizer.lr: ${bsexp_tuned:lr}`: the resolver reads the
+config's `tune` node (and its `batch.size`) and answers for this run.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from pathlib import Path
+
+# Searched dimensions, in the order of the Sobol point's coordinates.
+DIMENSIONS = ("lr", "momentum")
+ONE_MINUS_MOMENTUM = (0.01, 0.5)
+
+
+@functools.cache
+def sobol(points: int, dimensions: int, seed: int) -> tuple[tuple[float, ...], ...]:
+    """The first `points` points of a scrambled Sobol sequence in [0, 1)^dimensions (a power of
+    two of them drawn, as the sequence's balance holds for those)."""
+    from scipy.stats import qmc
+
+    m = max(0, math.ceil(math.log2(max(points, 1))))
+    drawn = qmc.Sobol(d=dimensions, scramble=True, seed=seed).random_base2(m)
+    return tuple(tuple(float(v) for v in row) for row in drawn[:points])
+
+
+def log_uniform(u: float, low: float, high: float) -> float:
+    return math.exp(math.log(low) + u * (math.log(high) - math.log(low)))
+
+
+def trial_values(trial: int, lr_min: float, lr_max: float, momentum: bool, seed: int = 0) -> dict[str, float]:
+    """Trial `trial`'s learning rate (and momentum, where it is searched)."""
+    point = sobol(trial + 1, len(DIMENSIONS), seed)[trial]
+    values = {"lr": log_uniform(point[0], lr_min, lr_max)}
+    if momentum:
+        values["momentum"] = 1 - log_uniform(point[1], *ONE_MINUS_MOMENTUM)
+    return values
+
+
+def tuned(name: str, default=None, *, _root_):
+    """The `bsexp_tuned` resolver: `name` (lr, momentum) for this run: the best trial's for its
+    batch size where tune.best names a best.json, else trial tune.trial's; `default` where this
+    run searches no such value (no trial, or momentum not searched)."""
+    node = _root_.tune
+    if node.best is not None:
+        best = json.loads(Path(str(node.best)).read_text())[str(_root_.batch.size)]
+        return default if best.get(name) is None else best[name]
+    if node.trial is None:
+        return default
+    values = trial_values(int(node.trial), node.lr_min, node.lr_max, bool(node.momentum), int(node.search_seed))
+    return values.get(name, default)

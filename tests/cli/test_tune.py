@@ -1,0 +1,83 @@
+"""Steps to result through the CLI (python -m bsexp.tune), at a tiny budget: the search, the best of
+each batch size chosen and rerun over seeds, a batch size that never gets there, the report; and a
+tuning run killed mid-way, continued by the same command with the trials that finished not run
+again."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from conftest import cli_env
+
+# Two batch sizes, three trials each, a target the small batch reaches in a few epochs and the
+# large one (5 steps an epoch) does not.
+TUNE = [
+    "tune_batches=[32,128]",
+    "tune.trials=3",
+    "tune.seeds=1",
+    "tune.target=0.5",
+    "data.num_samples=1000",
+    "data.val_size=100",
+    "model.width=8",
+    "epochs=4",
+    "logger=none",
+    "trainer.threads=1",
+]
+
+
+def tune(data_root, cwd, out, **kwargs):
+    return subprocess.Popen(
+        [sys.executable, "-m", "bsexp.tune", str(out), *TUNE],
+        cwd=cwd,
+        env=cli_env(data_root),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kwargs,
+    )
+
+
+def test_the_lr_tuned_at_each_batch_size_and_the_best_rerun_over_seeds(data_root, tmp_path):
+    out = tmp_path / "tune"
+    proc = tune(data_root, tmp_path, out)
+    stdout, stderr = proc.communicate(timeout=900)
+    assert proc.returncode == 0, stderr[-3000:]
+    trials = [json.loads(p.read_text()) for p in (out / "trials").glob("*/summary.json")]
+    assert len(trials) == 6 and {t["batch_size"] for t in trials} == {32, 128}
+    assert len({t["lr"] for t in trials}) == 3  # the same three points of the search at each batch size
+    reached = [t for t in trials if t["stopped_at"] is not None]
+    assert reached and all(t["batch_size"] == 32 and t["val_acc"] >= 0.5 for t in reached)
+    best = json.loads((out / "best.json").read_text())
+    fewest = min(reached, key=lambda t: t["steps"])
+    assert list(best) == ["32"] and best["32"]["lr"] == fewest["lr"]  # batch 128 never got there
+    reruns = [json.loads(p.read_text()) for p in (out / "seeds").glob("*/summary.json")]
+    assert [(r["batch_size"], r["seed"], r["lr"]) for r in reruns] == [(32, 1, best["32"]["lr"])]
+    table = (out / "steps_to_result.md").read_text()
+    assert "| 32 | " in table and "**Not reached**: no trial of batch 128" in table
+    assert all((out / name).stat().st_size for name in ("steps_to_result.png", "tuned_lr.png", "steps_to_result.csv"))
+
+
+def test_a_killed_tuning_run_continues_where_it_stopped(data_root, tmp_path):
+    out = tmp_path / "tune"
+    proc = tune(data_root, tmp_path, out, start_new_session=True)
+    deadline = time.time() + 600
+    while len(list((out / "trials").glob("*/summary.json"))) < 2:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.time() < deadline
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    done = {
+        p: p.stat().st_mtime_ns
+        for p in (out / "trials").glob("*/summary.json")
+        if json.loads(p.read_text())["status"] == "completed"
+    }
+    assert done and len(done) < 6
+    proc = tune(data_root, tmp_path, out)  # the same command
+    _, stderr = proc.communicate(timeout=900)
+    assert proc.returncode == 0, stderr[-3000:]
+    assert len(list((out / "trials").glob("*/summary.json"))) == 6 and (out / "steps_to_result.md").exists()
+    assert {p: p.stat().st_mtime_ns for p in done} == done  # the trials that had finished were not run again

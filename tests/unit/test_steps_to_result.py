@@ -1,0 +1,81 @@
+"""Steps to result's analysis on synthetic tunings with a known critical batch: the best trial per
+batch size, the fit S = S_min (1 + B_crit / B) and its regions, a best LR at the edge of the range,
+the rules against the tuned LR; the search's points (bsexp.tuning)."""
+
+import dataclasses
+import math
+
+import pytest
+
+from bsexp.report.steps.analysis import analyse
+from bsexp.tuning import sobol, trial_values
+from report_runs import effective_batch, points, synthetic_run
+
+S_MIN, B_CRIT, TARGET = 40.0, 500.0, 0.9
+
+
+def best_lr(batch: int) -> float:
+    return 0.02 * math.sqrt(batch / 32)  # the optimum follows the square-root rule here
+
+
+def steps_at(batch: int, lr: float) -> float:
+    """The steps a trial of `lr` takes to the target: S_min (1 + B_crit / B) at the best LR, more
+    the farther off it (a decade off: twice as many)."""
+    return S_MIN * (1 + B_CRIT / effective_batch(batch)) * (1 + abs(math.log10(lr / best_lr(batch))))
+
+
+def tuning(batches=(16, 32, 64, 128, 256, 512, 1024), factors=(0.1, 1.0, 10.0), seeds=()):
+    runs = []
+    for batch in batches:
+        for seed in (0, *seeds):
+            for factor in factors if seed == 0 else (1.0,):
+                lr = best_lr(batch) * factor
+                scale = steps_at(batch, lr) / TARGET  # accuracy grows linearly: the target at steps_at
+                runs.append(synthetic_run(batch, seed, 40, lambda s, k=scale: min(1.0, s / k), lr=lr))
+    return points(runs)
+
+
+def test_the_fit_to_the_best_trials_finds_the_known_critical_batch_and_its_regions():
+    result = analyse(tuning(), [], TARGET)
+    assert [b.best.lr for b in result.batches] == pytest.approx([best_lr(b.batch) for b in result.batches])
+    for b in result.batches:  # the best: the fewest steps, at the optimum
+        assert b.best.steps == pytest.approx(steps_at(b.batch, best_lr(b.batch)), rel=1e-3)
+    assert result.fit.b_crit == pytest.approx(B_CRIT, rel=0.02) and result.fit.s_min == pytest.approx(S_MIN, rel=0.02)
+    assert result.regions.perfect_up_to == pytest.approx(B_CRIT / 4, rel=0.02)
+    assert result.regions.maximal_from == pytest.approx(B_CRIT * 4, rel=0.02)
+    assert result.region(16) == "perfect scaling" and result.region(512) == "diminishing returns"
+    assert result.region(4096) == "maximal data parallelism"
+    # The optimum follows the square-root rule: the linear rule is too high by sqrt(k) above 128.
+    ratios = {b.batch: result.rule_ratios(b) for b in result.batches}
+    assert result.reference == 128
+    assert ratios[512]["sqrt"] == pytest.approx(1.0) and ratios[512]["linear"] == pytest.approx(2.0)
+
+
+def test_a_best_lr_at_the_edge_of_the_range_is_flagged_and_a_batch_that_never_gets_there_said():
+    result = analyse(tuning(factors=(1.0, 3.0, 10.0)), [], TARGET)
+    assert {b.at_edge for b in result.batches} == {"lowest"}  # the optimum is the lowest LR tried
+    [point] = tuning(batches=(64,), factors=(1.0,))
+    never = [dataclasses.replace(point, records=[dict(r, val_acc=0.5) for r in point.records])]  # stuck below it
+    result = analyse([*tuning(), *never], [], TARGET)
+    assert analyse(never, [], TARGET).not_reached == [64]
+    assert result.fit.b_crit == pytest.approx(B_CRIT, rel=0.02)
+
+
+def test_reruns_over_seeds_give_the_spread_of_the_best():
+    runs = tuning(seeds=(1, 2))
+    trials = [p for p in runs if p.summary["seed"] == 0]
+    reruns = [p for p in runs if p.summary["seed"] != 0]
+    result = analyse(trials, reruns, TARGET)
+    assert all(len(b.steps_over_seeds()) == 3 for b in result.batches)
+
+
+def test_the_search_is_quasi_random_and_a_trial_depends_on_its_number_alone():
+    lrs = [trial_values(i, 0.001, 10.0, False)["lr"] for i in range(16)]
+    assert all(0.001 <= lr <= 10.0 for lr in lrs) and len(set(lrs)) == 16
+    assert trial_values(5, 0.001, 10.0, False) == trial_values(5, 0.001, 10.0, False)
+    # Log-uniform, and spread as a Sobol sequence is: each quarter of the log range holds 4 of 16.
+    quarters = [int(4 * math.log(lr / 0.001) / math.log(10.0 / 0.001)) for lr in lrs]
+    assert sorted(quarters.count(q) for q in range(4)) == [4, 4, 4, 4]
+    assert sobol(16, 2, 0)[:3] == sobol(3, 2, 0)  # the same points, however many are drawn
+    momentum = trial_values(3, 0.001, 10.0, True)["momentum"]
+    assert 0.5 <= momentum <= 0.99
