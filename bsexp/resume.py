@@ -97,7 +97,8 @@ def prepare_argv(argv: list[str]) -> list[str]:
     hydra_dir = Path(run_dir) / ".hydra"
     if hydra_dir.is_dir():  # the run's own .hydra/ stays as it is
         args.append(f"hydra.output_subdir=.hydra/resume-{len(list(hydra_dir.glob('resume-*'))) + 1}")
-    return [argv[0], *original, *args]
+    flags, overrides = _flags(args)
+    return [argv[0], *flags, *original, *overrides]  # Hydra's command line takes its flags before overrides
 
 
 SWEEP = "multirun.yaml"  # a sweep's own config, written by Hydra in its directory as it starts
@@ -141,6 +142,20 @@ def prepare_sweep_argv(argv: list[str]) -> list[str]:
 
 def _run_only(key: str) -> bool:
     return any(key == k or key.startswith(k + ".") for k in RUN_ONLY)
+
+
+# Hydra's flags that take a value (hydra/_internal/utils.py: get_args_parser).
+_VALUED = ("--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
+           "--info", "-i", "--experimental-rerun")
+
+
+def _flags(args: list[str]) -> tuple[list[str], list[str]]:
+    """The command line's flags (with their values) apart from its overrides."""
+    flags, overrides = [], []
+    for i, arg in enumerate(args):
+        valued = i > 0 and args[i - 1] in _VALUED and "=" not in arg  # the value of the flag before
+        (flags if arg.startswith("-") or valued else overrides).append(arg)
+    return flags, overrides
 
 
 def _flat(node: Any, prefix: str = "") -> dict[str, Any]:

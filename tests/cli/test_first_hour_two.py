@@ -166,3 +166,13 @@ def test_a_key_one_typo_away_from_a_groups_key_gets_a_did_you_mean(data_root, tm
     ]
     out = command(data_root, tmp_path, "+trainer.max_step=3")
     assert out.returncode == 2 and "(did you mean trainer.max_steps?)" in out.stderr
+
+
+def test_a_resume_composes_with_cfg_job_to_show_the_runs_own_config(data_root, tmp_path):
+    run_dir = tmp_path / "run"
+    out = command(data_root, tmp_path, *TINY, "batch.size=48", f"hydra.run.dir={run_dir}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    # Hydra's flags go before overrides; the run's own overrides are put in front of the command's.
+    shown = command(data_root, tmp_path, "resume=auto", f"hydra.run.dir={run_dir}", "--cfg", "job")
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    assert "size: 48" in shown.stdout and "resume: auto" in shown.stdout
