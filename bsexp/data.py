@@ -64,7 +64,7 @@ class Augment:
     hflip: bool = False
 
 
-@dataclass(kw_only=True)
+@dataclass
 class Splits:
     name: str
     train: Split

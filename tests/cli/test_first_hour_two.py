@@ -124,7 +124,13 @@ def test_every_point_of_a_sweep_is_checked_before_the_first_one_trains(data_root
     assert not sweep.exists()
 
 
-def test_a_run_beside_another_on_the_same_cores_is_told_the_share_that_would_let_both_run(data_root, tmp_path):
+def test_a_run_beside_another_on_the_same_cores_is_told_the_share_that_would_let_both_run(
+    data_root, tmp_path, monkeypatch
+):
+    # A registry of their own (bsexp.cores keeps it in the temporary directory): the two runs here
+    # see each other, not the runs of other tests on the machine.
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
     # The other run trains long enough to be there while this one starts, on 1 thread.
     other = start(
         data_root, tmp_path, *[o for o in SLOW if o != "epochs=3"], "epochs=100", f"hydra.run.dir={tmp_path / 'other'}"
