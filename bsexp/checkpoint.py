@@ -186,6 +186,12 @@ class Checkpointer:
         )
         self.marks = sorted(m for m in set(at_samples) if not pinned(run_dir, m).exists())  # not yet saved
 
+    @classmethod
+    def of(cls, cfg: DictConfig, run_dir: Path) -> Checkpointer:
+        """The run's checkpointer, as its config's checkpoint.* says."""
+        node = cfg.checkpoint
+        return cls(run_dir, node.every_steps, node.every_epoch, node.keep, cfg, tuple(node.get("at_samples") or ()))
+
     def start(self, loop, state) -> None:
         """Before the first step taken here: marks already passed (a run resumed past them) cannot
         be kept; a mark at the start itself (0) is saved now."""

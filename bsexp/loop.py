@@ -202,14 +202,7 @@ def build_loop(
         measure_noise=batching.traits.measures_noise,
         n_train=len(splits.train),
     )
-    sinks, node = Sinks(), cfg.checkpoint
-    checkpointer = (
-        None
-        if run_dir is None
-        else Checkpointer(
-            run_dir, node.every_steps, node.every_epoch, node.keep, cfg, tuple(node.get("at_samples") or ())
-        )
-    )
+    sinks = Sinks()
     return Loop(
         step=step,
         batching=batching,
@@ -230,7 +223,7 @@ def build_loop(
         sinks=sinks,
         sync_batchnorm=sync_batchnorm(cfg, world.distributed),
         ghost_batch=cfg.model.get("ghost_batch"),
-        checkpointer=checkpointer,
+        checkpointer=None if run_dir is None else Checkpointer.of(cfg, run_dir),
         show_progress=cfg.trainer.progress,
         graphs_before=compiled_graphs(),
     )

@@ -145,8 +145,21 @@ def _run_only(key: str) -> bool:
 
 
 # Hydra's flags that take a value (hydra/_internal/utils.py: get_args_parser).
-_VALUED = ("--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
-           "--info", "-i", "--experimental-rerun")
+_VALUED = (
+    "--cfg",
+    "-c",
+    "--package",
+    "-p",
+    "--config-path",
+    "-cp",
+    "--config-name",
+    "-cn",
+    "--config-dir",
+    "-cd",
+    "--info",
+    "-i",
+    "--experimental-rerun",
+)
 
 
 def _flags(args: list[str]) -> tuple[list[str], list[str]]:
