@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import importlib
 import importlib.resources
 import inspect
@@ -227,6 +228,7 @@ def typed(node: Any) -> type | None:
     return cls if dataclasses.is_dataclass(cls) else None
 
 
+@functools.cache
 def compose_all() -> tuple[Any, dict[str, dict[str, Any]]]:
     """The default config (with Hydra's node) and {group: {option: the config with that option}},
     composed as the command line composes them."""
