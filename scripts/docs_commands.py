@@ -220,11 +220,21 @@ def sweep_points(args: list[str]) -> list[list[str]]:
 
 
 def command_lines(
-    command: Command, run_dir: str | None = None, checkpoint: str | None = None, cwd: str = "$PWD"
+    command: Command,
+    run_dir: str | None = None,
+    checkpoint: str | None = None,
+    cwd: str = "$PWD",
+    sweep_dir: str | None = None,
 ) -> list[list[str]]:
     """The argument lists (after `python -m bsexp.train`) that check one documented command, run
-    in `cwd`; `run_dir` and `checkpoint`: a finished run, for a command that resumes one."""
+    in `cwd`; `run_dir` and `checkpoint`: a finished run, for a command that resumes one;
+    `sweep_dir`: a finished sweep, for a command that continues one (`-m resume=auto`), run as it
+    is written, -m and all."""
     args = [a.replace("$PWD", cwd) for a in command.args]
+    if command.resumes and command.multirun:
+        if sweep_dir is None:
+            raise ValueError(f"{command.where}: continuing a sweep needs a sweep to continue")
+        return [["-m", *(f"hydra.sweep.dir={sweep_dir}" if a.startswith("hydra.sweep.dir=") else a for a in args)]]
     if command.torchrun and not any(a.lstrip("+~").split("=")[0] == "distributed" for a in args):
         args.append("distributed=ddp")
     if command.resumes:

@@ -76,6 +76,34 @@ def finished_run(tmp_path_factory, data_root):
 
 
 @pytest.fixture(scope="module")
+def finished_sweep(tmp_path_factory, data_root):
+    """A real sweep, small and finished: what a documented `-m resume=auto` continues (each point
+    then says it has nothing left to do)."""
+    sweep = tmp_path_factory.mktemp("docs") / "sweep"
+    tiny = [
+        "data=synthetic",
+        "data.shape=[1,16]",
+        "data.num_samples=600",
+        "data.val_size=88",
+        "model=mlp",
+        "model.hidden=[32]",
+        "epochs=1",
+        "logger=none",
+        "trainer.progress=false",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "bsexp.train", "-m", "batch.size=32,64", *tiny, f"hydra.sweep.dir={sweep}"],
+        cwd=sweep.parent,
+        env=cli_env(data_root),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return str(sweep)
+
+
+@pytest.fixture(scope="module")
 def composed(tmp_path_factory, data_root):
     """Every command line that composes (all but the resumes), run in one process through the CLI's
     own entry point (`scripts/docs_commands.py --compose`): {(where, args): (exit code, stderr)}.
@@ -120,9 +148,9 @@ def fresh(args: list[str], cwd: str, data_root) -> tuple[int, str]:
 def test_a_documented_command_composes(command, request, data_root, tmp_path):
     if command.resumes:  # run for real, in a process of its own, against a finished run
         run_dir, checkpoint = request.getfixturevalue("finished_run")
-        checks = [
-            (args, *fresh(args, str(tmp_path), data_root)) for args in docs.command_lines(command, run_dir, checkpoint)
-        ]
+        sweep = request.getfixturevalue("finished_sweep") if command.multirun else None
+        lines = docs.command_lines(command, run_dir, checkpoint, sweep_dir=sweep)
+        checks = [(args, *fresh(args, str(tmp_path), data_root)) for args in lines]
     else:
         results = request.getfixturevalue("composed")
         checks = []
