@@ -39,6 +39,7 @@ from bsexp.finder import server
 from bsexp.finder.find import find_plan
 from bsexp.metrics import Sinks
 from bsexp.optim import Hyperparameters
+from bsexp.regularisers import RegulariserRules, Regularisers
 from bsexp.runtime import compiled_graphs, preserved_rng, resolve_device, run_speed, seed_everything
 from bsexp.step import Step, train_step
 
@@ -141,6 +142,7 @@ class Loop:
     step: Step
     batching: Batching  # the batch policy's layout in force, and the plan of every step
     hyperparameters: Hyperparameters  # writes each step's LR and weight decay
+    regularisers: Regularisers  # dropout rates and BatchNorm momenta, where a rule moves them with the batch
     splits: Splits
     batches: Any  # TensorBatches or LoaderBatches
     hp: ScaledHparams
@@ -207,6 +209,7 @@ def build_loop(
         step=step,
         batching=batching,
         hyperparameters=Hyperparameters(step.optimizer, rules, batching.layout),
+        regularisers=Regularisers(step.net, RegulariserRules.of(cfg)),
         splits=splits,
         batches=train_batches(splits, cfg.seed, world.device),
         hp=hp,
@@ -292,7 +295,9 @@ def train(loop: Loop, state: TrainState) -> str:
         batches = loop.batches.steps(epoch, sizes, world.rank, world.size, loop.drop_last, skip=skip)
         for in_epoch, (x, y, samples) in enumerate(batches, start=skip + 1):
             state.lr = loop.hyperparameters.apply(state.step, batching.layout)
-            loss_sum, correct, _ = train_step(loop.step, x, y, samples, batching.plan(state.step))
+            plan = batching.plan(state.step)
+            loop.regularisers.apply(plan.size)
+            loss_sum, correct, _ = train_step(loop.step, x, y, samples, plan)
             state.add(loss_sum, correct, len(y))
             state.step, state.samples_seen = state.step + 1, state.samples_seen + samples
             batching.adapt(state.step, world, loop.step.noise)

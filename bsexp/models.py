@@ -5,6 +5,7 @@ signature that returns an `nn.Module` can replace them."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Sequence
 
@@ -68,7 +69,9 @@ class _ConvNet(nn.Module):
     """Three stages of two 3-wide convs, doubling the width and halving the resolution between
     stages, then global average pooling and a linear head. `dims` is 1 (sequences) or 2 (images)."""
 
-    def __init__(self, dims: int, input_shape: Sequence[int], num_classes: int, width: int, norm: str):
+    def __init__(
+        self, dims: int, input_shape: Sequence[int], num_classes: int, width: int, norm: str, dropout: float = 0.0
+    ):
         super().__init__()
         conv, pool = ((nn.Conv1d, nn.AdaptiveAvgPool1d), (nn.Conv2d, nn.AdaptiveAvgPool2d))[dims - 1]
         c = input_shape[0]
@@ -81,30 +84,38 @@ class _ConvNet(nn.Module):
             c = w
         self.features = nn.Sequential(*blocks)
         self.head = nn.Sequential(pool(1), nn.Flatten(), nn.Linear(c, num_classes))
+        self.dropout = nn.Dropout(dropout)  # before the linear head (no state: the checkpoint's keys stay)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.features(x))
+        pooled = self.head[:2](self.features(x))
+        return self.head[2](_dropped(self.dropout, pooled))
+
+
+def _dropped(dropout: nn.Dropout, x: torch.Tensor) -> torch.Tensor:
+    """`x` through `dropout` where it drops anything: a rate of 0 draws no random numbers, so a
+    model without dropout trains as it did before it had the layer."""
+    return dropout(x) if dropout.p else x
 
 
 class CNN1d(_ConvNet):
     """Conv net for sequences (N, C, L) such as MNIST-1D."""
 
-    def __init__(self, input_shape: Sequence[int], num_classes: int, width: int, norm: str):
+    def __init__(self, input_shape: Sequence[int], num_classes: int, width: int, norm: str, dropout: float = 0.0):
         if len(input_shape) != 2:
             raise ValueError(f"cnn1d needs inputs shaped (channels, length), got {tuple(input_shape)}")
-        super().__init__(1, input_shape, num_classes, width, norm)
+        super().__init__(1, input_shape, num_classes, width, norm, dropout)
 
 
 class CNN(_ConvNet):
     """Small conv net for (N, C, H, W) images."""
 
-    def __init__(self, input_shape: Sequence[int], num_classes: int, width: int, norm: str):
+    def __init__(self, input_shape: Sequence[int], num_classes: int, width: int, norm: str, dropout: float = 0.0):
         if len(input_shape) != 3:
             raise ValueError(f"cnn needs inputs shaped (channels, height, width), got {tuple(input_shape)}")
-        super().__init__(2, input_shape, num_classes, width, norm)
+        super().__init__(2, input_shape, num_classes, width, norm, dropout)
 
 
-def resnet18(input_shape: Sequence[int], num_classes: int, norm: str, cifar_stem: bool):
+def resnet18(input_shape: Sequence[int], num_classes: int, norm: str, cifar_stem: bool, dropout: float = 0.0):
     """torchvision's ResNet-18. `cifar_stem` swaps the 7×7/2 conv and max-pool for a 3×3/1 conv,
     the usual stem for 32×32 images."""
     from torchvision.models import resnet18 as tv_resnet18
@@ -117,7 +128,13 @@ def resnet18(input_shape: Sequence[int], num_classes: int, norm: str, cifar_stem
         model.maxpool = nn.Identity()
     elif input_shape[0] != 3:
         model.conv1 = nn.Conv2d(input_shape[0], 64, 7, stride=2, padding=3, bias=False)
+    model.dropout = nn.Dropout(dropout)  # before the linear head (no state: the checkpoint's keys stay)
+    model.fc.register_forward_pre_hook(functools.partial(_drop_input, model.dropout))  # copied with the model
     return model
+
+
+def _drop_input(dropout: nn.Dropout, module: nn.Module, args: tuple) -> tuple:
+    return (_dropped(dropout, args[0]), *args[1:])
 
 
 # ---------------------------------------------------------------------------- ghost batch normalisation

@@ -39,6 +39,7 @@ def hyperparameters(cfg: DictConfig, loop) -> dict[str, Any]:
         "weight_decay": hp.weight_decay,
         "warmup_steps": hp.warmup_steps,
         "total_steps": hp.total_steps,
+        **loop.regularisers.values(plan.size),  # dropout and BatchNorm momentum at the first batch
     }
 
 
@@ -86,6 +87,16 @@ def announce(cfg: DictConfig, loop, hparams: dict[str, Any]) -> None:
         h["warmup_steps"],
         h["total_steps"],
     )
+    if h["dropout_rule"] != "none" or h["bn_momentum_rule"] != "none":  # moved with the batch
+        log.info(
+            "dropout %.4g (%s rule from %s), BatchNorm momentum %.4g (%s rule from %s)",
+            h["dropout"] or 0.0,
+            h["dropout_rule"],
+            h["base_dropout"],
+            h["bn_momentum"] or 0.0,
+            h["bn_momentum_rule"],
+            h["base_bn_momentum"],
+        )
     if not loop.batching.traits.own_setup:  # the trunk's set-up was cautioned about; a branch only continues it
         return
     run = loop.batching.layout.run

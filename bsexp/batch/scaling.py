@@ -28,6 +28,28 @@ def rule_multiplier(rule: str, k: float) -> float:
     raise ValueError(f"unknown scaling rule {rule!r}; valid: {', '.join(RULES)}")
 
 
+MOMENTUM_RULES = ("inverse", "inverse_sqrt", "none")
+
+
+def scaled_dropout(base: float, k: float, rule: str, cap: float) -> float:
+    """A dropout rate at batch k × ref_batch: the practitioners' rule "a larger batch, more dropout"
+    (dropout ∝ √batch, or ∝ batch), never above `cap` (0.5 by default: beyond it most units are
+    dropped) nor below the rate tuned at ref_batch where k < 1 takes it down."""
+    return min(cap, base * rule_multiplier(rule, k)) if base else 0.0
+
+
+def scaled_bn_momentum(base: float, k: float, rule: str, floor: float) -> float:
+    """A BatchNorm momentum at batch k × ref_batch: "a larger batch, slower running statistics"
+    (momentum ∝ 1/k, `inverse`, or 1/√k), never below `floor` nor above 1. torch's momentum is the
+    weight of the newest batch in the running mean; each batch of k × ref_batch samples carries k
+    times the samples, so ∝ 1/k keeps the weight per sample: the statistics average over as many
+    samples as at ref_batch."""
+    divisor = {"inverse": k, "inverse_sqrt": math.sqrt(k), "none": 1.0}.get(rule)
+    if divisor is None:
+        raise ValueError(f"unknown momentum rule {rule!r}; valid: {', '.join(MOMENTUM_RULES)}")
+    return min(1.0, max(floor, base / divisor))
+
+
 def scaled_lr(base_lr: float, k: float, rule: str) -> float:
     return base_lr * rule_multiplier(rule, k)
 

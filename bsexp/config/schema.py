@@ -18,13 +18,14 @@ from omegaconf import MISSING
 
 from bsexp.batch.policies import REGISTRY, config_of
 from bsexp.batch.policies.branch import BranchConfig
-from bsexp.batch.scaling import RULES
+from bsexp.batch.scaling import MOMENTUM_RULES, RULES
 from bsexp.errors import add_key_hint
 from bsexp.fields import Bound, Unit, at_least, bounded, choice, positive  # noqa: F401 (Bound: for the checks)
 
 Device = choice("Device", "auto", "cpu", "cuda", module=__name__)
 Precision = choice("Precision", "fp32", "bf16", "fp16", module=__name__)
 Rule = choice("Rule", *RULES, module=__name__)
+MomentumRule = choice("MomentumRule", *MOMENTUM_RULES, module=__name__)
 WarmupShape = choice("WarmupShape", "linear", "constant", "none", module=__name__)
 MainSchedule = choice("MainSchedule", "cosine", "step", "constant", module=__name__)
 NORMS = ("batch", "group", "layer", "none")
@@ -110,13 +111,15 @@ class ModelConfig:
     # BatchNorm over ghost batches of this many samples in training (Hoffer et al. 2017), whatever
     # the batch: a large batch normalised as small ones are. null: over the whole (micro-)batch.
     ghost_batch: Optional[int] = at_least(2, None)
+    dropout: float = bounded(
+        0.0, low=0, high=1, open_high=True
+    )  # before the classifier (the MLP: after every hidden layer)
 
 
 @dataclass
 class MLPModel(ModelConfig):
     _target_: str = "bsexp.models.MLP"
     hidden: List[int] = bounded(low=1, factory=lambda: [256, 256])  # empty: logistic regression
-    dropout: float = bounded(0.0, low=0, high=1, open_high=True)
 
 
 @dataclass
@@ -248,6 +251,10 @@ class ScalingConfig:
     ref_batch: int = at_least(1, 128)  # the batch at which optimizer.lr and optimizer.weight_decay were tuned
     lr_rule: Rule = Rule.linear  # k = batch.size / ref_batch: LR x k (linear), x sqrt(k) (sqrt), x 1 (none)
     wd_rule: Rule = Rule.sqrt  # weight decay x sqrt(k) (Loshchilov & Hutter's normalised decay), x k, x 1
+    dropout_rule: Rule = Rule.none  # every dropout layer's rate x sqrt(k) or x k ("a larger batch, more dropout")
+    dropout_max: float = bounded(0.5, low=0, high=1, open_high=True)  # the dropout rule's cap
+    bn_momentum_rule: MomentumRule = MomentumRule.none  # BatchNorm's momentum / k (inverse) or / sqrt(k)
+    bn_momentum_min: float = bounded(0.001, low=0, high=1, open_low=True)  # the momentum rule's floor
 
 
 @dataclass

@@ -1,0 +1,49 @@
+"""The regulariser rules through the CLI: the values used in summary.json, bad values one line."""
+
+import json
+
+import pytest
+
+TINY = [
+    "data.num_samples=600",
+    "data.val_size=100",
+    "epochs=1",
+    "model.width=8",
+    "logger=none",
+    "trainer.progress=false",
+]
+
+
+def test_the_dropout_and_momentum_a_run_used_are_in_its_summary(run_cli, tmp_path):
+    out = run_cli(
+        *TINY,
+        "batch.size=256",
+        "model.dropout=0.1",
+        "scaling.dropout_rule=sqrt",
+        "scaling.bn_momentum_rule=inverse",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    # k = 256 / 128 = 2: dropout 0.1 x sqrt(2), BatchNorm's momentum 0.1 / 2.
+    assert summary["dropout"] == pytest.approx(0.1 * 2**0.5) and summary["base_dropout"] == 0.1
+    assert summary["bn_momentum"] == pytest.approx(0.05) and summary["bn_momentum_rule"] == "inverse"
+    assert "dropout 0.1414 (sqrt rule from 0.1), BatchNorm momentum 0.05 (inverse rule from 0.1)" in out.stdout
+
+
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ("scaling.dropout_rule=cube", "scaling.dropout_rule"),
+        ("scaling.bn_momentum_rule=linear", "scaling.bn_momentum_rule"),
+        ("scaling.dropout_max=1.5", "scaling.dropout_max=1.5: must be a finite number in [0, 1)"),
+        ("scaling.bn_momentum_min=0", "scaling.bn_momentum_min=0.0: must be a finite number in (0, 1]"),
+        ("model.dropout=-0.1", "model.dropout=-0.1: must be a finite number in [0, 1)"),
+    ],
+)
+def test_a_bad_rule_or_bound_is_one_line_and_exit_2(run_cli, tmp_path, override, fragment):
+    out = run_cli(*TINY, override, f"hydra.run.dir={tmp_path / 'run'}")
+    assert out.returncode == 2
+    [line] = out.stderr.strip().splitlines()
+    assert line.startswith("error: ") and fragment in line, line
+    assert not (tmp_path / "run").exists()
