@@ -187,16 +187,25 @@ def saved_config(run_dir: Path) -> dict[str, Any]:
 
 
 def differences(
-    cfg: DictConfig, saved: dict[str, Any], free: tuple[str, ...], bound: tuple[str, ...] = ()
+    cfg: DictConfig,
+    saved: dict[str, Any],
+    free: tuple[str, ...],
+    bound: tuple[str, ...] = (),
+    typed: set[str] | None = None,
 ) -> list[tuple[str, Any, Any]]:
     """(key, the saved value, this config's value) for every key where `cfg` differs from the flat
-    `saved` config, but keys under `free` (other than those in `bound`)."""
+    `saved` config, but keys under `free` (other than those in `bound`). With `typed` (the keys
+    this command line sets), the saved config may be an earlier release's: a key it lacks counts
+    only if typed (otherwise it holds this release's default, which the run's code had), and a key
+    this config lacks (one this release dropped) does not count."""
     container = OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)
     container.pop("hydra", None)
     now = _flat(container)
     found = []
     for key in sorted(saved.keys() | now.keys()):
         if key not in bound and any(key == k or key.startswith(k + ".") for k in free):
+            continue
+        if typed is not None and (key not in now or (key not in saved and key not in typed)):
             continue
         if str(saved.get(key)) != str(now.get(key)):
             found.append((key, saved.get(key), now.get(key)))
@@ -209,7 +218,16 @@ def changes(cfg: DictConfig, resume: str, run_dir: str) -> list[tuple[str, Any, 
     source = source_dir(resume, run_dir)
     if not (source / ".hydra" / "config.yaml").is_file():
         return []
-    return differences(cfg, saved_config(source), RUN_ONLY)
+    return differences(cfg, saved_config(source), RUN_ONLY, typed=_typed())
+
+
+def _typed() -> set[str]:
+    """The keys this command line sets (the run's own overrides and the resume's)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return set()
+    return {o.lstrip("+~").split("=", 1)[0] for o in HydraConfig.get().overrides.task}
 
 
 def check(cfg: DictConfig, run_dir: str) -> list[tuple[str, Any, Any]]:
