@@ -292,3 +292,68 @@ def test_each_verdict_says_how_much_it_moves_when_the_seeds_are_drawn_again(tmp_
     # where seed 0 is drawn twice (a quarter), ending at 0.99
     efficient, held = (float(spread["lucky"].split(key, 1)[1].split(" %")[0]) for key in ("goal's in ", "goal in "))
     assert "0.60-0.60 x the steps" in spread["lucky"] and abs(efficient - 75) <= 4 and abs(held - 25) <= 4
+
+
+def tuned_job(sweep, n, batch, lr, seed, reach_step, target=0.9):
+    """One run of a tuning: val_acc 0.5, then `target` + 0.01 from `reach_step` on (every 10 steps)."""
+    d = sweep / f"{n}_{n}"
+    (d / ".hydra").mkdir(parents=True)
+    (d / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump([f"batch.size={batch}", f"seed={seed}"]))
+    (d / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"tune": {"target": target}, "batch": {"size": batch}}))
+    curve = [0.5 if 10 * (i + 1) < reach_step else target + 0.01 for i in range(reach_step // 10)]
+    records = [{"step": 10 * (i + 1), "samples_seen": 10 * (i + 1) * batch, "val_acc": a} for i, a in enumerate(curve)]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    summary = {"status": "completed", "batch_size": batch, "val_acc": curve[-1], "lr": lr, "seed": seed}
+    (d / "summary.json").write_text(json.dumps(summary))
+
+
+def test_with_a_tuning_run_every_arm_is_held_against_the_tuned_curves_fastest_batch(tmp_path):
+    # The tuning: batch 64's best trial (LR 0.2) reaches 0.9 at step 100, its reruns at 100 and 120;
+    # batch 256's best at 200 (the fastest batch is the one with the fewest mean steps over seeds).
+    tune = tmp_path / "tune"
+    for n, (batch, lr, seed, at) in enumerate(
+        [(64, 0.2, 0, 100), (64, 0.05, 0, 300), (256, 0.8, 0, 200), (256, 0.1, 0, 400)]
+    ):
+        tuned_job(tune / "trials", n, batch, lr, seed, at)
+    for n, (batch, lr, seed, at) in enumerate([(64, 0.2, 1, 100), (64, 0.2, 2, 120), (256, 0.8, 1, 200)]):
+        tuned_job(tune / "seeds", n, batch, lr, seed, at)
+    sweep = tmp_path / "arms"
+    n = 0
+    for seed in (0, 1, 2):  # a fixed batch of the comparison, and two arms: fast and alike, slow
+        job(
+            sweep,
+            n,
+            ["experiment/adaptive_vs_fixed=fixed", "batch.size=64", f"seed={seed}"],
+            64,
+            [0.5] * 9 + [0.95] * 3,
+        )
+        job(sweep, n + 1, ["experiment/adaptive_vs_fixed=quick", f"seed={seed}"], 32, [0.5] * 3 + [0.95] * 3)
+        job(sweep, n + 2, ["experiment/adaptive_vs_fixed=slow", f"seed={seed}"], 32, [0.5] * (30 + seed) + [0.95])
+        n += 3
+    assert main([str(sweep), "--out", str(tmp_path / "out"), "--tuned", str(tune)]) == 0
+    md = (tmp_path / "out" / "pareto.md").read_text()
+    # Batch 64: 0.9 reached between steps 90 (0.5) and 100 or 110 and 120 (0.91), interpolated; the
+    # 95 % half-width t(0.975, 2) x stdev / sqrt(3).
+    steps = [at - 10 + 10 * 0.4 / 0.41 for at in (100, 100, 120)]
+    mean, half = sum(steps) / 3, 4.302652729911275 * 11.547005383792516 / math.sqrt(3)
+    assert f"batch 64 at LR 0.2, **{mean:.0f} ± {half:.0f} steps** (95 % interval over 3 seeds)" in md
+    rows = {
+        line.split(" | ")[0][2:]: line.split(" | ")[1:]
+        for line in md.split("## Against the tuned curve")[1].splitlines()
+        if line.startswith("| ") and "---" not in line
+    }
+    # Each arm's steps to 0.9, interpolated between the evaluations around it (0.5 then 0.95).
+    quick = 30 + 10 * (0.9 - 0.5) / (0.95 - 0.5)
+    assert rows["quick"][0] == f"{quick:.0f} ± 0" and rows["quick"][1] == f"{quick / mean:.2f}"
+    assert rows["quick"][3].startswith("fewer steps than the tuned fixed batch")
+    assert rows["slow"][3].startswith("more steps than the tuned fixed batch")
+    assert rows["fixed 64"][3].startswith("no fewer steps than the tuned fixed batch: the intervals overlap")
+
+
+def test_a_tuning_directory_that_holds_no_tuning_is_one_line(tmp_path, capsys):
+    sweep = tmp_path / "arms"
+    job(sweep, 0, ["experiment/adaptive_vs_fixed=fixed", "batch.size=64", "seed=0"], 64, [0.5, 0.95])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit) as exc:
+        main([str(sweep), "--tuned", str(tmp_path / "empty")])
+    assert str(exc.value).startswith("error: --tuned ") and "holds no tuning run" in str(exc.value)

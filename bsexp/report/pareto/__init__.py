@@ -1,7 +1,7 @@
 """Arms of a comparison against tuned fixed batches: optimizer steps to a target accuracy against
 the final accuracy (the Pareto front), with samples and training time to the target beside them.
 
-    python -m bsexp.report.pareto SWEEP_DIR [SWEEP_DIR ...] [--out DIR]
+    python -m bsexp.report.pareto SWEEP_DIR [SWEEP_DIR ...] [--out DIR] [--tuned TUNE_DIR]
 
 Each sweep point is an arm (its `experiment/<name>=<arm>` override, with any other override that
 sets it apart from the rest, such as `batch.adaptive.c=0.5`) and a seed. Points of the arm
@@ -18,9 +18,14 @@ could gain over a fixed batch at the baseline's samples in McCandlish et al.'s m
 the fixed batches that reach the target on every seed at a ladder of targets up to it (`bound`:
 an estimate, not a bound; the model's derivation is at `bsexp.report.analysis.schedule_bound`).
 
+With --tuned, pareto.md also holds every arm against the tuned curve of `python -m bsexp.tune`
+on the same data and model: its steps to the tuning's target against those of the batch size whose
+own tuned LR needed the fewest, with the seeds' 95 % intervals (`tuned`).
+
 Writes pareto.md, pareto.csv and pareto.png into --out (default: the first sweep directory).
 
-`analysis` holds the arms, the target, the verdicts and the bound (pure, tested alone), `render`
+`analysis` holds the arms, the target, the verdicts and the bound (pure, tested alone), `tuned`
+the arms against the tuned curve (pure), `render`
 writes pareto.md, pareto.csv and pareto.png, `cli` is the command line; the points are read by
 `bsexp.report.load`, as the sweep report reads them.
 """

@@ -145,3 +145,25 @@ def figure(result: dict[str, Any], out: Path) -> str:
     fig.savefig(out / "pareto.png", dpi=110)
     plt.close(fig)
     return "pareto.png"
+
+
+def tuned_section(baseline, tune_dir: Path) -> list[str]:
+    """Each arm against the tuned curve's fastest batch (bsexp.report.pareto.tuned), for pareto.md."""
+    head = ["", f"## Against the tuned curve ({tune_dir})", ""]
+    if baseline is None:
+        return [*head, "No batch size of the tuning reached its target: nothing to hold the arms against."]
+    s = baseline.steps
+    lines = [
+        *head,
+        f"The fixed batch whose LR, tuned for it (`python -m bsexp.tune`), reaches val_acc "
+        f"{100 * baseline.target:.2f} % in the fewest steps: batch {baseline.batch} at LR {baseline.lr:.4g}, "
+        f"**{s.mean:.0f} ± {s.half:.0f} steps** (95 % interval over {s.n} seeds). Each arm's steps to the same "
+        f"target, interpolated between its evaluations, with its seeds' 95 % interval:",
+        "",
+        "| arm | steps to the tuning's target | x the tuned batch's | reached | verdict |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for r in baseline.rows:
+        steps = "-" if r.steps is None else f"{r.steps.mean:.0f} ± {r.steps.half:.0f}"
+        lines.append(f"| {r.arm} | {steps} | {_fmt(r.ratio, '.2f')} | {r.reached}/{r.seeds} | {r.verdict} |")
+    return lines
