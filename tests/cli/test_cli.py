@@ -302,6 +302,7 @@ def test_a_bad_value_shared_by_every_sweep_job_stops_the_sweep_before_it_starts(
     assert not (tmp_path / "sweep").exists()
 
 
+@pytest.mark.slow  # minutes on 2 cores: scripts/test_slow.sh (and .ci/run) runs it
 def test_the_default_run_reaches_90_percent_test_accuracy_on_mnist1d(run_cli, tmp_path):
     # The README's main command, as is: 20 epochs of a 1-D CNN (the dataset paper's CNN: 94 %).
     out = run_cli("logger=none", f"hydra.run.dir={tmp_path / 'run'}")

@@ -167,6 +167,7 @@ def test_a_second_run_given_the_same_directory_is_refused_before_it_writes_there
     assert (run_dir / "train.log").read_text().count("][bsexp.summary][INFO] data ") == 1
 
 
+@pytest.mark.slow  # minutes on 2 cores: scripts/test_slow.sh (and .ci/run) runs it
 def test_the_default_finder_run_trains_as_well_as_the_default_run(data_root, tmp_path):
     # Bounded by the data (a tenth of the training set, McCandlish et al., Smith et al.), the
     # finder's batch keeps enough steps an epoch and an LR the warmup can carry.
@@ -220,6 +221,7 @@ def test_a_run_cut_short_by_max_steps_is_not_told_its_batch_leaves_few_steps_an_
     assert summary["steps"] == 3 and summary["epochs"] == pytest.approx(3 / 28, abs=1e-4)
 
 
+@pytest.mark.slow  # minutes on 2 cores: scripts/test_slow.sh (and .ci/run) runs it
 def test_under_a_batch_schedule_the_lr_decay_is_counted_in_samples(data_root, tmp_path):
     # 32 -> 160 -> 800 at epochs 8 and 14 of 20, the LR held apart from its cosine decay: after
     # epoch 8 the decay stands where 8 epochs of 20 put it (counted in steps, 800 of 944 steps would

@@ -123,6 +123,7 @@ def test_a_schedule_that_outgrows_memory_switches_to_accumulation(run_cli, tmp_p
     assert whole.returncode == 1 and "out of memory" in whole.stderr
 
 
+@pytest.mark.slow  # minutes on 2 cores: scripts/test_slow.sh (and .ci/run) runs it
 def test_the_increase_batch_experiment_runs_its_three_arms(run_cli, tmp_path):
     out = run_cli(
         "-m",

@@ -58,6 +58,7 @@ def test_the_lr_and_weight_decay_follow_the_batch_with_the_schedule_counted_in_s
     assert ends < 2 * n / 32  # fewer steps than at the first batch: the batch grew during warmup
 
 
+@pytest.mark.slow  # minutes on 2 cores: scripts/test_slow.sh (and .ci/run) runs it
 def test_the_batch_follows_the_measured_noise_scale(make_cfg):
     loop = build_loop(make_cfg(*ADAPTIVE))
     assert train(loop, TrainState()) == "completed"
@@ -112,6 +113,7 @@ def test_measuring_the_noise_scale_at_one_micro_batch_leaves_training_unchanged(
         assert torch.allclose(a.float(), b.float(), atol=1e-6)
 
 
+@pytest.mark.slow  # minutes on 2 cores: scripts/test_slow.sh (and .ci/run) runs it
 def test_adascale_scales_the_lr_by_its_gain_and_advances_the_schedule_by_it(make_cfg):
     loop = build_loop(make_cfg(*ADAPTIVE, "batch.adaptive.lr=adascale"))
     seen, state = observed(loop), TrainState()

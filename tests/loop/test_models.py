@@ -49,7 +49,8 @@ def test_resnet18_stem_and_input_channels(cifar_stem, size, feature_size):
     model = resnet18((1, size, size), 100, norm="group", cifar_stem=cifar_stem).eval()
     assert model.conv1.in_channels == 1
     assert model(torch.randn(2, 1, size, size)).shape == (2, 100)
-    features = nn.Sequential(*list(model.children())[:-2])(torch.randn(1, 1, size, size))
+    body = [m for name, m in model.named_children() if name not in ("avgpool", "dropout", "fc")]
+    features = nn.Sequential(*body)(torch.randn(1, 1, size, size))
     assert features.shape[-1] == feature_size  # the CIFAR stem keeps 32x32 at full resolution
     assert not any(isinstance(m, nn.BatchNorm2d) for m in model.modules())
 
