@@ -108,6 +108,7 @@ def announce(cfg: DictConfig, loop, hparams: dict[str, Any]) -> None:
         h["total_steps"],
         per_epoch,
         h["lr_peak"] / h["lr"],
+        h["bn_momentum"] if h["bn_momentum_rule"] != "none" else None,
     ):
         log.warning("%s: %s", key, what)
 

@@ -162,6 +162,21 @@ class LRFactors:
 
 FEW_STEPS = 8  # optimizer steps an epoch below which a batch is called large for its data
 LARGEST_VERIFIED_K = 32  # Goyal et al. 2017 trained up to 8k = 32 x 256 with no loss of accuracy
+STALE_STATISTICS = 0.05  # the weight BatchNorm's running statistics may keep on their initial values
+
+
+def _stale_statistics(momentum: float | None, total_steps: int) -> list[tuple[str, str]]:
+    """The running statistics evaluation normalises with, still near their initial values at the
+    run's end: each step keeps 1 - momentum of them."""
+    if momentum is None or (1 - momentum) ** total_steps <= STALE_STATISTICS:
+        return []
+    what = (
+        f"BatchNorm's momentum {momentum:.3g} leaves its running statistics "
+        f"{100 * (1 - momentum) ** total_steps:.0f} % of their initial values after the run's "
+        f"{total_steps} steps: evaluation normalises with stale statistics (on MNIST-1D at batch 384, "
+        f"chance accuracy); use inverse_sqrt, raise scaling.bn_momentum_min, or train longer"
+    )
+    return [("scaling.bn_momentum_rule", what)]
 
 
 def cautions(
@@ -171,11 +186,13 @@ def cautions(
     total_steps: int,
     steps_per_epoch: int,
     peak_fraction: float = 1.0,
+    moved_bn_momentum: float | None = None,
 ) -> list[tuple[str, str]]:
     """(key, what) for each way the run's set-up is likely to train badly: a batch that leaves
     few steps an epoch, an LR scaled past what the warmup can carry (or past what Goyal et al.
-    verified), a warmup that takes the whole run."""
-    found = []
+    verified), a warmup that takes the whole run, a BatchNorm momentum a rule slowed too far
+    (`moved_bn_momentum`: the momentum a rule gave, None where no rule moved it)."""
+    found = _stale_statistics(moved_bn_momentum, total_steps)
     if steps_per_epoch < FEW_STEPS:
         found.append(
             (

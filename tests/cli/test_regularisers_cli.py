@@ -29,6 +29,8 @@ def test_the_dropout_and_momentum_a_run_used_are_in_its_summary(run_cli, tmp_pat
     assert summary["dropout"] == pytest.approx(0.1 * 2**0.5) and summary["base_dropout"] == 0.1
     assert summary["bn_momentum"] == pytest.approx(0.05) and summary["bn_momentum_rule"] == "inverse"
     assert "dropout 0.1414 (sqrt rule from 0.1), BatchNorm momentum 0.05 (inverse rule from 0.1)" in out.stdout
+    # 2 steps at momentum 0.05 leave the running statistics 90 % of their initial values
+    assert "scaling.bn_momentum_rule: BatchNorm's momentum 0.05 leaves its running statistics 90 %" in out.stdout
 
 
 @pytest.mark.parametrize(

@@ -123,3 +123,21 @@ def test_an_lr_scaled_past_goyals_largest_verified_factor_is_cautioned():
 
     assert "scaling.lr_rule" in keys(scaling.LARGEST_VERIFIED_K + 1)
     assert "scaling.lr_rule" not in keys(scaling.LARGEST_VERIFIED_K)
+
+
+@pytest.mark.parametrize(
+    "momentum, total_steps, warned",
+    [
+        (0.1 / 12, 200, True),  # inverse at 384 / 32 over 200 steps: 19 % of the initial values left
+        (0.1 / 12**0.5, 200, False),  # inverse_sqrt: 0.3 %
+        (0.1 / 12, 400, False),  # twice the steps: 3.5 %
+        (None, 2, False),  # no rule moved it: a short run's statistics are BatchNorm's own matter
+    ],
+)
+def test_a_bn_momentum_slowed_past_what_the_run_can_average_is_cautioned(momentum, total_steps, warned):
+    found = scaling.cautions(1.0, "none", 0, total_steps, 100, moved_bn_momentum=momentum)
+    stale = [what for key, what in found if key == "scaling.bn_momentum_rule"]
+    assert bool(stale) is warned, found
+    if warned:
+        assert f"of their initial values after the run's {total_steps} steps" in stale[0]
+        assert f"{100 * (1 - momentum) ** total_steps:.0f} %" in stale[0]
