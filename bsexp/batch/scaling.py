@@ -173,8 +173,8 @@ def _stale_statistics(momentum: float | None, total_steps: int) -> list[tuple[st
     what = (
         f"BatchNorm's momentum {momentum:.3g} leaves its running statistics "
         f"{100 * (1 - momentum) ** total_steps:.0f} % of their initial values after the run's "
-        f"{total_steps} steps: evaluation normalises with stale statistics (on MNIST-1D at batch 384, "
-        f"chance accuracy); use inverse_sqrt, raise scaling.bn_momentum_min, or train longer"
+        f"{total_steps} steps: evaluation normalises with stale statistics (at chance, measured: "
+        f"docs/results/experiments.md); raise scaling.bn_momentum_min (its floor) or train longer"
     )
     return [("scaling.bn_momentum_rule", what)]
 
