@@ -8,6 +8,7 @@ import math
 import pytest
 
 from bsexp.report.steps.analysis import analyse
+from bsexp.report.steps.render import markdown, rows
 from bsexp.tuning import sobol, trial_values
 from report_runs import effective_batch, points, synthetic_run
 
@@ -67,6 +68,24 @@ def test_reruns_over_seeds_give_the_spread_of_the_best():
     reruns = [p for p in runs if p.summary["seed"] != 0]
     result = analyse(trials, reruns, TARGET)
     assert all(len(b.steps_over_seeds()) == 3 for b in result.batches)
+
+
+def test_reruns_that_miss_the_target_are_counted_and_said():
+    runs = tuning(batches=(64, 128), seeds=(1, 2))
+    trials = [p for p in runs if p.summary["seed"] == 0]
+    reruns = [p for p in runs if p.summary["seed"] != 0]
+    stuck = [  # seed 2 of batch 128 ends below the target
+        dataclasses.replace(p, records=[dict(r, val_acc=0.5) for r in p.records])
+        if (p.summary["seed"], p.summary["batch_size"]) == (2, 128)
+        else p
+        for p in reruns
+    ]
+    result = analyse(trials, stuck, TARGET)
+    seeds = {r["batch"]: (r["seeds"], r["runs"]) for r in rows(result)}
+    assert seeds == {64: (3, 3), 128: (2, 3)}
+    text = markdown(result, [])
+    assert "(2 of 3 seeds reached)" in text and "(3 of 3" not in text
+    assert "**Seeds that missed the target**: batch 128 (1 of 3)" in text
 
 
 def test_the_search_is_quasi_random_and_a_trial_depends_on_its_number_alone():

@@ -31,6 +31,7 @@ def rows(result: StepsToResult) -> list[dict]:
                 "steps_mean": statistics.fmean(seeds) if seeds else None,
                 "steps_std": statistics.stdev(seeds) if len(seeds) > 1 else None,
                 "seeds": len(seeds),
+                "runs": 1 + len(b.reruns) if best else 0,  # the best and its reruns, reached or not
                 "samples_mean": statistics.fmean(b.samples_over_seeds()) if seeds else None,
                 "linear_rule_over_tuned": ratios["linear"] if ratios else None,
                 "sqrt_rule_over_tuned": ratios["sqrt"] if ratios else None,
@@ -70,6 +71,8 @@ def markdown(result: StepsToResult, estimates: list[tuple[str, str, str]]) -> st
             if row["steps_std"] is not None
             else _num(row["steps_mean"], ",.1f")
         )
+        if row["seeds"] < row["runs"]:  # seeds that missed the target: the mean is of those that got there
+            spread += f" ({row['seeds']} of {row['runs']} seeds reached)"
         lines.append(
             f"| {row['batch']} | {row['reached']}/{row['trials']} | {_num(row['best_lr'], '.3g')}{edge} | "
             f"{_num(row['best_steps'], ',.1f')} | {spread} | {_num(row['samples_mean'], ',.0f')} | "
@@ -83,6 +86,12 @@ def markdown(result: StepsToResult, estimates: list[tuple[str, str, str]]) -> st
         lines.append(
             f"**Caution**: the best LR of batch {', '.join(map(str, edges))} is at the edge of the range "
             f"searched: the best may lie outside it (widen tune.lr_min / tune.lr_max)."
+        )
+    missed = [f"{r['batch']} ({r['runs'] - r['seeds']} of {r['runs']})" for r in rows(result) if r["seeds"] < r["runs"]]
+    if missed:
+        lines.append(
+            f"**Seeds that missed the target**: batch {', '.join(missed)}: their steps are the mean of the "
+            f"seeds that reached it, an optimistic reading near the budget's end (more epochs)."
         )
     if result.not_reached:
         lines.append(
