@@ -3,14 +3,17 @@ batch size, the fit S = S_min (1 + B_crit / B) and its regions, a best LR at the
 the rules against the tuned LR; the search's points (bsexp.tuning)."""
 
 import dataclasses
+import json
 import math
 
 import pytest
+import yaml
 
 from bsexp.report.steps.analysis import analyse
+from bsexp.report.steps.cli import estimates
 from bsexp.report.steps.render import markdown, rows
 from bsexp.tuning import sobol, trial_values
-from report_runs import effective_batch, points, synthetic_run
+from report_runs import effective_batch, known_b_crit_runs, points, synthetic_run
 
 S_MIN, B_CRIT, TARGET = 40.0, 500.0, 0.9
 
@@ -86,6 +89,21 @@ def test_reruns_that_miss_the_target_are_counted_and_said():
     text = markdown(result, [])
     assert "(2 of 3 seeds reached)" in text and "(3 of 3" not in text
     assert "**Seeds that missed the target**: batch 128 (1 of 3)" in text
+
+
+def test_a_rule_sweep_is_fitted_to_the_tunings_target(tmp_path):
+    # A sweep on disk whose steps to any accuracy follow S = S_min (1 + 300 / B): its row of the
+    # four estimates is the same fit, to the tuning's target.
+    for n, run in enumerate(known_b_crit_runs(b_crit=300, top=0.95, batches=(32, 64, 128, 256, 512))):
+        job = tmp_path / "rule" / f"{n}_{n}"
+        (job / ".hydra").mkdir(parents=True)
+        (job / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(run["overrides"]))
+        (job / "summary.json").write_text(json.dumps(run["summary"]))
+        (job / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in run["records"]))
+    found = estimates(analyse(tuning(), [], TARGET), [], tmp_path / "rule", None)
+    [(value, how)] = [(v, h) for what, v, h in found if what == "a sweep with the LR scaled by a rule"]
+    assert float(value.replace(",", "")) == pytest.approx(300, rel=0.05)
+    assert how == f"the same fit, to the same target (val_acc >= {TARGET:g})"
 
 
 def test_the_search_is_quasi_random_and_a_trial_depends_on_its_number_alone():

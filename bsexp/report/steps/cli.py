@@ -33,14 +33,16 @@ def estimates(result: StepsToResult, trials, rule_sweep: Path | None, branched: 
     if rule_sweep is not None:
         from bsexp.report.analysis import analyse as analyse_sweep
 
-        sweep = analyse_sweep(load_points(rule_sweep))
+        sweep = analyse_sweep(load_points(rule_sweep), target=result.target)  # the tuning's target: one question
         critical = sweep.critical[0] if sweep.critical else None
         value = "-" if critical is None or critical.b_crit is None else f"{critical.b_crit:,.0f}"
         rows.append(
             (
                 "a sweep with the LR scaled by a rule",
                 value,
-                critical.refused or "the same fit, to the sweep's own target" if critical else "no family",
+                critical.refused or f"the same fit, to the same target (val_acc >= {result.target:g})"
+                if critical
+                else "no family",
             )
         )
         if not noise and sweep.noise.b_simple is not None:
