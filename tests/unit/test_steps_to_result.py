@@ -9,8 +9,9 @@ import math
 import pytest
 import yaml
 
+from bsexp.report.critical.analysis import BranchedCritical, Stage
 from bsexp.report.steps.analysis import analyse
-from bsexp.report.steps.cli import estimates
+from bsexp.report.steps.cli import estimates, nearest_stage
 from bsexp.report.steps.render import markdown, rows
 from bsexp.tuning import sobol, trial_values
 from report_runs import effective_batch, known_b_crit_runs, points, synthetic_run
@@ -104,6 +105,18 @@ def test_a_rule_sweep_is_fitted_to_the_tunings_target(tmp_path):
     [(value, how)] = [(v, h) for what, v, h in found if what == "a sweep with the LR scaled by a rule"]
     assert float(value.replace(",", "")) == pytest.approx(300, rel=0.05)
     assert how == f"the same fit, to the same target (val_acc >= {TARGET:g})"
+
+
+def test_the_branch_stage_beside_the_tuned_curve_is_the_one_nearest_its_samples():
+    def stage(at, batch, bound="="):
+        return Stage(at, 8192, {}, BranchedCritical(batch, bound), [], {}, {})
+
+    found = [stage(0, 32, "<="), stage(1024, 32, "<="), stage(4096, 64), stage(16384, 128), stage(61440, None, "none")]
+    assert nearest_stage(found, 6000).at == 4096  # x1.5 from 4,096, x2.7 from 16,384
+    assert nearest_stage(found, 12000).at == 16384
+    assert nearest_stage(found, 500).at == 1024  # stage 0 counts as 1 sample: far from 500
+    assert nearest_stage(found, None).at == 16384  # no fit: the last with a critical batch
+    assert nearest_stage(found[-1:], 6000) is None
 
 
 def test_the_search_is_quasi_random_and_a_trial_depends_on_its_number_alone():

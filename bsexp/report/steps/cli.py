@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 from collections.abc import Sequence
@@ -65,26 +66,38 @@ def estimates(result: StepsToResult, trials, rule_sweep: Path | None, branched: 
             else "not measured: trainer.noise_scale=always in the runs, or a rule sweep that measured it",
         )
     )
-    rows.append(_branched(branched))
+    rows.append(_branched(branched, result))
     return rows
 
 
-def _branched(branched: Path | None) -> tuple[str, str, str]:
-    how = "branched runs (Merrill et al. 2025), at the last branch point"
+def nearest_stage(found: Sequence, samples: float | None):
+    """The branch stage to set beside the tuned curve: of those with a critical batch, the one whose
+    samples seen are nearest (in ratio) `samples`, or the last where there is nothing to be near."""
+    with_batch = [s for s in found if s.critical.batch is not None]
+    if not with_batch:
+        return None
+    if samples is None:
+        return with_batch[-1]
+    return min(with_batch, key=lambda s: abs(math.log(max(s.at, 1) / samples)))
+
+
+def _branched(branched: Path | None, result: StepsToResult) -> tuple[str, str, str]:
+    how = "branched runs (Merrill et al. 2025)"
     if branched is None:
         return how, "-", "not given: --branched DIR (experiment=critical_batch)"
     from bsexp.report.critical.analysis import stages
     from bsexp.report.critical.load import latest_branches
 
     found = stages(latest_branches([branched]))
-    if not found or found[-1].critical.batch is None:
+    # The tuned curve's batch B_crit reaches the target after 2 E_min samples: the stage nearest.
+    fit = result.fit
+    samples = 2 * fit.e_min if fit is not None and not fit.refused else None
+    stage = nearest_stage(found, samples)
+    if stage is None:
         return how, "-", "no stage with a critical batch"
-    last = found[-1].critical
-    return (
-        how,
-        f"{last.bound} {last.batch:,}".replace("= ", ""),
-        f"the largest batch within epsilon at {found[-1].at:,}",
-    )
+    where = f"nearest 2 E_min = {samples:,.0f} samples" if samples else "the last with one"
+    over = ", ".join(f"{s.critical} at {s.at:,}" for s in found)
+    return how, str(stage.critical), f"at {stage.at:,} samples seen ({where}); over training: {over}"
 
 
 def report(
