@@ -45,16 +45,10 @@ def cores() -> int:
 
 
 def register(threads: int, registry: Path = REGISTRY) -> Sharing:
-    """Enter this process (training with `threads` threads) in the registry, and read who else is
+    """Enter this process (training with `threads` threads) in the registry, then read who else is
     there. The entry is locked before it gets its name, so a reader never takes a live process's
     entry for a dead one's; a dead process's lock is gone, and its entry is removed."""
     registry.mkdir(parents=True, exist_ok=True)
-    others = []
-    for entry in registry.glob("[0-9]*"):
-        if entry.name == str(os.getpid()):
-            continue
-        with contextlib.suppress(OSError, ValueError):
-            others.append(_live_threads(entry))
     if _HELD:  # a process that trains again (the points of a sweep run one after another)
         os.ftruncate(_HELD[0], 0)
         os.pwrite(_HELD[0], str(threads).encode(), 0)
@@ -65,6 +59,13 @@ def register(threads: int, registry: Path = REGISTRY) -> Sharing:
         _HELD.append(handle)
         os.write(handle, str(threads).encode())
         os.replace(draft, registry / str(os.getpid()))
+    # Read after entering: of two runs started at the same instant, the later to read sees the other.
+    others = []
+    for entry in registry.glob("[0-9]*"):
+        if entry.name == str(os.getpid()):
+            continue
+        with contextlib.suppress(OSError, ValueError):
+            others.append(_live_threads(entry))
     return Sharing(cores(), threads, tuple(t for t in others if t))
 
 

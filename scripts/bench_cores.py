@@ -65,10 +65,12 @@ def main() -> None:
         ):
             first = start(tmp / f"pair{n}-a", [*overrides, *extra])
             second = start(tmp / f"pair{n}-b", [*overrides, *extra])
-            (a, _), (b, told) = finish(first, tmp / f"pair{n}-a"), finish(second, tmp / f"pair{n}-b")
+            (a, told_a), (b, told_b) = finish(first, tmp / f"pair{n}-a"), finish(second, tmp / f"pair{n}-b")
             print(f"{name}: {a:.2f} s and {b:.2f} s of training: x{a / alone:.2f} and x{b / alone:.2f} of alone")
-            warned = [line for line in told.splitlines() if "other bsexp run" in line]
-            print(f"  the second run's warning: {warned[0].strip() if warned else '(none)'}")
+            # Started together, the run that enters the registry last is the one told of the other.
+            for which, told in (("first", told_a), ("second", told_b)):
+                warned = [line for line in told.splitlines() if "other bsexp run" in line]
+                print(f"  the {which} run's warning: {warned[0].strip() if warned else '(none)'}")
         ratio = max(a, b) / alone
         print(f"shared pair / alone: {ratio:.2f} (goal <= 1.3) - {'goal met' if ratio <= 1.3 else 'goal missed'}")
         # What is left is the cores each run gave up, not contention: the same run alone at its share.
