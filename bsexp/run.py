@@ -114,6 +114,18 @@ def _run_on(world: World, cfg: DictConfig, run_dir: Path, started: float) -> dic
     loop = build_loop(
         cfg, world, run_dir, None if resumed is None else resumed[1], trunk=None if trunk is None else trunk[2]
     )
+    # A signal from here on (a preemption while the run sets up) stops it at its first step boundary,
+    # checkpointed, as one during training does.
+    with stop_on_signals(loop.watch):
+        summary = _set_up_and_train(cfg, world, run_dir, loop, resumed, changed, trunk, started)
+    if world.is_main:
+        print_summary(summary, run_dir)
+    return summary
+
+
+def _set_up_and_train(cfg: DictConfig, world: World, run_dir: Path, loop, resumed, changed, trunk, started: float):
+    """The state restored (a resume's, a branch's trunk), rank 0's outputs started, the cores shared and
+    the memory capped, then training; the summary."""
     state = TrainState(started=started)
     wandb_id = None if resumed is None else ckpt.restore(cfg, loop, state, *resumed)
     if trunk is not None:  # a new run from the trunk's checkpoint, its batch (LR, weight decay) its own
@@ -130,10 +142,7 @@ def _run_on(world: World, cfg: DictConfig, run_dir: Path, started: float) -> dic
         _share_cores(cfg, world)
     if cfg.trainer.memory_limit_gb is not None:
         limit_memory(world.device, int(cfg.trainer.memory_limit_gb * 2**30))
-    summary = _train(cfg, loop, state, run_dir, hparams, resumed, changed)
-    if world.is_main:
-        print_summary(summary, run_dir)
-    return summary
+    return _train(cfg, loop, state, run_dir, hparams, resumed, changed)
 
 
 def _start_outputs(cfg: DictConfig, loop, run_dir: Path, hparams: dict, records: int | None, wandb_id) -> None:
@@ -151,12 +160,12 @@ def _start_outputs(cfg: DictConfig, loop, run_dir: Path, hparams: dict, records:
 
 
 def _train(cfg: DictConfig, loop, state: TrainState, run_dir: Path, hparams: dict, resumed, changed) -> dict:
-    """Train under signals, then the test split; the summary, written by rank 0 whatever the
-    outcome (with the error where one ended the run), and the sinks closed."""
+    """Train (under the signals `_run_on` watches), then the test split; the summary, written by
+    rank 0 whatever the outcome (with the error where one ended the run), and the sinks closed."""
     status, test, error = "failed", None, None
     reset_peak_memory(loop.world.device)
     try:
-        with logging_redirect_tqdm(), stop_on_signals(loop.watch):
+        with logging_redirect_tqdm():
             status = train(loop, state)
         if loop.splits.test is not None and status == "completed":
             test = loop.evaluator.split(loop, loop.splits.test)

@@ -115,6 +115,7 @@ WIDE = [
 ]
 
 
+@pytest.mark.slow  # 20-70 s on 2 cores: scripts/test_slow.sh (and .ci/run) runs it
 def test_an_adaptive_batch_that_outgrows_memory_keeps_its_global_batch(run_cli, data_root, tmp_path):
     (tmp_path / "calibration").mkdir()
     limit = limit_for_size(data_root, tmp_path / "calibration", WIDE, 1000)

@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from conftest import cli_env
 from resuming import SLOW
 
@@ -45,6 +47,7 @@ def newest_step(sweep: Path) -> int:
     return max((int(p.stem.split("-")[1]) for p in sweep.glob("*/checkpoints/step-*.pt")), default=0)
 
 
+@pytest.mark.slow  # 20-70 s on 2 cores: scripts/test_slow.sh (and .ci/run) runs it
 def test_a_killed_sweep_continued_ends_as_the_sweep_uninterrupted(data_root, tmp_path):
     whole = tmp_path / "whole"
     out = bsexp(data_root, tmp_path, *SWEEP, f"hydra.sweep.dir={whole}")

@@ -7,12 +7,15 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from conftest import cli_env
 from resuming import SLOW, assert_ends_as, newest_step, start, stop_mid_run, uninterrupted
 
 FAST = ["batch.size=64", "trainer.speed=fast"]
 
 
+@pytest.mark.slow  # 20-70 s on 2 cores: scripts/test_slow.sh (and .ci/run) runs it
 def test_a_fast_run_stopped_mid_way_resumes_to_the_same_end(make_cfg, data_root, tmp_path):
     run_dir = tmp_path / "run"
     code, err = stop_mid_run(

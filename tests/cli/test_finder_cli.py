@@ -78,6 +78,7 @@ def test_each_mode_finds_a_size_that_trains_under_the_cap_and_close_to_it(run_cl
     assert bigger.returncode == 1 and "out of memory" in bigger.stderr
 
 
+@pytest.mark.slow  # 20-70 s on 2 cores: scripts/test_slow.sh (and .ci/run) runs it
 def test_a_finder_run_records_its_trials_and_the_input_pipeline_rate(run_cli, tmp_path):
     run_dir, cache = tmp_path / "run", tmp_path / "cache"
     # Hidden width 1024: activations of a few KB a sample, above what resident memory resolves.
@@ -145,6 +146,7 @@ def test_a_finder_run_records_its_trials_and_the_input_pipeline_rate(run_cli, tm
     assert kept_summary["finder"]["cached"] is False
 
 
+@pytest.mark.slow  # 20-70 s on 2 cores: scripts/test_slow.sh (and .ci/run) runs it
 def test_the_finder_trains_at_the_batch_nearest_the_measured_noise_scale(run_cli, tmp_path):
     common = ["data=digits", "model=mlp", "epochs=2", "logger=none", "trainer.progress=false"]
     out = run_cli(

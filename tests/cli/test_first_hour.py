@@ -118,6 +118,7 @@ def test_ctrl_c_checkpoints_and_prints_the_exact_command_that_continues(data_roo
     assert json.loads((run_dir / "summary.json").read_text())["steps"] == 180
 
 
+@pytest.mark.slow  # 20-70 s on 2 cores: scripts/test_slow.sh (and .ci/run) runs it
 def test_runs_started_in_the_same_second_get_directories_of_their_own(data_root, tmp_path):
     procs = [
         subprocess.Popen(

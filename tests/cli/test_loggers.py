@@ -196,6 +196,7 @@ def assert_mlflow_holds_the_run_resumed(run_dir: Path, wall_first: float) -> Non
     assert run.data.tags["summary/resumed_from"] == final["resumed_from"] and run.info.status == "FINISHED"
 
 
+@pytest.mark.slow  # 20-70 s on 2 cores: scripts/test_slow.sh (and .ci/run) runs it
 def test_a_policys_figure_and_the_finders_table_reach_both(data_root, out):
     """batch=adaptive draws the batch over training (batch.png): an image in TensorBoard, an
     artifact in MLflow. batch=finder's trials: a table as TensorBoard text, an MLflow artifact."""

@@ -180,6 +180,7 @@ def test_resuming_a_completed_run_says_so_and_rewrites_nothing(run_cli, tmp_path
     assert json.loads(before["summary.json"])["resumed_from"] is None
 
 
+@pytest.mark.slow  # 20-70 s on 2 cores: scripts/test_slow.sh (and .ci/run) runs it
 def test_wandb_that_cannot_start_leaves_training_to_go_on(data_root, tmp_path):
     env = cli_env(data_root) | {
         "WANDB_MODE": "online",

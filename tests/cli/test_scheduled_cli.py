@@ -82,6 +82,7 @@ def micro_limit_gb(data_root, tmp_path_factory):
     return limit_for_size(data_root, tmp_path_factory.mktemp("calibration"), [*WIDE, "data.num_samples=8200"], 1000)
 
 
+@pytest.mark.slow  # 20-70 s on 2 cores: scripts/test_slow.sh (and .ci/run) runs it
 def test_a_schedule_that_outgrows_memory_switches_to_accumulation(run_cli, tmp_path, micro_limit_gb):
     limit = micro_limit_gb
     grows = [

@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from conftest import cli_env
 
 # Two batch sizes, three trials each, a target the small batch reaches in a few epochs and the
@@ -60,6 +62,7 @@ def test_the_lr_tuned_at_each_batch_size_and_the_best_rerun_over_seeds(data_root
     assert all((out / name).stat().st_size for name in ("steps_to_result.png", "tuned_lr.png", "steps_to_result.csv"))
 
 
+@pytest.mark.slow  # 20-70 s on 2 cores: scripts/test_slow.sh (and .ci/run) runs it
 def test_a_killed_tuning_run_continues_where_it_stopped(data_root, tmp_path):
     out = tmp_path / "tune"
     proc = tune(data_root, tmp_path, out, start_new_session=True)

@@ -33,6 +33,7 @@ def observed(loop) -> list[tuple[float, float]]:
     return seen
 
 
+@pytest.mark.slow  # 20-70 s on 2 cores: scripts/test_slow.sh (and .ci/run) runs it
 def test_the_lr_and_weight_decay_follow_the_batch_with_the_schedule_counted_in_samples(make_cfg):
     loop = build_loop(make_cfg(*ADAPTIVE))
     seen = observed(loop)
@@ -71,6 +72,7 @@ def test_the_batch_follows_the_measured_noise_scale(make_cfg):
             assert d["size"] == min(max(round(d["b_simple"]), d["previous"]), 2 * d["previous"])
 
 
+@pytest.mark.slow  # 20-70 s on 2 cores: scripts/test_slow.sh (and .ci/run) runs it
 def test_power_half_aims_each_decision_of_a_run_at_c_times_the_root_of_the_first_batch_times_b_simple(make_cfg):
     loop = build_loop(make_cfg(*ADAPTIVE, "batch.adaptive.power=0.5", "batch.adaptive.c=2", "trainer.max_steps=100"))
     assert train(loop, TrainState()) == "completed"
