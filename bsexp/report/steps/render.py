@@ -64,7 +64,8 @@ def markdown(result: StepsToResult, estimates: list[tuple[str, str, str]]) -> st
         "linear rule / tuned | sqrt rule / tuned | region |",
         "|" + " --- |" * 9,
     ]
-    for row in rows(result):
+    table = rows(result)
+    for row in table:
         edge = f" (at the {row['lr_at_edge']} LR tried)" if row["lr_at_edge"] else ""
         spread = (
             f"{row['steps_mean']:,.1f} ± {row['steps_std']:,.1f} ({row['seeds']})"
@@ -87,7 +88,7 @@ def markdown(result: StepsToResult, estimates: list[tuple[str, str, str]]) -> st
             f"**Caution**: the best LR of batch {', '.join(map(str, edges))} is at the edge of the range "
             f"searched: the best may lie outside it (widen tune.lr_min / tune.lr_max)."
         )
-    missed = [f"{r['batch']} ({r['runs'] - r['seeds']} of {r['runs']})" for r in rows(result) if r["seeds"] < r["runs"]]
+    missed = [f"{r['batch']} ({r['runs'] - r['seeds']} of {r['runs']})" for r in table if r["seeds"] < r["runs"]]
     if missed:
         lines.append(
             f"**Seeds that missed the target**: batch {', '.join(missed)}: their steps are the mean of the "
