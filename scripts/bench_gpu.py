@@ -87,6 +87,19 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def timed(step, device: torch.device, warmup: int, steps: int) -> float:
+    """Seconds for `steps` calls of step(index) after `warmup` untimed ones, the device synchronised
+    at both ends."""
+    for index in range(warmup):
+        step(index)
+    sync(device)
+    started = time.perf_counter()
+    for index in range(warmup, warmup + steps):
+        step(index)
+    sync(device)
+    return time.perf_counter() - started
+
+
 def bsexp_rate(loop: Loop, warmup: int, steps: int) -> float:
     """Samples/s of bsexp's step, as the loop runs it (the LR written, then train_step)."""
     run, device = loop.batching.layout.run, loop.world.device
@@ -102,14 +115,7 @@ def bsexp_rate(loop: Loop, warmup: int, steps: int) -> float:
         loop.hyperparameters.apply(index % run.total, loop.batching.layout)
         train_step(loop.step, x, y, samples, loop.batching.plan(0))
 
-    for index in range(warmup):
-        step(index)
-    sync(device)
-    started = time.perf_counter()
-    for index in range(warmup, warmup + steps):
-        step(index)
-    sync(device)
-    return steps * loop.batching.current.size / (time.perf_counter() - started)
+    return steps * loop.batching.current.size / timed(step, device, warmup, steps)
 
 
 def hand_rate(loop: Loop, precision: str, mode: str | None, warmup: int, steps: int) -> tuple[float, float]:
@@ -143,14 +149,7 @@ def hand_rate(loop: Loop, precision: str, mode: str | None, warmup: int, steps: 
 
     with FlopCounterMode(display=False) as counter:
         step(0, net=model)  # eager, once: what one step computes
-    for index in range(warmup):
-        step(index)
-    sync(device)
-    started = time.perf_counter()
-    for index in range(warmup, warmup + steps):
-        step(index)
-    sync(device)
-    return steps * batch / (time.perf_counter() - started), counter.get_total_flops()
+    return steps * batch / timed(step, device, warmup, steps), counter.get_total_flops()
 
 
 def main() -> None:
