@@ -7,9 +7,11 @@
 #
 # It installs hydra-core, omegaconf, mnist1d, wandb and the rest offline into a folder of their own
 # (.gpu/site, on PYTHONPATH: the image's torch stays as it is), then runs, each under a time limit:
-#   1. tests/gpu (BSEXP_TEST_GPU=1): every CUDA path as a user runs it;
+#   1. tests/gpu (BSEXP_TEST_GPU=1): every CUDA path as a user runs it; and, at the same time (the
+#      GPU tests use few cores, the CPU tiers no GPU),
 #   2. the default tiers with the GPU present (they hide it from themselves: tests/conftest.py);
-#   3. the GPU benchmarks.
+#   3. the users' first command, `python -m bsexp.train`, on CUDA on its fast and reproducible paths;
+#   4. the GPU benchmarks.
 # and writes OUT/gpu_check.md (the GPU, torch, each check's outcome and figures) and
 # OUT/gpu_check.log (everything), flushed as it goes, so a time-out still returns them.
 # On a machine without CUDA it does the same: the CUDA tests skip, the benchmarks run on the CPU.
@@ -62,6 +64,7 @@ rm -rf "$site"
     { say "installing from $wheels failed (see gpu_check.log)"; exit 2; }
 export PYTHONPATH=$root:$site${PYTHONPATH:+:$PYTHONPATH}
 export WANDB_SILENT=true WANDB_DISABLE_GIT=true
+export PYTHONUNBUFFERED=1  # a step stopped at its limit leaves what it printed in the log
 export BSEXP_DATA=$root/.gpu/data  # MNIST-1D, generated once here for the benchmarks
 
 "$py" - >>"$report" 2>>"$log" <<'PY'
@@ -87,35 +90,51 @@ say ""
 say "| check | outcome | time |"
 say "| --- | --- | --- |"
 
-# 1. Every CUDA path, as a user runs it (one GPU shared by a few workers).
-BSEXP_TEST_GPU=1 step "tests/gpu (BSEXP_TEST_GPU=1)" 180 "$py" -m pytest -m cuda tests/gpu -n 4 -p no:cacheprovider \
-    -o addopts="" -ra --junitxml="$out/gpu.xml"
-# 2. The default tiers with the GPU present. test_install builds a wheel, which needs the
-#    registry for its build backend: not here.
-step "default tiers, GPU present ($tiers)" 140 "$py" -m pytest $tiers -n "$workers" --dist loadfile \
-    -m "not slow" -p no:cacheprovider -o addopts="" -ra --deselect tests/cli/test_install.py \
-    --junitxml="$out/default.xml"
-# 3. The benchmarks: bsexp's reproducible and fast paths against a best-practice hand loop, on
-#    ResNet-18 (bf16, batch 512) and the default run; on a CPU the default run only (minutes else).
+# 1 and 2 at once, each into a log of its own (merged below): every CUDA path as a user runs it (one
+# GPU shared by a few workers), and the default tiers with the GPU present. -v puts each test's
+# outcome in the log as it finishes, so a step stopped at its limit still says what passed.
+# test_install builds a wheel, which needs the registry for its build backend: not here.
+BSEXP_TEST_GPU=1 log=$log.gpu step "tests/gpu (BSEXP_TEST_GPU=1)" 260 "$py" -m pytest -m cuda tests/gpu -n 6 -v \
+    -p no:cacheprovider -o addopts="" -ra --junitxml="$out/gpu.xml" &
+log=$log.default step "default tiers, GPU present ($tiers)" 260 "$py" -m pytest $tiers -n "$workers" -v \
+    --dist worksteal -m "not slow" -p no:cacheprovider -o addopts="" -ra --deselect tests/cli/test_install.py \
+    --junitxml="$out/default.xml" &
+wait
+cat "$log.gpu" "$log.default" >>"$log" 2>/dev/null
+rm -f "$log.gpu" "$log.default"
 device=$("$py" -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")
+# 3. The users' first command, on the device at hand: samples/s from its summary.json.
+runs=$root/.gpu/runs
+rm -rf "$runs"
+for speed in auto reproducible; do
+    step "python -m bsexp.train device=$device trainer.speed=$speed" 75 "$py" -m bsexp.train "device=$device" \
+        logger=none trainer.progress=false "trainer.speed=$speed" "hydra.run.dir=$runs/$speed"
+done
+# 4. The benchmarks: bsexp's reproducible and fast paths against a best-practice hand loop, on
+#    ResNet-18 (bf16, batch 512) and the default run; on a CPU the default run only (minutes else).
 if [[ $device == cuda ]]; then
-    step "bench_gpu: resnet18 bf16 512, default run (cuda)" 140 "$py" scripts/bench_gpu.py --steps 40
+    step "bench_gpu: resnet18 bf16 512, default run (cuda)" 150 "$py" scripts/bench_gpu.py --steps 40
 else
     step "bench_gpu: default run (cpu)" 140 "$py" scripts/bench_gpu.py --steps 20 --warmup 5 --cases mnist1d
 fi
 
 # Each test's outcome, and the benchmarks' figures, from what the steps wrote.
-"$py" - "$out" "$log" >>"$report" 2>>"$log" <<'PY'
+"$py" - "$out" "$log" "$runs" >>"$report" 2>>"$log" <<'PY'
 import re
+import json
 import sys
 import xml.etree.ElementTree as ET
+from collections import Counter
 from pathlib import Path
 
 out, log = Path(sys.argv[1]), Path(sys.argv[2]).read_text(errors="replace")
-for name, title in (("gpu.xml", "tests/gpu"), ("default.xml", "default tiers")):
+for name, title, prefix in (("gpu.xml", "tests/gpu", "tests/gpu/"), ("default.xml", "default tiers", "tests/(?!gpu/)")):
     path = out / name
-    if not path.exists():
-        print(f"\n## {title}: no result (the step did not finish)")
+    if not path.exists():  # stopped at its limit: what -v wrote as each test finished
+        done = re.findall(rf"(PASSED|FAILED|SKIPPED|ERROR) ({prefix}\S+)", log)
+        print(f"\n## {title}: the step did not finish; finished before it stopped: "
+              + ", ".join(f"{n} {o.lower()}" for o, n in Counter(o for o, _ in done).items()) + "\n")
+        print("\n".join(f"- {o.lower()}: {t}" for o, t in done if o in ("FAILED", "ERROR") or title == "tests/gpu"))
         continue
     cases = ET.parse(path).getroot().iter("testcase")
     rows, counts, skipped = [], {"passed": 0, "failed": 0, "skipped": 0}, {}
@@ -136,8 +155,19 @@ for name, title in (("gpu.xml", "tests/gpu"), ("default.xml", "default tiers")):
         print("\n".join(rows))
     for why, n in skipped.items():
         print(f"\n{n} skipped: {why}")
+print("\n## The users' first command (python -m bsexp.train, logger=none)\n")
+print("| trainer.speed | status | samples/s | train time | test acc | compiled graphs |\n| --- | --- | --- | --- | --- | --- |")
+for speed in ("auto", "reproducible"):
+    path = Path(sys.argv[3]) / speed / "summary.json"
+    if not path.exists():
+        print(f"| {speed} | no summary.json | | | | |")
+        continue
+    s = json.loads(path.read_text())
+    print(f"| {speed} | {s['status']} | {s['samples_per_s']:,.0f} | {s['train_time_s']:.1f} s | "
+          f"{s.get('test_acc') or 0:.3f} | {s.get('compiled_graphs')} |")
 print("\n## Benchmarks (scripts/bench_gpu.py, as it printed them)\n")
-lines = [line for line in log.splitlines() if line.startswith("|") or re.search(r"goal|torch .*timed steps", line)]
+bench = log[log.rfind("=== bench_gpu") :] if "=== bench_gpu" in log else ""
+lines = [line for line in bench.splitlines() if line.startswith("|") or re.search(r"^goal|torch .*timed steps", line)]
 print("\n".join(lines[-20:]) or "(none printed)")
 PY
 say ""
