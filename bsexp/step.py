@@ -124,7 +124,9 @@ def _fast_input(step: Step, x: torch.Tensor) -> torch.Tensor:
     if step.channels_last and x.dim() == 4:
         x = x.contiguous(memory_format=torch.channels_last)
     if step.compiled and len(x) > 1:
-        torch._dynamo.mark_dynamic(x, 0)
+        # maybe_: a model whose code fixes the batch size (ResNet-18 in channels_last on CUDA did)
+        # then compiles once per size instead of failing (ConstraintViolationError).
+        torch._dynamo.maybe_mark_dynamic(x, 0)
     return x
 
 

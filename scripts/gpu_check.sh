@@ -10,13 +10,19 @@
 #   1. tests/gpu (BSEXP_TEST_GPU=1): every CUDA path as a user runs it; and, at the same time (the
 #      GPU tests use few cores, the CPU tiers no GPU),
 #   2. the default tiers with the GPU present (they hide it from themselves: tests/conftest.py);
-#   3. the users' first command, `python -m bsexp.train`, on CUDA on its fast and reproducible paths;
+#   3. the users' first command, `python -m bsexp.train`, on CUDA: its fast path (eager, then compiled)
+#      and its reproducible one;
 #   4. the GPU benchmarks.
 # and writes OUT/gpu_check.md (the GPU, torch, each check's outcome and figures) and
 # OUT/gpu_check.log (everything), flushed as it goes, so a time-out still returns them.
 # On a machine without CUDA it does the same: the CUDA tests skip, the benchmarks run on the CPU.
 #   PYTHON=...      the interpreter with torch (default python3; on a CPU machine: .venv/bin/python)
 #   TIERS=...       the default tiers to run (default: tests/unit tests/loop tests/dist tests/cli)
+#   GPU_TESTS=...   what of tests/gpu to run (default: tests/gpu; pytest's arguments, e.g. -k '...')
+#   LIMIT=...       seconds for the tests (both kinds, at once; default 300)
+#   PARTS=...       which parts to run (default: gpu tiers first bench). On an H200 the whole took
+#                   longer than one 10-minute call (docs/results/gpu.md): run `PARTS=gpu` in one
+#                   call and `PARTS="tiers first bench"` in the next, while the machine is warm.
 #   WORKERS=...     pytest-xdist workers for the default tiers (default: cores / 2, at most 8)
 #   WHEELS=...      the wheelhouse (default .gpu/wheels; for another Python: PY_VERSION in gpu_bundle.sh)
 set -uo pipefail
@@ -29,6 +35,9 @@ log=$out/gpu_check.log
 wheels=${WHEELS:-.gpu/wheels}
 site=$root/.gpu/site
 tiers=${TIERS:-tests/unit tests/loop tests/dist tests/cli}
+gpu_tests=${GPU_TESTS:-tests/gpu}
+limit=${LIMIT:-300}
+parts=" ${PARTS:-gpu tiers first bench} "
 cores=$(nproc)
 workers=${WORKERS:-$(( cores / 2 > 8 ? 8 : (cores / 2 > 0 ? cores / 2 : 1) ))}
 started=$SECONDS
@@ -94,11 +103,15 @@ say "| --- | --- | --- |"
 # GPU shared by a few workers), and the default tiers with the GPU present. -v puts each test's
 # outcome in the log as it finishes, so a step stopped at its limit still says what passed.
 # test_install builds a wheel, which needs the registry for its build backend: not here.
-BSEXP_TEST_GPU=1 log=$log.gpu step "tests/gpu (BSEXP_TEST_GPU=1)" 260 "$py" -m pytest -m cuda tests/gpu -n 6 -v \
-    -p no:cacheprovider -o addopts="" -ra --junitxml="$out/gpu.xml" &
-log=$log.default step "default tiers, GPU present ($tiers)" 260 "$py" -m pytest $tiers -n "$workers" -v \
-    --dist worksteal -m "not slow" -p no:cacheprovider -o addopts="" -ra --deselect tests/cli/test_install.py \
-    --junitxml="$out/default.xml" &
+if [[ $parts == *" gpu "* ]]; then
+    BSEXP_TEST_GPU=1 log=$log.gpu step "tests/gpu (BSEXP_TEST_GPU=1)" "$limit" "$py" -m pytest -m cuda $gpu_tests \
+        -n "$workers" -v -p no:cacheprovider -o addopts="" -ra --junitxml="$out/gpu.xml" &
+fi
+if [[ $parts == *" tiers "* ]]; then
+    log=$log.default step "default tiers, GPU present ($tiers)" "$limit" "$py" -m pytest $tiers -n "$workers" -v \
+        --dist worksteal -m "not slow" -p no:cacheprovider -o addopts="" -ra --deselect tests/cli/test_install.py \
+        --junitxml="$out/default.xml" &
+fi
 wait
 cat "$log.gpu" "$log.default" >>"$log" 2>/dev/null
 rm -f "$log.gpu" "$log.default"
@@ -106,14 +119,19 @@ device=$("$py" -c "import torch; print('cuda' if torch.cuda.is_available() else 
 # 3. The users' first command, on the device at hand: samples/s from its summary.json.
 runs=$root/.gpu/runs
 rm -rf "$runs"
-for speed in auto reproducible; do
-    step "python -m bsexp.train device=$device trainer.speed=$speed" 75 "$py" -m bsexp.train "device=$device" \
-        logger=none trainer.progress=false "trainer.speed=$speed" "hydra.run.dir=$runs/$speed"
+for speed in auto reproducible compiled; do  # compiled: the fast path with torch.compile
+    [[ $parts == *" first "* ]] || break
+    args=("trainer.speed=$speed")
+    [[ $speed == compiled ]] && args=(trainer.speed=fast trainer.compile_mode=default)
+    step "python -m bsexp.train device=$device ${args[*]}" 60 "$py" -m bsexp.train "device=$device" \
+        logger=none trainer.progress=false "${args[@]}" "hydra.run.dir=$runs/$speed"
 done
 # 4. The benchmarks: bsexp's reproducible and fast paths against a best-practice hand loop, on
 #    ResNet-18 (bf16, batch 512) and the default run; on a CPU the default run only (minutes else).
-if [[ $device == cuda ]]; then
-    step "bench_gpu: resnet18 bf16 512, default run (cuda)" 150 "$py" scripts/bench_gpu.py --steps 40
+if [[ $parts != *" bench "* ]]; then
+    :
+elif [[ $device == cuda ]]; then
+    step "bench_gpu: resnet18 bf16 512, default run (cuda)" 150 "$py" scripts/bench_gpu.py --steps 30 --warmup 10
 else
     step "bench_gpu: default run (cpu)" 140 "$py" scripts/bench_gpu.py --steps 20 --warmup 5 --cases mnist1d
 fi
@@ -132,6 +150,9 @@ for name, title, prefix in (("gpu.xml", "tests/gpu", "tests/gpu/"), ("default.xm
     path = out / name
     if not path.exists():  # stopped at its limit: what -v wrote as each test finished
         done = re.findall(rf"(PASSED|FAILED|SKIPPED|ERROR) ({prefix}\S+)", log)
+        if not done:
+            print(f"\n## {title}: not run")
+            continue
         print(f"\n## {title}: the step did not finish; finished before it stopped: "
               + ", ".join(f"{n} {o.lower()}" for o, n in Counter(o for o, _ in done).items()) + "\n")
         print("\n".join(f"- {o.lower()}: {t}" for o, t in done if o in ("FAILED", "ERROR") or title == "tests/gpu"))
@@ -156,8 +177,8 @@ for name, title, prefix in (("gpu.xml", "tests/gpu", "tests/gpu/"), ("default.xm
     for why, n in skipped.items():
         print(f"\n{n} skipped: {why}")
 print("\n## The users' first command (python -m bsexp.train, logger=none)\n")
-print("| trainer.speed | status | samples/s | train time | test acc | compiled graphs |\n| --- | --- | --- | --- | --- | --- |")
-for speed in ("auto", "reproducible"):
+print("| run | status | samples/s | train time | test acc | compiled graphs |\n| --- | --- | --- | --- | --- | --- |")
+for speed in ("auto", "reproducible", "compiled"):
     path = Path(sys.argv[3]) / speed / "summary.json"
     if not path.exists():
         print(f"| {speed} | no summary.json | | | | |")

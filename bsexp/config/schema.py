@@ -286,7 +286,8 @@ class TrainerConfig:
     # kernels; reproducible: bit for bit the same run again (what the equivalence tests hold);
     # auto: fast on CUDA, reproducible on the CPU (docs: GPUs)
     speed: Speed = Speed.auto
-    compile_mode: Optional[str] = None  # torch.compile's mode when fast; null: reduce-overhead on CUDA, default on CPU
+    # torch.compile's mode when fast: none (null: eager), default or max-autotune-no-cudagraphs; no CUDA graphs
+    compile_mode: Optional[str] = None
     deterministic: bool = True  # the reproducible path: torch's deterministic algorithms
     threads: Optional[int] = at_least(1, None)  # torch CPU threads; null: torch's default
     memory_limit_gb: Optional[float] = positive(None)  # train as on a smaller machine: a real cap on memory

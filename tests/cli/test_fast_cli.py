@@ -12,7 +12,7 @@ import pytest
 from conftest import cli_env
 from resuming import SLOW, assert_ends_as, newest_step, start, stop_mid_run, uninterrupted
 
-FAST = ["batch.size=64", "trainer.speed=fast"]
+FAST = ["batch.size=64", "trainer.speed=fast", "trainer.compile_mode=default"]
 
 
 @pytest.mark.slow  # 20-70 s on 2 cores: scripts/test_slow.sh (and .ci/run) runs it

@@ -71,9 +71,10 @@ def test_two_ranks_equal_one_process_and_evaluate_identically(make_cfg, batch):
 
 def test_two_ranks_on_the_fast_path_equal_one_process_on_it(make_cfg):
     # torch.compile around DDP (its buckets split the graph) and fused SGD on every rank.
-    loop, _, progress = single(make_cfg, "batch.size=64", "trainer.speed=fast")
+    fast = ["trainer.speed=fast", "trainer.compile_mode=default"]
+    loop, _, progress = single(make_cfg, "batch.size=64", *fast)
     assert hasattr(loop.step.model, "_orig_mod")
-    cfg = make_cfg(*TINY, "batch.size=64", "trainer.speed=fast", "distributed=ddp", "distributed.nproc_per_node=2")
+    cfg = make_cfg(*TINY, "batch.size=64", *fast, "distributed=ddp", "distributed.nproc_per_node=2")
     ranks = dist_workers.launch(dist_workers.train_steps, cfg)
     assert all(r["status"] == "completed" and r["steps"] == 5 for r in ranks.values())
     for rank in ranks.values():  # 2 ranks x 32 against 1 x 64: rounding apart, as on the reproducible path

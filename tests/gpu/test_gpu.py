@@ -127,20 +127,20 @@ def test_the_finder_finds_at_least_92_percent_of_the_truth_and_nothing_above_it(
 
 
 def test_accumulation_equals_one_large_batch_on_the_gpu(data_root, tmp_path):
-    # GroupNorm: BatchNorm would normalise over the micro-batch, not the step's batch.
-    common = [*ON_GPU, REPRODUCIBLE, "model.norm=group", "precision=fp32", "epochs=4"]
-    out, large = train(data_root, tmp_path / "large", *common, "batch.size=512")
+    # The default run's set-up (it trains to ~99 % on the GPU), its BatchNorm over ghost batches of
+    # 32 so that one batch of 128 normalises as four accumulated micro-batches of 32 do. Eight
+    # steps: training this net amplifies rounding about 1.5x a step (on the CPU the two agree to
+    # 1e-7 after 8 steps and differ by 2 % after 28), so a longer run compares chaos, not steps.
+    common = [*ON_GPU, REPRODUCIBLE, "precision=fp32", "batch.size=128", "trainer.max_steps=8"]
+    out, large = train(data_root, tmp_path / "large", *common, "model.ghost_batch=32")
     assert out.returncode == 0, out.stderr[-3000:]
-    out, accumulated = train(
-        data_root, tmp_path / "accumulated", *common, "batch=accumulation", "batch.size=512", "batch.micro_size=128"
-    )
+    out, accumulated = train(data_root, tmp_path / "accumulated", *common, "batch=accumulation", "batch.micro_size=32")
     assert out.returncode == 0, out.stderr[-3000:]
-    assert large["val_acc"] > 0.6  # a set-up that trains
-    # Not bit for bit: the gradient is summed over 4 x 128 instead of 512 samples, in another
-    # order, and cuDNN's convolutions run in TF32 (torch's default for them): rounding, not a
-    # different step; 1 % of the loss after 28 steps.
+    assert large["val_loss"] < 2.1  # it learns (chance: ln 10 = 2.30; the CPU reaches 1.77)
+    # Not bit for bit: cuDNN's convolutions run in TF32 (torch's default for them, the
+    # reproducible path's too) over 128 samples at once against 32, with algorithms of their own.
     assert accumulated["val_loss"] == pytest.approx(large["val_loss"], rel=1e-2)
-    assert accumulated["samples_seen"] == large["samples_seen"] and accumulated["steps"] == large["steps"]
+    assert accumulated["samples_seen"] == large["samples_seen"] and accumulated["steps"] == large["steps"] == 8
 
 
 def test_a_run_killed_mid_way_resumes_bit_identically_on_the_gpu(data_root, tmp_path):
@@ -240,7 +240,7 @@ def test_more_self_launched_ranks_than_gpus_is_one_line_and_exit_2(data_root, tm
     ]
 
 
-def test_the_fast_path_is_cudas_default_trains_as_the_reproducible_one_and_compiles_once(data_root, tmp_path):
+def test_the_fast_path_is_cudas_default_trains_as_the_reproducible_one_and_compiles_few_graphs(data_root, tmp_path):
     # ResNet-18 in bf16 while the batch grows 128 -> 256 -> 512 (and an epoch's last step is shorter).
     grow = [
         *ON_GPU,
@@ -254,13 +254,18 @@ def test_the_fast_path_is_cudas_default_trains_as_the_reproducible_one_and_compi
     ]
     out, fast = train(data_root, tmp_path / "fast", *grow)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert fast["speed"]["fast"] and fast["speed"]["channels_last"] and fast["speed"]["compile"] == "reduce-overhead"
-    # One graph: the batch dimension is dynamic (CUDA graphs are recorded per shape, not recompiled).
-    assert fast["compiled_graphs"] <= 2, fast["compiled_graphs"]
+    assert fast["speed"]["fast"] and fast["speed"]["channels_last"] and fast["speed"]["compile"] is None
+    out, compiled = train(data_root, tmp_path / "compiled", *grow, "trainer.compile_mode=default")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert compiled["speed"]["compile"] == "default"
+    # Few graphs as the batch grows: the batch dimension is dynamic (or, where ResNet's code fixes
+    # it, one graph a size); training and evaluation compile their own.
+    assert 1 <= compiled["compiled_graphs"] <= 4, compiled["compiled_graphs"]
     out, slow = train(data_root, tmp_path / "slow", *grow, REPRODUCIBLE)
     assert out.returncode == 0, out.stderr[-3000:]
     assert not slow["speed"]["fast"] and slow["compiled_graphs"] == 0
     # TF32, the autotuner's algorithms and inductor's fused kernels round otherwise than the
     # reproducible path: the losses agree to rounding amplified over three epochs, not bit for bit
-    # (a bound not yet measured on a GPU: the GPU check's first run reports the real gap).
+    # (a bound not yet measured on a GPU).
     assert fast["val_loss"] == pytest.approx(slow["val_loss"], rel=5e-2)
+    assert compiled["val_loss"] == pytest.approx(slow["val_loss"], rel=5e-2)

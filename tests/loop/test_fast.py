@@ -1,6 +1,7 @@
-"""The fast path (trainer.speed=fast) on the CPU: torch.compile (inductor), fused optimizer kernels,
-no deterministic algorithms. It trains as the reproducible path does, within rounding, compiles
-one graph however the micro-batch changes, and checkpoints and resumes."""
+"""The fast path (trainer.speed=fast) on the CPU: fused optimizer kernels, no deterministic
+algorithms, and torch.compile (inductor) when trainer.compile_mode asks for it. It trains as the
+reproducible path does, within rounding, compiles one graph however the micro-batch changes, and
+checkpoints and resumes."""
 
 import pytest
 import torch
@@ -38,7 +39,7 @@ def trained(make_cfg, *overrides):
 
 def test_the_fast_path_trains_as_the_reproducible_one_and_compiles_once_as_the_batch_changes(make_cfg):
     slow, slow_state = trained(make_cfg, "trainer.speed=reproducible")
-    fast, fast_state = trained(make_cfg, "trainer.speed=fast")
+    fast, fast_state = trained(make_cfg, "trainer.speed=fast", "trainer.compile_mode=default")
     assert hasattr(fast.step.model, "_orig_mod") and not hasattr(slow.step.model, "_orig_mod")  # compiled
     assert fast.step.optimizer.defaults.get("fused") is True and not slow.step.optimizer.defaults.get("fused")
     taken = set(fast.batching.layout.run.taken)
@@ -53,8 +54,19 @@ def test_the_fast_path_trains_as_the_reproducible_one_and_compiles_once_as_the_b
         assert mine["val_acc"] == pytest.approx(theirs["val_acc"], abs=1 / 200 + 1e-9)
 
 
+def test_the_fast_path_is_eager_unless_a_compile_mode_is_asked_for_and_trains_as_the_reproducible_one(make_cfg):
+    slow, slow_state = trained(make_cfg, "trainer.speed=reproducible")
+    fast, fast_state = trained(make_cfg, "trainer.speed=fast")
+    assert not hasattr(fast.step.model, "_orig_mod") and fast.step.optimizer.defaults.get("fused") is True
+    assert compiled_graphs() == fast.graphs_before  # nothing compiled
+    assert torch.backends.cudnn.benchmark and not torch.are_deterministic_algorithms_enabled()
+    # The fused SGD updates in another order: rounding apart.
+    for mine, theirs in zip(fast_state.records, slow_state.records, strict=True):
+        assert mine["val_loss"] == pytest.approx(theirs["val_loss"], rel=1e-4)
+
+
 def test_the_reproducible_path_is_the_cpus_default_and_leaves_no_fast_flag_behind(make_cfg):
-    trained(make_cfg, "trainer.speed=fast")
+    trained(make_cfg, "trainer.speed=fast", "trainer.compile_mode=default")
     loop = build_loop(make_cfg(*GROWING))  # trainer.speed=auto on the CPU
     assert not hasattr(loop.step.model, "_orig_mod")
     assert torch.are_deterministic_algorithms_enabled() and not torch.backends.cudnn.benchmark
