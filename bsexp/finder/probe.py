@@ -78,7 +78,8 @@ class ChildProber:
                 limit_bytes - parent_held,
             ),
         )
-        self._kernels_process.start()
+        with server.own_start_method():
+            self._kernels_process.start()
         child.close()
         self._start()
 
@@ -88,7 +89,8 @@ class ChildProber:
         server.start()
         self.conn, child = self.context.Pipe()
         self.process = self.context.Process(target=_serve, args=(child, _trials, *self.args), daemon=True)
-        self.process.start()
+        with server.own_start_method():
+            self.process.start()
         child.close()
         try:
             if self.kernels is None:  # measured while this process starts and builds the model

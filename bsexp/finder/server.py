@@ -65,6 +65,24 @@ def stop() -> None:
 
 
 @contextlib.contextmanager
+def own_start_method():
+    """Inside: multiprocessing's default start method one of its own, so that a child can start.
+    A child is told its parent's default method and sets it again as it starts; in a worker of
+    Hydra's joblib launcher that is loky's, which a forkserver child does not know ("cannot find
+    context for 'loky'"), so every finder with a memory cap in a joblib sweep failed."""
+    method = multiprocessing.get_start_method(allow_none=True)
+    if method is None or method in multiprocessing.get_all_start_methods():
+        yield
+        return
+    multiprocessing.set_start_method(None, force=True)  # the platform's default again
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):
+            multiprocessing.set_start_method(method, force=True)
+
+
+@contextlib.contextmanager
 def stopped_on_error():
     """The server stopped if what runs inside fails (the run will not search)."""
     try:

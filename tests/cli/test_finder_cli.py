@@ -231,3 +231,28 @@ def test_the_probe_process_works_from_the_runs_data_without_loading_it_again(run
     finder = json.loads((tmp_path / "run" / "finder.json").read_text())
     assert [t["size"] for t in finder["trials"]][:3] == [8, 32, 128] and finder["micro_size"] == int(256 * 0.95)
     assert len(loads.read_text().split()) == 1
+
+
+def test_the_finder_searches_in_a_joblib_sweep(run_cli, tmp_path):
+    # Hydra's joblib launcher runs each point in a loky worker, whose default start method (loky's)
+    # a forkserver child cannot set again: every capped finder in such a sweep failed with
+    # "cannot find context for 'loky'" before bsexp.finder.server.own_start_method.
+    sweep = tmp_path / "sweep"
+    out = run_cli(
+        "-m",
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",
+        "batch=finder",
+        "batch.finder.memory_limit_gb=3",
+        "seed=0,1",
+        "epochs=1",
+        "logger=none",
+        "trainer.progress=false",
+        f"hydra.sweep.dir={sweep}",
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    jobs = [json.loads(line) for line in (sweep / "jobs.jsonl").read_text().splitlines()]
+    assert [job["status"] for job in jobs] == ["completed", "completed"]
+    for job in jobs:
+        finder = json.loads((sweep / job["dir"] / "finder.json").read_text())
+        assert finder["micro_size"] >= 1 and finder["trials"], finder
