@@ -147,6 +147,13 @@ def figure(result: dict[str, Any], out: Path) -> str:
     return "pareto.png"
 
 
+def _passed_over(batches: list[tuple[int, int, int]]) -> list[str]:
+    if not batches:
+        return []
+    which = ", ".join(f"{batch} ({reached} of {seeds} seeds)" for batch, reached, seeds in batches)
+    return ["", f"Faster on average but passed over, their best reaching the target on some seeds only: {which}."]
+
+
 def tuned_section(baseline, tune_dir: Path) -> list[str]:
     """Each arm against the tuned curve's fastest batch (bsexp.report.pareto.tuned), for pareto.md."""
     head = ["", f"## Against the tuned curve ({tune_dir})", ""]
@@ -166,4 +173,4 @@ def tuned_section(baseline, tune_dir: Path) -> list[str]:
     for r in baseline.rows:
         steps = "-" if r.steps is None else f"{r.steps.mean:.0f} ± {r.steps.half:.0f}"
         lines.append(f"| {r.arm} | {steps} | {_fmt(r.ratio, '.2f')} | {r.reached}/{r.seeds} | {r.verdict} |")
-    return lines
+    return [*lines, *_passed_over(baseline.passed_over)]

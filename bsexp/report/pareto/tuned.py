@@ -62,15 +62,24 @@ class TunedBaseline:
     lr: float
     steps: Interval
     rows: list[AgainstTuned]
+    # Faster batches passed over: their best reached the target on some seeds only, as
+    # (batch, seeds reached, seeds run); a batch that gets there on a lucky seed is none to train at.
+    passed_over: list[tuple[int, int, int]] = ()
 
 
 def against_tuned(arms: list[Arm], tuned: StepsToResult) -> TunedBaseline | None:
-    """Each arm against the tuned batch with the fewest mean steps over its seeds; None where no
-    batch of the tuning reached its target."""
+    """Each arm against the tuned batch with the fewest mean steps over its seeds, among those
+    whose best reached the target on every seed (among all that reached it where none did);
+    None where no batch of the tuning reached its target."""
     reached = [b for b in tuned.batches if b.best is not None]
     if not reached:
         return None
-    fastest = min(reached, key=lambda b: statistics.fmean(b.steps_over_seeds()))
+    steady = [b for b in reached if b.seeds[0] == b.seeds[1]] or reached
+    mean_steps = {b.batch: statistics.fmean(b.steps_over_seeds()) for b in reached}
+    fastest = min(steady, key=lambda b: mean_steps[b.batch])
+    passed_over = [
+        (b.batch, *b.seeds) for b in reached if b not in steady and mean_steps[b.batch] < mean_steps[fastest.batch]
+    ]
     base = Interval.of(fastest.steps_over_seeds())
     rows = []
     for arm in arms:
@@ -87,7 +96,7 @@ def against_tuned(arms: list[Arm], tuned: StepsToResult) -> TunedBaseline | None
                 verdict=_verdict(interval, len(steps), len(done), base),
             )
         )
-    return TunedBaseline(tuned.target, fastest.batch, fastest.best.lr, base, rows)
+    return TunedBaseline(tuned.target, fastest.batch, fastest.best.lr, base, rows, passed_over)
 
 
 def _verdict(steps: Interval | None, reached: int, seeds: int, base: Interval) -> str:

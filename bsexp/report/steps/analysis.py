@@ -63,6 +63,13 @@ class BatchResult:
             return "lowest"
         return "highest" if best.lr >= max(tried) else None
 
+    @property
+    def seeds(self) -> tuple[int, int]:
+        """(seeds on which the best configuration reached the target, seeds it ran on)."""
+        if self.best is None:
+            return 0, 1 + len(self.reruns)
+        return 1 + sum(t.steps is not None for t in self.reruns), 1 + len(self.reruns)
+
     def steps_over_seeds(self) -> list[float]:
         """The best trial's steps and its reruns' (those that got there)."""
         best = self.best
