@@ -1,6 +1,7 @@
 """Checkpoints that outlive a release: a checkpoint of every format this version reads, written by
 the code that wrote that format (tests/fixtures/checkpoints), resumes and ends bit-identically to
-the same run uninterrupted; a checkpoint of a format it does not read is one line naming both."""
+the same run uninterrupted (under the torch that wrote it; near it under another); a checkpoint of
+a format it does not read is one line naming both."""
 
 import json
 import shutil
@@ -13,7 +14,7 @@ import yaml
 
 from bsexp import checkpoint
 from conftest import ROOT, cli_env
-from resuming import assert_ends_as, records
+from resuming import assert_ends_as, final_state, records
 
 FIXTURES = ROOT / "tests" / "fixtures" / "checkpoints"
 
@@ -49,8 +50,18 @@ def test_a_checkpoint_of_each_format_read_resumes_bit_identically(make_cfg, data
         assert train(loop, progress) == "completed"
     finally:
         torch.set_num_threads(threads)
-    assert_ends_as(run_dir, loop)
-    assert [r["val_loss"] for r in records(run_dir)] == [r["val_loss"] for r in progress.records]
+    # Bit for bit under the torch that wrote the fixtures (torch.txt). Another torch (the GPU
+    # machine's 2.11 against 2.14) rounds otherwise from the first step (1e-7 in the parameters by
+    # step 10): the fixture's state is then not where this torch's own run stands at step 10, and
+    # its two last steps can only end near that run's.
+    if torch.__version__ == (FIXTURES / "torch.txt").read_text().strip():
+        assert_ends_as(run_dir, loop)
+        assert [r["val_loss"] for r in records(run_dir)] == [r["val_loss"] for r in progress.records]
+    else:
+        state = final_state(run_dir)["model"]
+        for key, value in loop.step.net.state_dict().items():
+            assert torch.allclose(state[key].float(), value.float(), rtol=1e-3, atol=1e-4), key
+        assert records(run_dir)[-1]["val_loss"] == pytest.approx(progress.records[-1]["val_loss"], rel=1e-3)
 
 
 def test_a_checkpoint_of_a_format_this_version_does_not_read_is_one_line(data_root, tmp_path):
