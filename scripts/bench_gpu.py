@@ -205,7 +205,8 @@ def main() -> None:
         try:
             print(measure(case, device, peak, args.warmup, args.steps), flush=True)
         except Exception as exc:  # one case's failure is a row, and the next case runs
-            print(f"| {case} | failed: {type(exc).__name__}: {' '.join(str(exc).split())[:300]} |", flush=True)
+            why = " ".join(str(exc).split())[:300].replace("|", "/")
+            print(f"| {case} | failed: {type(exc).__name__}: {why} |" + " |" * 10, flush=True)
     print(
         f"goal: fast / hand >= {GOAL} on each case; resnet18 on an H100/H200 >= 40,000 samples/s; the "
         f"default run on a GPU >= 4x its samples/s on 2 CPU cores"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# bsexp's GPU check: one call on a fresh GPU machine (no network), under 8 minutes on one H100 or
-# H200. Prepare the wheelhouse first where the registry is reachable (scripts/gpu_bundle.sh), then
-# carry it (.gpu/wheels) with the checkout:
+# bsexp's GPU check on a fresh GPU machine (no network), in one call or, where one call's time is
+# short, in two (PARTS below; on an H200 the whole took longer than 10 minutes). Prepare the
+# wheelhouse first where the registry is reachable (scripts/gpu_bundle.sh), then carry it
+# (.gpu/wheels) with the checkout:
 #
 #   scripts/gpu_check.sh [OUT]         # OUT: where the summary and the logs go ($OUT, else .gpu/out)
 #
@@ -14,16 +15,17 @@
 #      and its reproducible one;
 #   4. the GPU benchmarks.
 # and writes OUT/gpu_check.md (the GPU, torch, each check's outcome and figures) and
-# OUT/gpu_check.log (everything), flushed as it goes, so a time-out still returns them.
+# OUT/gpu_check.log (everything), flushed as it goes, so a time-out still returns them (while 1 and
+# 2 run, their output goes to gpu_check.log.gpu and gpu_check.log.default, merged after).
 # On a machine without CUDA it does the same: the CUDA tests skip, the benchmarks run on the CPU.
 #   PYTHON=...      the interpreter with torch (default python3; on a CPU machine: .venv/bin/python)
 #   TIERS=...       the default tiers to run (default: tests/unit tests/loop tests/dist tests/cli)
-#   GPU_TESTS=...   what of tests/gpu to run (default: tests/gpu; pytest's arguments, e.g. -k '...')
+#   GPU_TESTS=...   what of tests/gpu to run (default: tests/gpu; test ids or paths, space-separated)
 #   LIMIT=...       seconds for the tests (both kinds, at once; default 300)
 #   PARTS=...       which parts to run (default: gpu tiers first bench). On an H200 the whole took
 #                   longer than one 10-minute call (docs/results/gpu.md): run `PARTS=gpu` in one
 #                   call and `PARTS="tiers first bench"` in the next, while the machine is warm.
-#   WORKERS=...     pytest-xdist workers for the default tiers (default: cores / 2, at most 8)
+#   WORKERS=...     pytest-xdist workers for each of 1 and 2 (default: cores / 2, at most 8; at least 1)
 #   WHEELS=...      the wheelhouse (default .gpu/wheels; for another Python: PY_VERSION in gpu_bundle.sh)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -42,6 +44,7 @@ cores=$(nproc)
 workers=${WORKERS:-$(( cores / 2 > 8 ? 8 : (cores / 2 > 0 ? cores / 2 : 1) ))}
 started=$SECONDS
 : >"$log"
+rm -f "$out/gpu.xml" "$out/default.xml" "$log.gpu" "$log.default"  # nothing of an earlier check read as this one's
 
 say() { echo "$*" | tee -a "$report"; }
 step() {  # step NAME LIMIT_S COMMAND...: run, log, and record the outcome and the time
@@ -184,8 +187,9 @@ for speed in ("auto", "reproducible", "compiled"):
         print(f"| {speed} | no summary.json | | | | |")
         continue
     s = json.loads(path.read_text())
-    print(f"| {speed} | {s['status']} | {s['samples_per_s']:,.0f} | {s['train_time_s']:.1f} s | "
-          f"{s.get('test_acc') or 0:.3f} | {s.get('compiled_graphs')} |")
+    rate, acc = s.get("samples_per_s"), s.get("test_acc")
+    print(f"| {speed} | {s['status']} | {'-' if rate is None else f'{rate:,.0f}'} | {s['train_time_s']:.1f} s | "
+          f"{'-' if acc is None else f'{acc:.3f}'} | {s.get('compiled_graphs')} |")
 print("\n## Benchmarks (scripts/bench_gpu.py, as it printed them)\n")
 bench = log[log.rfind("=== bench_gpu") :] if "=== bench_gpu" in log else ""
 lines = [line for line in bench.splitlines() if line.startswith("|") or re.search(r"^goal|torch .*timed steps", line)]

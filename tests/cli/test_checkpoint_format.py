@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -58,6 +59,12 @@ def test_a_checkpoint_of_each_format_read_resumes_bit_identically(make_cfg, data
         assert_ends_as(run_dir, loop)
         assert [r["val_loss"] for r in records(run_dir)] == [r["val_loss"] for r in progress.records]
     else:
+        warnings.warn(
+            f"torch {torch.__version__}, not the fixtures' {(FIXTURES / 'torch.txt').read_text().strip()}: "
+            "their resumed runs held to 1e-3, not bit for bit (regenerate them under this torch to hold it)",
+            stacklevel=1,
+        )
+        assert [r["step"] for r in records(run_dir)] == [r["step"] for r in progress.records]
         state = final_state(run_dir)["model"]
         for key, value in loop.step.net.state_dict().items():
             assert torch.allclose(state[key].float(), value.float(), rtol=1e-3, atol=1e-4), key

@@ -12,19 +12,19 @@ import pytest
 from conftest import cli_env
 from resuming import SLOW, assert_ends_as, newest_step, start, stop_mid_run, uninterrupted
 
-FAST = ["batch.size=64", "trainer.speed=fast", "trainer.compile_mode=default"]
-
 
 @pytest.mark.slow  # 20-70 s on 2 cores: scripts/test_slow.sh (and .ci/run) runs it
-def test_a_fast_run_stopped_mid_way_resumes_to_the_same_end(make_cfg, data_root, tmp_path):
+@pytest.mark.parametrize("mode", ["none", "default"])  # eager (the fast path's default), compiled
+def test_a_fast_run_stopped_mid_way_resumes_to_the_same_end(make_cfg, data_root, tmp_path, mode):
+    fast = ["batch.size=64", "trainer.speed=fast", f"trainer.compile_mode={mode}"]
     run_dir = tmp_path / "run"
     code, err = stop_mid_run(
-        start(data_root, tmp_path, *SLOW, *FAST, f"hydra.run.dir={run_dir}"), run_dir, signal.SIGTERM, seed=11
+        start(data_root, tmp_path, *SLOW, *fast, f"hydra.run.dir={run_dir}"), run_dir, signal.SIGTERM, seed=11
     )
     assert code == 128 + signal.SIGTERM, err[-3000:]
     stopped_at = newest_step(run_dir)
     resumed = subprocess.run(
-        [sys.executable, "-m", "bsexp.train", *SLOW, *FAST, "resume=auto", f"hydra.run.dir={run_dir}"],
+        [sys.executable, "-m", "bsexp.train", *SLOW, *fast, "resume=auto", f"hydra.run.dir={run_dir}"],
         cwd=tmp_path,
         env=cli_env(data_root),
         capture_output=True,
@@ -39,9 +39,10 @@ def test_a_fast_run_stopped_mid_way_resumes_to_the_same_end(make_cfg, data_root,
         "cudnn_benchmark": True,
         "tf32": True,
         "channels_last": False,
-        "compile": "default",
+        "compile": None if mode == "none" else "default",
         "fused_optimizer": True,
     }
-    assert summary["compiled_graphs"] == 1  # in the resumed process: one graph, the last short step too
-    loop, _ = uninterrupted(make_cfg, *FAST)
+    # In the resumed process: one graph where compiled, the last short step too.
+    assert summary["compiled_graphs"] == (mode == "default")
+    loop, _ = uninterrupted(make_cfg, *fast)
     assert_ends_as(run_dir, loop)  # bit for bit: the same compiled code, the same steps

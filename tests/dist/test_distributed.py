@@ -69,11 +69,13 @@ def test_two_ranks_equal_one_process_and_evaluate_identically(make_cfg, batch):
     assert record["val_acc"] == pytest.approx(expected["val_acc"], abs=1 / 101 + 1e-9)
 
 
-def test_two_ranks_on_the_fast_path_equal_one_process_on_it(make_cfg):
-    # torch.compile around DDP (its buckets split the graph) and fused SGD on every rank.
-    fast = ["trainer.speed=fast", "trainer.compile_mode=default"]
+@pytest.mark.parametrize("mode", ["none", "default"])
+def test_two_ranks_on_the_fast_path_equal_one_process_on_it(make_cfg, mode):
+    # Eager (the fast path's default) and torch.compile around DDP (its buckets split the graph),
+    # fused SGD on every rank.
+    fast = ["trainer.speed=fast", f"trainer.compile_mode={mode}"]
     loop, _, progress = single(make_cfg, "batch.size=64", *fast)
-    assert hasattr(loop.step.model, "_orig_mod")
+    assert hasattr(loop.step.model, "_orig_mod") == (mode == "default")
     cfg = make_cfg(*TINY, "batch.size=64", *fast, "distributed=ddp", "distributed.nproc_per_node=2")
     ranks = dist_workers.launch(dist_workers.train_steps, cfg)
     assert all(r["status"] == "completed" and r["steps"] == 5 for r in ranks.values())

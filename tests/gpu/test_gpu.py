@@ -126,12 +126,24 @@ def test_the_finder_finds_at_least_92_percent_of_the_truth_and_nothing_above_it(
     assert out.returncode == 1 and "out of memory" in out.stderr, out.stderr[-3000:]
 
 
-def test_accumulation_equals_one_large_batch_on_the_gpu(data_root, tmp_path):
+# The fast path with and without torch.compile: where CUDA graphs (reduce-overhead) broke
+# accumulation on the H200 (pytorch/pytorch#169545), TF32 and the autotuner's algorithms rounding.
+SPEEDS = {
+    "reproducible": ([REPRODUCIBLE], 1e-2),
+    "fast": (["trainer.speed=fast"], 2e-2),
+    "compiled": (["trainer.speed=fast", "trainer.compile_mode=default"], 2e-2),
+}
+
+
+@pytest.mark.parametrize("speed", list(SPEEDS))
+def test_accumulation_equals_one_large_batch_on_the_gpu(data_root, tmp_path, speed):
     # The default run's set-up (it trains to ~99 % on the GPU), its BatchNorm over ghost batches of
     # 32 so that one batch of 128 normalises as four accumulated micro-batches of 32 do. Eight
     # steps: training this net amplifies rounding about 1.5x a step (on the CPU the two agree to
     # 1e-7 after 8 steps and differ by 2 % after 28), so a longer run compares chaos, not steps.
-    common = [*ON_GPU, REPRODUCIBLE, "precision=fp32", "batch.size=128", "trainer.max_steps=8"]
+    # Gradients that lost all but the last micro-batch's (the CUDA-graph failure) move far more.
+    overrides, tolerance = SPEEDS[speed]
+    common = [*ON_GPU, *overrides, "precision=fp32", "batch.size=128", "trainer.max_steps=8"]
     out, large = train(data_root, tmp_path / "large", *common, "model.ghost_batch=32")
     assert out.returncode == 0, out.stderr[-3000:]
     out, accumulated = train(data_root, tmp_path / "accumulated", *common, "batch=accumulation", "batch.micro_size=32")
@@ -139,7 +151,7 @@ def test_accumulation_equals_one_large_batch_on_the_gpu(data_root, tmp_path):
     assert large["val_loss"] < 2.1  # it learns (chance: ln 10 = 2.30; the CPU reaches 1.77)
     # Not bit for bit: cuDNN's convolutions run in TF32 (torch's default for them, the
     # reproducible path's too) over 128 samples at once against 32, with algorithms of their own.
-    assert accumulated["val_loss"] == pytest.approx(large["val_loss"], rel=1e-2)
+    assert accumulated["val_loss"] == pytest.approx(large["val_loss"], rel=tolerance)
     assert accumulated["samples_seen"] == large["samples_seen"] and accumulated["steps"] == large["steps"] == 8
 
 
@@ -241,11 +253,12 @@ def test_more_self_launched_ranks_than_gpus_is_one_line_and_exit_2(data_root, tm
 
 
 def test_the_fast_path_is_cudas_default_trains_as_the_reproducible_one_and_compiles_few_graphs(data_root, tmp_path):
-    # ResNet-18 in bf16 while the batch grows 128 -> 256 -> 512 (and an epoch's last step is shorter).
+    # ResNet-18 in bf16 while the batch grows 128 -> 256 -> 512, over 5,120 training samples (every
+    # epoch ends on a whole step: three training shapes).
     grow = [
         *ON_GPU,
         *RESNET,
-        "data.num_samples=6000",
+        "data.num_samples=5632",
         "batch=scheduled",
         "batch.size=128",
         "batch.schedule.milestones=[1,2]",
@@ -258,9 +271,9 @@ def test_the_fast_path_is_cudas_default_trains_as_the_reproducible_one_and_compi
     out, compiled = train(data_root, tmp_path / "compiled", *grow, "trainer.compile_mode=default")
     assert out.returncode == 0, out.stderr[-3000:]
     assert compiled["speed"]["compile"] == "default"
-    # Few graphs as the batch grows: the batch dimension is dynamic (or, where ResNet's code fixes
-    # it, one graph a size); training and evaluation compile their own.
-    assert 1 <= compiled["compiled_graphs"] <= 4, compiled["compiled_graphs"]
+    # Few graphs as the batch grows: the batch dimension is dynamic, or, where ResNet's code fixes
+    # it, one graph a size (three); evaluation (BatchNorm in eval mode) compiles its own.
+    assert 1 <= compiled["compiled_graphs"] <= 6, compiled["compiled_graphs"]
     out, slow = train(data_root, tmp_path / "slow", *grow, REPRODUCIBLE)
     assert out.returncode == 0, out.stderr[-3000:]
     assert not slow["speed"]["fast"] and slow["compiled_graphs"] == 0

@@ -147,6 +147,12 @@ def figure(result: dict[str, Any], out: Path) -> str:
     return "pareto.png"
 
 
+def _only(seeds: tuple[int, int]) -> str:
+    """Where no batch of the tuning reached its target on every seed: how many the reference did."""
+    reached, run = seeds
+    return "" if reached == run else f"; it reached the target on {reached} of {run} seeds, as no batch did on all"
+
+
 def _passed_over(batches: list[tuple[int, int, int]]) -> list[str]:
     if not batches:
         return []
@@ -164,7 +170,8 @@ def tuned_section(baseline, tune_dir: Path) -> list[str]:
         *head,
         f"The fixed batch whose LR, tuned for it (`python -m bsexp.tune`), reaches val_acc "
         f"{100 * baseline.target:.2f} % in the fewest steps: batch {baseline.batch} at LR {baseline.lr:.4g}, "
-        f"**{s.mean:.0f} ± {s.half:.0f} steps** (95 % interval over {s.n} seeds). Each arm's steps to the same "
+        f"**{s.mean:.0f} ± {s.half:.0f} steps** (95 % interval over {s.n} seeds{_only(baseline.seeds)}). "
+        f"Each arm's steps to the same "
         f"target, interpolated between its evaluations, with its seeds' 95 % interval:",
         "",
         "| arm | steps to the tuning's target | x the tuned batch's | reached | verdict |",

@@ -62,9 +62,10 @@ class TunedBaseline:
     lr: float
     steps: Interval
     rows: list[AgainstTuned]
+    seeds: tuple[int, int] = (1, 1)  # the reference's: (seeds that reached the target, seeds run)
     # Faster batches passed over: their best reached the target on some seeds only, as
     # (batch, seeds reached, seeds run); a batch that gets there on a lucky seed is none to train at.
-    passed_over: list[tuple[int, int, int]] = ()
+    passed_over: tuple[tuple[int, int, int], ...] = ()
 
 
 def against_tuned(arms: list[Arm], tuned: StepsToResult) -> TunedBaseline | None:
@@ -77,9 +78,10 @@ def against_tuned(arms: list[Arm], tuned: StepsToResult) -> TunedBaseline | None
     steady = [b for b in reached if b.seeds[0] == b.seeds[1]] or reached
     mean_steps = {b.batch: statistics.fmean(b.steps_over_seeds()) for b in reached}
     fastest = min(steady, key=lambda b: mean_steps[b.batch])
-    passed_over = [
-        (b.batch, *b.seeds) for b in reached if b not in steady and mean_steps[b.batch] < mean_steps[fastest.batch]
-    ]
+    kept = {b.batch for b in steady}
+    passed_over = tuple(
+        (b.batch, *b.seeds) for b in reached if b.batch not in kept and mean_steps[b.batch] < mean_steps[fastest.batch]
+    )
     base = Interval.of(fastest.steps_over_seeds())
     rows = []
     for arm in arms:
@@ -96,7 +98,7 @@ def against_tuned(arms: list[Arm], tuned: StepsToResult) -> TunedBaseline | None
                 verdict=_verdict(interval, len(steps), len(done), base),
             )
         )
-    return TunedBaseline(tuned.target, fastest.batch, fastest.best.lr, base, rows, passed_over)
+    return TunedBaseline(tuned.target, fastest.batch, fastest.best.lr, base, rows, fastest.seeds, passed_over)
 
 
 def _verdict(steps: Interval | None, reached: int, seeds: int, base: Interval) -> str:

@@ -1,0 +1,41 @@
+"""trainer.speed and trainer.compile_mode resolved for a device (bsexp.runtime.speed_for): the fast
+path eager unless a compile mode is asked for, and the modes that record CUDA graphs refused."""
+
+import pytest
+import torch
+
+from bsexp.errors import ConfigError
+from bsexp.runtime import COMPILE_MODES, speed_for
+
+CUDA, CPU = torch.device("cuda", 0), torch.device("cpu")
+
+
+@pytest.mark.parametrize(
+    "choice, device, mode, fast, compiled",
+    [
+        ("auto", CUDA, None, True, None),  # fast on CUDA, eager by default
+        ("auto", CPU, None, False, None),  # reproducible on the CPU
+        ("fast", CPU, None, True, None),
+        ("fast", CUDA, "none", True, None),
+        ("fast", CUDA, "default", True, "default"),
+        ("auto", CUDA, "max-autotune-no-cudagraphs", True, "max-autotune-no-cudagraphs"),
+        ("reproducible", CUDA, "default", False, None),  # the reproducible path never compiles
+    ],
+)
+def test_the_fast_path_compiles_only_when_a_mode_asks(choice, device, mode, fast, compiled):
+    speed = speed_for(choice, device, images=True, compile_mode=mode)
+    assert speed.fast == fast and speed.compile == compiled
+    assert speed.channels_last == fast and speed.fused_optimizer == fast
+
+
+@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune"])
+def test_the_modes_that_record_cuda_graphs_are_refused_with_the_reason(mode):
+    with pytest.raises(ConfigError) as refused:
+        speed_for("fast", CUDA, images=False, compile_mode=mode)
+    assert refused.value.key == "trainer.compile_mode" and "pytorch/pytorch#169545" in str(refused.value)
+    assert all(valid in str(refused.value) for valid in COMPILE_MODES)
+
+
+def test_an_unknown_mode_is_refused_on_any_path():
+    with pytest.raises(ConfigError, match="valid: none, default, max-autotune-no-cudagraphs"):
+        speed_for("reproducible", CPU, images=False, compile_mode="fastest")
