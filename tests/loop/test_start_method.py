@@ -7,6 +7,7 @@ import multiprocessing
 import pytest
 from joblib.externals.loky.backend import context as loky_context  # registers the "loky" method
 
+from bsexp.finder import server
 from bsexp.finder.server import own_start_method
 
 
@@ -26,12 +27,18 @@ def test_a_forkserver_child_starts_under_loky_and_loky_is_given_back(as_in_a_lok
     assert multiprocessing.get_start_method() == "loky"
     context = multiprocessing.get_context("forkserver")
     parent, child = context.Pipe()
-    with own_start_method():
-        assert multiprocessing.get_start_method() in multiprocessing.get_all_start_methods()
-        process = context.Process(target=_child, args=(child,))
-        process.start()
-    assert parent.recv() in multiprocessing.get_all_start_methods()  # the child's own default
-    process.join(timeout=60)
+    # bsexp's own fork server, as the finder starts it (and stops it after): one started by the
+    # Process below would lack its environment and be left to the next test of this worker.
+    server.start()
+    try:
+        with own_start_method():
+            assert multiprocessing.get_start_method() in multiprocessing.get_all_start_methods()
+            process = context.Process(target=_child, args=(child,))
+            process.start()
+        assert parent.recv() in multiprocessing.get_all_start_methods()  # the child's own default
+        process.join(timeout=60)
+    finally:
+        server.stop()
     assert process.exitcode == 0
     assert multiprocessing.get_start_method() == "loky"
 
