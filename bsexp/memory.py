@@ -125,7 +125,12 @@ def cap_memory(limit_bytes: int) -> int:
 
 
 def cap_room(room_bytes: int) -> int:
-    """Let the address space grow by `room_bytes` beyond what is mapped now, and no further."""
+    """Let the address space grow by `room_bytes` beyond what is mapped now, and no further.
+    torch's CPU threads are started first (as many as it is set to), so that their stacks (8 MiB
+    each) are mapped already, not taken from the room: started under a cap without room for them,
+    libgomp ends the process ("Thread creation failed") and torch 2.11's set_num_threads waits for
+    them forever (seen at 16 threads)."""
+    torch.ones(2**20).sum()
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     resource.setrlimit(resource.RLIMIT_AS, (vm_size() + room_bytes, hard))
     return room_bytes

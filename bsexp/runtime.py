@@ -102,6 +102,7 @@ def compiled_graphs() -> int:
 # it, so accumulated gradients come out wrong or the step fails (pytorch/pytorch#169545; seen on
 # the H200), and any bsexp run can accumulate (OOM recovery, the finder, adaptive).
 COMPILE_MODES = ("none", "default", "max-autotune-no-cudagraphs")
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
 def speed_for(choice: str, device: torch.device, images: bool, compile_mode: str | None = None) -> Speed:
@@ -112,9 +113,7 @@ def speed_for(choice: str, device: torch.device, images: bool, compile_mode: str
     mode = compile_mode or "none"
     if mode not in COMPILE_MODES:
         why = (
-            " (CUDA graphs overwrite accumulated gradients: pytorch/pytorch#169545)"
-            if "autotune" in mode or "overhead" in mode
-            else ""
+            " (CUDA graphs overwrite accumulated gradients: pytorch/pytorch#169545)" if mode in CUDA_GRAPH_MODES else ""
         )
         raise ConfigError("trainer.compile_mode", mode, f"valid: {', '.join(COMPILE_MODES)}{why}")
     fast = choice == "fast" or (choice == "auto" and device.type == "cuda")
@@ -209,16 +208,6 @@ def cap_device_memory(device: torch.device, limit_bytes: int | None) -> None:
     torch.cuda.set_per_process_memory_fraction(fraction, device)
 
 
-def start_threads(threads: int | None = None) -> None:
-    """torch's CPU threads started now (`threads` of them, else as many as it has): before a
-    memory cap, so that their stacks (8 MiB each) are memory already held, not the cap's room.
-    Started under a cap without room for them, libgomp ends the process ("Thread creation
-    failed") and torch 2.11's set_num_threads waits for them forever (seen at 16 threads)."""
-    if threads is not None:
-        torch.set_num_threads(threads)
-    torch.ones(2**20).sum()
-
-
 def limit_memory(device: torch.device, limit_bytes: int) -> None:
     """Train as on a machine with `limit_bytes` of memory: on CUDA a per-process memory fraction,
     on CPU a cap on the address space (see bsexp.memory), so that exceeding it is a real OOM."""
@@ -227,7 +216,6 @@ def limit_memory(device: torch.device, limit_bytes: int) -> None:
     if device.type == "cuda":
         cap_device_memory(device, limit_bytes)
     else:
-        start_threads()
         memory.return_freed_memory()
         try:
             memory.cap_memory(limit_bytes)

@@ -29,7 +29,7 @@ from bsexp.finder import server
 from bsexp.finder.result import Trial
 from bsexp.finder.server import CACHE_CAPACITY
 from bsexp.finder.trial import TrialData, TrialRunner
-from bsexp.runtime import cap_device_memory, run_speed, seed_everything, start_threads
+from bsexp.runtime import cap_device_memory, run_speed, seed_everything
 
 log = logging.getLogger(__name__)
 
@@ -298,7 +298,7 @@ def _kernel_cache(
     if room_bytes <= 0:  # the probe process reports the limit below what training holds
         conn.send(("kernels", kernels))
         return
-    start_threads(threads)  # before the cap (bsexp.runtime.start_threads)
+    torch.set_num_threads(threads)  # before the cap, which starts them (memory.cap_room)
     memory.cap_room(room_bytes)  # never more than training will have: the host stays safe
     try:
         model, group = _model(cfg, data, distributed, threads)

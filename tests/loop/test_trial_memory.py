@@ -226,11 +226,6 @@ import mmap, os
 import torch
 from bsexp import memory
 
-from bsexp.runtime import start_threads
-
-# torch's threads started before the cap, as bsexp starts them before its caps: each maps a stack
-# (8 MiB), and libgomp ends a process that cannot start them (16 threads: 120 MiB).
-start_threads()
 memory.return_freed_memory()
 limit = memory.held() + 64 * memory.MIB
 before = memory.cap_memory(limit)
