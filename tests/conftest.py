@@ -43,6 +43,18 @@ def make_cfg(data_root, monkeypatch):
     return make
 
 
+# A run of a second or two through the CLI, for tests that need one to have happened
+# (tests/helpers/tiny.py: a model for the equivalence tests).
+TINY_RUN = [
+    "data.num_samples=600",
+    "data.val_size=100",
+    "epochs=1",
+    "model.width=8",
+    "logger=none",
+    "trainer.progress=false",
+]
+
+
 def cli_env(data_root: Path) -> dict[str, str]:
     env = dict(os.environ)
     # bsexp and tests/helpers (user_models.py) first, then what the caller's path holds (packages

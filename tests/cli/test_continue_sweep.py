@@ -14,21 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cli_env
+from conftest import TINY_RUN, cli_env
 from resuming import SLOW
 
 # Four points of ~180 steps each, two at a time (Hydra's joblib launcher), a checkpoint every 7 steps.
 SWEEP = ["-m", "batch.size=64,128", "seed=0,1", *SLOW, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
 # Figures of the machine, not of the run: left out of the comparison.
 TIMING = {"wall_time_s", "train_time_s", "samples_per_s", "peak_memory_mb", "provenance", "resumed_from", "threads"}
-TINY = [  # a sweep point of a second or two
-    "data.num_samples=600",
-    "data.val_size=100",
-    "epochs=1",
-    "model.width=8",
-    "logger=none",
-    "trainer.progress=false",
-]
 
 
 def bsexp(data_root, cwd, *args, **kwargs):
@@ -109,7 +101,7 @@ def test_a_killed_sweep_continued_ends_as_the_sweep_uninterrupted(data_root, tmp
 
 def test_a_continued_sweep_that_would_change_its_points_is_one_line(data_root, tmp_path):
     sweep = tmp_path / "sweep"
-    out = bsexp(data_root, tmp_path, "-m", "batch.size=32,64", *TINY, f"hydra.sweep.dir={sweep}")
+    out = bsexp(data_root, tmp_path, "-m", "batch.size=32,64", *TINY_RUN, f"hydra.sweep.dir={sweep}")
     assert out.returncode == 0, out.stderr[-3000:]
     files = {p: p.read_bytes() for p in sweep.rglob("*") if p.is_file()}
     out = bsexp(data_root, tmp_path, "-m", "resume=auto", f"hydra.sweep.dir={sweep}", "epochs=5")
@@ -125,7 +117,7 @@ def test_a_continued_sweep_that_would_change_its_points_is_one_line(data_root, t
 
 def test_the_report_lists_every_point_of_the_grid_those_never_started_as_missing(data_root, tmp_path):
     sweep = tmp_path / "sweep"
-    out = bsexp(data_root, tmp_path, "-m", "batch.size=32,64,128", *TINY, f"hydra.sweep.dir={sweep}")
+    out = bsexp(data_root, tmp_path, "-m", "batch.size=32,64,128", *TINY_RUN, f"hydra.sweep.dir={sweep}")
     assert out.returncode == 0, out.stderr[-3000:]
     # As if the sweep had stopped before its last point: no directory, no line in the index.
     [last] = [d for d in sweep.iterdir() if d.name.startswith("2_")]

@@ -9,21 +9,12 @@ import sys
 
 import pytest
 
-from conftest import cli_env
-
-TINY = [
-    "data.num_samples=600",
-    "data.val_size=100",
-    "epochs=1",
-    "model.width=8",
-    "logger=none",
-    "trainer.progress=false",
-]
+from conftest import TINY_RUN, cli_env
 
 
 def train(data_root, cwd, *args):
     out = subprocess.run(
-        [sys.executable, "-m", "bsexp.train", *args, *TINY],
+        [sys.executable, "-m", "bsexp.train", *args, *TINY_RUN],
         cwd=cwd,
         env=cli_env(data_root),
         capture_output=True,

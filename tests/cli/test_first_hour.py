@@ -11,17 +11,8 @@ import time
 import pytest
 import yaml
 
-from conftest import cli_env
+from conftest import TINY_RUN, cli_env
 from resuming import SLOW, assert_same_state, final_state, newest_step, start, stop_mid_run, uninterrupted
-
-TINY = [
-    "data.num_samples=600",
-    "data.val_size=100",
-    "epochs=1",
-    "model.width=8",
-    "logger=none",
-    "trainer.progress=false",
-]
 
 
 def command(data_root, cwd, *args, timeout=600):
@@ -122,7 +113,7 @@ def test_ctrl_c_checkpoints_and_prints_the_exact_command_that_continues(data_roo
 def test_runs_started_in_the_same_second_get_directories_of_their_own(data_root, tmp_path):
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "bsexp.train", *TINY, f"seed={s}"],
+            [sys.executable, "-m", "bsexp.train", *TINY_RUN, f"seed={s}"],
             cwd=tmp_path,
             env=cli_env(data_root),
             stdout=subprocess.PIPE,
@@ -156,7 +147,7 @@ def test_a_second_run_given_the_same_directory_is_refused_before_it_writes_there
         time.sleep(0.05)
     before = (run_dir / ".hydra" / "config.yaml").read_text()
     assert "batch:" in before
-    second = command(data_root, tmp_path, *TINY, "seed=7", f"hydra.run.dir={run_dir}")
+    second = command(data_root, tmp_path, *TINY_RUN, "seed=7", f"hydra.run.dir={run_dir}")
     one_line(second, "hydra.run.dir", "in use by another run")
     assert (run_dir / ".hydra" / "config.yaml").read_text() == before
     first.send_signal(signal.SIGTERM)

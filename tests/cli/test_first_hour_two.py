@@ -9,17 +9,8 @@ import subprocess
 import sys
 import time
 
-from conftest import cli_env
+from conftest import TINY_RUN, cli_env
 from resuming import SLOW, records, start, uninterrupted
-
-TINY = [
-    "data.num_samples=600",
-    "data.val_size=100",
-    "epochs=1",
-    "model.width=8",
-    "logger=none",
-    "trainer.progress=false",
-]
 
 
 def command(data_root, cwd, *args, timeout=600):
@@ -91,20 +82,20 @@ def test_resume_auto_on_a_directory_with_no_run_in_it_is_one_line(data_root, tmp
 def test_every_point_of_a_sweep_is_checked_before_the_first_one_trains(data_root, tmp_path):
     # On a76dc77, point 0 trained in full before point 1 was refused.
     sweep = tmp_path / "sweep"
-    out = command(data_root, tmp_path, "-m", "batch.size=32,-5", *TINY, f"hydra.sweep.dir={sweep}")
+    out = command(data_root, tmp_path, "-m", "batch.size=32,-5", *TINY_RUN, f"hydra.sweep.dir={sweep}")
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [
         "error: sweep point 1 (batch.size=-5): batch.size=-5: must be >= 1; no point has run"
     ]
     assert not sweep.exists()
     # A value of the wrong type: on a76dc77 "a sweep point failed ... the others ran", though none had.
-    out = command(data_root, tmp_path, "-m", "seed=0,1", "batch.size=32,abc", *TINY, f"hydra.sweep.dir={sweep}")
+    out = command(data_root, tmp_path, "-m", "seed=0,1", "batch.size=32,abc", *TINY_RUN, f"hydra.sweep.dir={sweep}")
     assert out.returncode == 2
     [line] = out.stderr.strip().splitlines()
     assert line.startswith("error: sweep point 1 (seed=0 batch.size=abc): batch.size: Value 'abc'")
     assert line.endswith("no point has run") and not sweep.exists()
     # A value shared by every point is said as for a single run.
-    out = command(data_root, tmp_path, "-m", "seed=0,1", "optimizer.lr=-1", *TINY, f"hydra.sweep.dir={sweep}")
+    out = command(data_root, tmp_path, "-m", "seed=0,1", "optimizer.lr=-1", *TINY_RUN, f"hydra.sweep.dir={sweep}")
     assert out.returncode == 2 and out.stderr.startswith("error: optimizer.lr=-1")
     # An experiment's own sweep (its sweeper's params) is checked point by point too: over 3 ranks,
     # its batches 32 and 64 do not divide (points 0 to 5: batch 32 and 64, seeds 0-2).
@@ -115,7 +106,7 @@ def test_every_point_of_a_sweep_is_checked_before_the_first_one_trains(data_root
         "experiment=linear_scaling",
         "distributed=ddp",
         "distributed.nproc_per_node=3",
-        *TINY,
+        *TINY_RUN,
         f"hydra.sweep.dir={sweep}",
     )
     assert out.returncode == 2, out.stderr[-2000:]
@@ -141,7 +132,7 @@ def test_a_run_beside_another_on_the_same_cores_is_told_the_share_that_would_let
             assert other.poll() is None and time.time() < deadline
             time.sleep(0.01)
         cores = len(os.sched_getaffinity(0))
-        out = command(data_root, tmp_path, *TINY, f"hydra.run.dir={tmp_path / 'this'}")
+        out = command(data_root, tmp_path, *TINY_RUN, f"hydra.run.dir={tmp_path / 'this'}")
         assert out.returncode == 0, out.stderr[-3000:]
         [line] = [line for line in out.stdout.splitlines() if "other bsexp run" in line]
         assert (
@@ -150,7 +141,7 @@ def test_a_run_beside_another_on_the_same_cores_is_told_the_share_that_would_let
             and line.endswith(f"give each its share with trainer.threads={max(1, cores // 2)}")
         )
         # A run told its threads is not told again.
-        told = command(data_root, tmp_path, *TINY, "trainer.threads=1", f"hydra.run.dir={tmp_path / 'told'}")
+        told = command(data_root, tmp_path, *TINY_RUN, "trainer.threads=1", f"hydra.run.dir={tmp_path / 'told'}")
         assert told.returncode == 0 and "other bsexp run" not in told.stdout
     finally:
         other.kill()
@@ -158,7 +149,7 @@ def test_a_run_beside_another_on_the_same_cores_is_told_the_share_that_would_let
 
 
 def test_the_finder_run_prints_no_warning_of_its_probe_processes(data_root, tmp_path):
-    out = command(data_root, tmp_path, *TINY, "batch=finder", f"hydra.run.dir={tmp_path / 'run'}")
+    out = command(data_root, tmp_path, *TINY_RUN, "batch=finder", f"hydra.run.dir={tmp_path / 'run'}")
     assert out.returncode == 0, out.stderr[-3000:]
     # On a76dc77: two "RuntimeWarning: 'bsexp.train' found in sys.modules ..." (runpy, in each probe process).
     assert "RuntimeWarning" not in out.stderr and "found in sys.modules" not in out.stderr
@@ -176,7 +167,7 @@ def test_a_key_one_typo_away_from_a_groups_key_gets_a_did_you_mean(data_root, tm
 
 def test_a_resume_composes_with_cfg_job_to_show_the_runs_own_config(data_root, tmp_path):
     run_dir = tmp_path / "run"
-    out = command(data_root, tmp_path, *TINY, "batch.size=48", f"hydra.run.dir={run_dir}")
+    out = command(data_root, tmp_path, *TINY_RUN, "batch.size=48", f"hydra.run.dir={run_dir}")
     assert out.returncode == 0, out.stderr[-3000:]
     # Hydra's flags go before overrides; the run's own overrides are put in front of the command's.
     shown = command(data_root, tmp_path, "resume=auto", f"hydra.run.dir={run_dir}", "--cfg", "job")

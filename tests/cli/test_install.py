@@ -8,7 +8,7 @@ import subprocess
 import sys
 import sysconfig
 
-from conftest import ROOT, cli_env
+from conftest import ROOT, TINY_RUN, cli_env
 
 
 def test_a_plain_install_runs_from_another_directory(data_root, tmp_path):
@@ -56,12 +56,7 @@ def test_a_plain_install_runs_from_another_directory(data_root, tmp_path):
             str(python),
             "-m",
             "bsexp.train",
-            "data.num_samples=600",
-            "data.val_size=100",
-            "epochs=1",
-            "model.width=8",
-            "logger=none",
-            "trainer.progress=false",
+            *TINY_RUN,
         ],
         capture_output=True,
         text=True,

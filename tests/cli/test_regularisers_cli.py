@@ -4,19 +4,12 @@ import json
 
 import pytest
 
-TINY = [
-    "data.num_samples=600",
-    "data.val_size=100",
-    "epochs=1",
-    "model.width=8",
-    "logger=none",
-    "trainer.progress=false",
-]
+from conftest import TINY_RUN
 
 
 def test_the_dropout_and_momentum_a_run_used_are_in_its_summary(run_cli, tmp_path):
     out = run_cli(
-        *TINY,
+        *TINY_RUN,
         "batch.size=256",
         "model.dropout=0.1",
         "scaling.dropout_rule=sqrt",
@@ -44,7 +37,7 @@ def test_the_dropout_and_momentum_a_run_used_are_in_its_summary(run_cli, tmp_pat
     ],
 )
 def test_a_bad_rule_or_bound_is_one_line_and_exit_2(run_cli, tmp_path, override, fragment):
-    out = run_cli(*TINY, override, f"hydra.run.dir={tmp_path / 'run'}")
+    out = run_cli(*TINY_RUN, override, f"hydra.run.dir={tmp_path / 'run'}")
     assert out.returncode == 2
     [line] = out.stderr.strip().splitlines()
     assert line.startswith("error: ") and fragment in line, line
