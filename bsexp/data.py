@@ -64,7 +64,7 @@ class Augment:
     hflip: bool = False
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Splits:
     name: str
     train: Split
@@ -340,12 +340,12 @@ def synthetic(
         return splits
     as_dataset = lambda s: None if s is None else torch.utils.data.TensorDataset(s.x, s.y)  # noqa: E731
     return Splits(
-        "synthetic",
-        as_dataset(splits.train),
-        as_dataset(splits.train_eval),
-        as_dataset(splits.val),
-        as_dataset(splits.test),
-        splits.input_shape,
-        num_classes,
+        name="synthetic",
+        train=as_dataset(splits.train),
+        train_eval=as_dataset(splits.train_eval),
+        val=as_dataset(splits.val),
+        test=as_dataset(splits.test),
+        input_shape=splits.input_shape,
+        num_classes=num_classes,
         num_workers=num_workers,
     )

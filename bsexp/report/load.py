@@ -44,7 +44,17 @@ def load_points(sweep_dir: Path) -> list[Point]:
 def _point(job: Path, overrides, config, summary, records, status, error) -> Point:
     # What tells this point's configuration apart from the others': its overrides but the seed.
     setting = tuple(o for o in naming_overrides(list(overrides)) if not o.startswith("seed="))
-    return Point(job.name, setting, tuple(overrides), config, summary, records, status, error, job)
+    return Point(
+        name=job.name,
+        setting=setting,
+        overrides=tuple(overrides),
+        config=config,
+        summary=summary,
+        records=records,
+        status=status,
+        error=error,
+        dir=job,
+    )
 
 
 def _job_number(job: Path) -> tuple[int, str]:

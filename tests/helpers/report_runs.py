@@ -97,13 +97,12 @@ def known_b_crit_runs(
 def points(runs: list[dict]) -> list[Point]:
     return [
         Point(
-            f"{i}_{','.join(r['overrides'])}",
-            tuple(o for o in r["overrides"] if not o.startswith("seed=")),
-            tuple(r["overrides"]),
-            {},
-            r["summary"],
-            r["records"],
-            r["summary"]["status"],
+            name=f"{i}_{','.join(r['overrides'])}",
+            setting=tuple(o for o in r["overrides"] if not o.startswith("seed=")),
+            overrides=tuple(r["overrides"]),
+            summary=r["summary"],
+            records=r["records"],
+            status=r["summary"]["status"],
         )
         for i, r in enumerate(runs)
     ]

@@ -5,6 +5,7 @@ from known truths. The end-to-end report (files, figures, CLI) is in test_report
 from __future__ import annotations
 
 import ast
+import dataclasses
 import math
 from pathlib import Path
 
@@ -185,13 +186,11 @@ def test_rows_at_chance_level_did_not_train_with_the_classes_summary_json_gives(
     hundred = rows_of([synthetic_run(64, 0, 1, lambda s: 0.12, num_classes=100)])
     assert hundred[0].chance == pytest.approx(0.01) and not hundred[0].did_not_train("val_acc")
     configured = Point(
-        "0",
-        (),
-        (),
-        {"data": {"_target_": "bsexp.data.synthetic", "num_classes": 4}},
-        {"status": "completed", "data": "synthetic"},
-        (),
-        "completed",
+        name="0",
+        setting=(),
+        config={"data": {"_target_": "bsexp.data.synthetic", "num_classes": 4}},
+        summary={"status": "completed", "data": "synthetic"},
+        status="completed",
     )
     assert configured.num_classes == 4
     # A row that did not train is left out of the fit, and the fit says so.
@@ -208,25 +207,14 @@ def test_a_sweep_of_the_batch_alone_has_no_configuration_column_and_names_the_da
     assert analysis.labels.epochs == (20.0,) and analysis.labels.seeds == (0, 1)
     assert analysis.labels.seeds_per_row == (2, 2)
     mixed = points(known_b_crit_runs(batches=(64, 128), epochs=2))
-    mixed[0] = Point(
-        mixed[0].name,
-        ("batch.size=64", "model.norm=group"),
-        mixed[0].overrides,
-        {},
-        mixed[0].summary,
-        mixed[0].records,
-        "completed",
-    )
+    mixed[0] = dataclasses.replace(mixed[0], setting=("batch.size=64", "model.norm=group"), status="completed")
     assert analyse(mixed).varies_configuration
 
 
 def test_the_noise_scale_says_why_it_is_absent_and_is_the_mean_where_measured():
     fixed = analyse(points(known_b_crit_runs(batches=(64, 128), epochs=2)))
     assert fixed.noise.b_simple is None and "no two batch sizes" in fixed.noise.absent
-    off = [
-        Point(p.name, p.setting, p.overrides, {"trainer": {"noise_scale": "off"}}, p.summary, p.records, p.status)
-        for p in fixed.points
-    ]
+    off = [dataclasses.replace(p, config={"trainer": {"noise_scale": "off"}}) for p in fixed.points]
     assert "trainer.noise_scale=off" in analyse(off).noise.absent
     measured = [synthetic_run(64, s, 2, lambda st: 0.5, noise_b_simple_mean=v) for s, v in ((0, 300.0), (1, 500.0))]
     assert analyse(points(measured)).noise.b_simple == pytest.approx(400.0)

@@ -14,7 +14,7 @@ from bsexp.report.analysis.points import Labels, Point, Row, common_settings, fa
 METRICS = ("val_acc", "test_acc")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Analysis:
     points: list[Point]
     rows: list[Row]
@@ -46,16 +46,16 @@ def analyse(
     breaking = [b for b in (breaking_point(m, metric, tolerance) for m in groups.values()) if b is not None]
     critical = [steps_critical_batch(m, metric, target) for m in groups.values() if len({r.batch for r in m}) > 1]
     return Analysis(
-        points,
-        rows,
-        common_settings(points),
-        metric,
-        labels(rows),
-        best_row(rows, metric),
-        breaking,
-        critical,
-        noise_scale(points),
-        tolerance,
+        points=points,
+        rows=rows,
+        common=common_settings(points),
+        metric=metric,
+        labels=labels(rows),
+        best=best_row(rows, metric),
+        breaking=breaking,
+        critical=critical,
+        noise=noise_scale(points),
+        tolerance=tolerance,
     )
 
 

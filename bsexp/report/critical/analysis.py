@@ -84,7 +84,7 @@ def at_samples(records: Sequence[Mapping[str, Any]], samples: float, metric: str
     return points[-1][1] if points and points[-1][0] == samples else None
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Branch:
     seed: int
     at: int  # samples seen where it branched

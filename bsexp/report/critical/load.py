@@ -21,13 +21,13 @@ def load_branches(sweep: Path) -> list[Branch]:
             continue
         found.append(
             Branch(
-                summary["seed"],
-                node["at_samples"],
-                node["batch"],
-                node["samples"],
-                node["trunk"],
-                summary["status"],
-                read_jsonl(job / "metrics.jsonl"),
+                seed=summary["seed"],
+                at=node["at_samples"],
+                batch=node["batch"],
+                length=node["samples"],
+                trunk=node["trunk"],
+                status=summary["status"],
+                records=read_jsonl(job / "metrics.jsonl"),
             )
         )
     return found

@@ -55,7 +55,7 @@ class AgainstTuned:
     verdict: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TunedBaseline:
     target: float
     batch: int
@@ -98,7 +98,15 @@ def against_tuned(arms: list[Arm], tuned: StepsToResult) -> TunedBaseline | None
                 verdict=_verdict(interval, len(steps), len(done), base),
             )
         )
-    return TunedBaseline(tuned.target, fastest.batch, fastest.best.lr, base, rows, fastest.seeds, passed_over)
+    return TunedBaseline(
+        target=tuned.target,
+        batch=fastest.batch,
+        lr=fastest.best.lr,
+        steps=base,
+        rows=rows,
+        seeds=fastest.seeds,
+        passed_over=passed_over,
+    )
 
 
 def _verdict(steps: Interval | None, reached: int, seeds: int, base: Interval) -> str:
