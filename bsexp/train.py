@@ -147,6 +147,9 @@ def main() -> None:
                 raise
             # Hydra re-raises the first failed point's error after running every point.
             sweep_dir = started_sweep()
+            if sweep_dir is None and _is_config_error(exc):  # the sweep's own config (an unknown key): as a run's
+                print(f"error: {one_line(exc)}; no point has run", file=sys.stderr, flush=True)
+                sys.exit(2)
             ran = (
                 "the sweep did not start"
                 if sweep_dir is None
@@ -154,6 +157,13 @@ def main() -> None:
             )
             print(f"error: a sweep point failed ({one_line(exc)}); {ran}", file=sys.stderr, flush=True)
             sys.exit(2 if isinstance(exc, ConfigError) else 1)
+
+
+def _is_config_error(exc: BaseException) -> bool:
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    return isinstance(exc, (ConfigError, HydraException, OmegaConfBaseException))
 
 
 def _multirun_requested() -> bool:

@@ -26,6 +26,10 @@
 #                   longer than one 10-minute call (docs/results/gpu.md): run `PARTS=gpu` in one
 #                   call and `PARTS="tiers first bench"` in the next, while the machine is warm.
 #   WORKERS=...     pytest-xdist workers for each of 1 and 2 (default: cores / 2, at most 8; at least 1)
+#   THREADS=...     torch's threads in every process the tests start (default 2, OMP_NUM_THREADS). Left
+#                   to torch, each process takes every core: the first check ran 14 workers' processes
+#                   of 16 threads each on 16 cores, and its tiers took about 4 x longer a test than on
+#                   2 cores. 2 is what CI's 2-core machine gives them, and what they are known to pass with
 #   WHEELS=...      the wheelhouse (default .gpu/wheels; for another Python: PY_VERSION in gpu_bundle.sh)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -42,6 +46,7 @@ limit=${LIMIT:-300}
 parts=" ${PARTS:-gpu tiers first bench} "
 cores=$(nproc)
 workers=${WORKERS:-$(( cores / 2 > 8 ? 8 : (cores / 2 > 0 ? cores / 2 : 1) ))}
+threads=${THREADS:-2}
 started=$SECONDS
 : >"$log"
 rm -f "$out/gpu.xml" "$out/default.xml" "$log.gpu" "$log.default"  # nothing of an earlier check read as this one's
@@ -107,11 +112,11 @@ say "| --- | --- | --- |"
 # outcome in the log as it finishes, so a step stopped at its limit still says what passed.
 # test_install builds a wheel, which needs the registry for its build backend: not here.
 if [[ $parts == *" gpu "* ]]; then
-    BSEXP_TEST_GPU=1 log=$log.gpu step "tests/gpu (BSEXP_TEST_GPU=1)" "$limit" "$py" -m pytest -m cuda $gpu_tests \
+    BSEXP_TEST_GPU=1 OMP_NUM_THREADS=$threads log=$log.gpu step "tests/gpu (BSEXP_TEST_GPU=1)" "$limit" "$py" -m pytest -m cuda $gpu_tests \
         -n "$workers" -v -p no:cacheprovider -o addopts="" -ra --junitxml="$out/gpu.xml" &
 fi
 if [[ $parts == *" tiers "* ]]; then
-    log=$log.default step "default tiers, GPU present ($tiers)" "$limit" "$py" -m pytest $tiers -n "$workers" -v \
+    OMP_NUM_THREADS=$threads log=$log.default step "default tiers, GPU present ($tiers)" "$limit" "$py" -m pytest $tiers -n "$workers" -v \
         --dist worksteal -m "not slow" -p no:cacheprovider -o addopts="" -ra --deselect tests/cli/test_install.py \
         --junitxml="$out/default.xml" &
 fi

@@ -97,6 +97,12 @@ def test_every_point_of_a_sweep_is_checked_before_the_first_one_trains(data_root
     # A value shared by every point is said as for a single run.
     out = command(data_root, tmp_path, "-m", "seed=0,1", "optimizer.lr=-1", *TINY_RUN, f"hydra.sweep.dir={sweep}")
     assert out.returncode == 2 and out.stderr.startswith("error: optimizer.lr=-1")
+    # So is a key that is not one (exit 1 and "a sweep point failed" before: no point had).
+    out = command(data_root, tmp_path, "-m", "seed=0,1", "model.widht=3", *TINY_RUN, f"hydra.sweep.dir={sweep}")
+    assert out.returncode == 2
+    [line] = out.stderr.strip().splitlines()
+    assert line.startswith("error: model.widht: not a key of model (did you mean model.width?)")
+    assert line.endswith("; no point has run") and not sweep.exists()
     # An experiment's own sweep (its sweeper's params) is checked point by point too: over 3 ranks,
     # its batches 32 and 64 do not divide (points 0 to 5: batch 32 and 64, seeds 0-2).
     out = command(
@@ -122,6 +128,7 @@ def test_a_run_beside_another_on_the_same_cores_is_told_the_share_that_would_let
     # see each other, not the runs of other tests on the machine.
     (tmp_path / "tmp").mkdir()
     monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # torch's own thread count (gpu_check.sh sets one)
     # The other run trains long enough to be there while this one starts, on 1 thread.
     other = start(
         data_root, tmp_path, *[o for o in SLOW if o != "epochs=3"], "epochs=100", f"hydra.run.dir={tmp_path / 'other'}"
