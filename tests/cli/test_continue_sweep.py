@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from bsexp.sweep import read_index
 from conftest import TINY_RUN, cli_env
 from resuming import SLOW
 
@@ -113,6 +114,45 @@ def test_a_continued_sweep_that_would_change_its_points_is_one_line(data_root, t
     out = bsexp(data_root, tmp_path, "-m", "resume=auto", f"hydra.sweep.dir={tmp_path / 'nowhere'}")
     assert out.returncode == 2 and "holds no sweep to continue (no multirun.yaml)" in out.stderr
     assert {p: p.read_bytes() for p in sweep.rglob("*") if p.is_file()} == files
+
+
+def test_a_point_that_failed_is_run_again_and_the_sweep_ends_as_if_it_never_had(data_root, tmp_path):
+    # A model of the user's (tests/helpers/user_models.py) that fails while a file names its size:
+    # point 1 (hidden 32) fails at its third step, point 0 completes; the fault is then fixed.
+    conf = tmp_path / "my_conf" / "model"
+    conf.mkdir(parents=True)
+    flag = tmp_path / "flag"
+    (conf / "flaky.yaml").write_text(f"_target_: user_models.FailsWhileFlagged\nhidden: 16\nflag: {flag}\n")
+    sweep_args = [
+        "-m",
+        "model.hidden=16,32",
+        *(o for o in TINY_RUN if not o.startswith("model.")),
+        f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]",
+        "model=flaky",
+    ]
+    whole = tmp_path / "whole"
+    out = bsexp(data_root, tmp_path, *sweep_args, f"hydra.sweep.dir={whole}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    expected = summaries(whole)
+
+    flag.write_text("32")
+    sweep = tmp_path / "sweep"
+    out = bsexp(data_root, tmp_path, *sweep_args, f"hydra.sweep.dir={sweep}")
+    assert out.returncode == 1 and "hidden 32 is flagged" in out.stderr
+    failed = {d: e["status"] for d, e in read_index(sweep).items()}
+    assert sorted(failed.values()) == ["completed", "failed"]
+    done = {p: p.read_bytes() for p in sweep.glob("*/summary.json") if '"completed"' in p.read_text()}
+
+    flag.unlink()  # the fault fixed
+    out = bsexp(data_root, tmp_path, "-m", "resume=auto", f"hydra.sweep.dir={sweep}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert summaries(sweep) == expected  # the failed point ran again; the completed one as it was
+    assert {p: p.read_bytes() for p in done} == done and out.stdout.count("nothing left to resume") == 1
+    # The index keeps each point's history, the last line its outcome now (bsexp.sweep.read_index).
+    assert {e["status"] for e in read_index(sweep).values()} == {"completed"}
+    [failed_dir] = [d for d, status in failed.items() if status == "failed"]
+    lines = [json.loads(line) for line in (sweep / "jobs.jsonl").read_text().splitlines()]
+    assert [e["status"] for e in lines if e["dir"] == failed_dir] == ["failed", "completed"]
 
 
 def test_the_report_lists_every_point_of_the_grid_those_never_started_as_missing(data_root, tmp_path):

@@ -25,6 +25,23 @@ class TinyNet(nn.Module):
         return self.net(x)
 
 
+class FailsWhileFlagged(TinyNet):
+    """Raises in its `fail_at_step`-th training forward while the file `flag` names its `hidden`
+    size: a fault from outside the run (a bad node, a full disk) that is gone once it is fixed."""
+
+    def __init__(self, input_shape, num_classes, hidden: int = 16, flag: str = "", fail_at_step: int = 3):
+        super().__init__(input_shape, num_classes, hidden)
+        self.hidden, self.flag, self.fail_at = hidden, flag, fail_at_step
+
+    def forward(self, x):
+        if self.training:
+            self.calls += 1
+            named = open(self.flag).read().split() if self.flag and os.path.isfile(self.flag) else []
+            if self.calls == self.fail_at and str(self.hidden) in named:
+                raise RuntimeError(f"FailsWhileFlagged: hidden {self.hidden} is flagged in {self.flag}")
+        return self.net(x)
+
+
 class FailsOnRank(TinyNet):
     """Raises in its `fail_at_step`-th training forward on rank `rank` only; the other ranks wait
     in the next collective, as a real crash would leave them."""
