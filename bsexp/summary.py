@@ -37,6 +37,8 @@ def hyperparameters(cfg: DictConfig, loop) -> dict[str, Any]:
         "lr": hp.lr,
         "lr_peak": hp.lr_peak,
         "weight_decay": hp.weight_decay,
+        "warmup": cfg.schedule.warmup,  # in schedule.unit, as configured (the tuning's, where searched)
+        "warmup_shape": str(cfg.schedule.warmup_shape),
         "warmup_steps": hp.warmup_steps,
         "total_steps": hp.total_steps,
         **loop.regularisers.values(plan.size),  # dropout and BatchNorm momentum at the first batch
@@ -44,8 +46,16 @@ def hyperparameters(cfg: DictConfig, loop) -> dict[str, Any]:
 
 
 def announce(cfg: DictConfig, loop, hparams: dict[str, Any]) -> None:
-    """The run's set-up, logged before it trains."""
-    splits, h = loop.splits, hparams
+    """The run's set-up, logged before it trains: its data, model and speed, its batch and what the
+    rules derived from it, and the cautions about that set-up."""
+    _announce_setup(cfg, loop)
+    _announce_batch(hparams)
+    if loop.batching.traits.own_setup:  # the trunk's set-up was cautioned about; a branch only continues it
+        _caution(cfg, loop, hparams)
+
+
+def _announce_setup(cfg: DictConfig, loop) -> None:
+    splits = loop.splits
     params = sum(p.numel() for p in loop.step.net.parameters())
     log.info(
         "data %s: %d train / %d val / %s test, input %s, %d classes",
@@ -66,6 +76,9 @@ def announce(cfg: DictConfig, loop, hparams: dict[str, Any]) -> None:
         else f"fast (cuDNN autotuner, TF32, torch.compile {speed.compile}, fused optimizer"
         f"{', channels_last' if speed.channels_last else ''})",
     )
+
+
+def _announce_batch(h: dict[str, Any]) -> None:
     log.info(
         "batch %d = micro %d x accum %d x world %d; k = %d/%d = %g",
         h["batch_size"],
@@ -97,8 +110,9 @@ def announce(cfg: DictConfig, loop, hparams: dict[str, Any]) -> None:
             h["bn_momentum_rule"],
             h["base_bn_momentum"],
         )
-    if not loop.batching.traits.own_setup:  # the trunk's set-up was cautioned about; a branch only continues it
-        return
+
+
+def _caution(cfg: DictConfig, loop, h: dict[str, Any]) -> None:
     run = loop.batching.layout.run
     per_epoch = run.epoch_steps(0) if run.epoch_starts else run.total  # a whole epoch's, where max_steps cut it
     for key, what in cautions(

@@ -39,14 +39,21 @@ def sweep(out: Path, args: list[str]) -> int:
 
 
 def best_trials(tune_dir: Path) -> dict[str, dict]:
-    """best.json: each batch size's fewest steps to the target, with its LR (and momentum)."""
+    """best.json: each batch size's fewest steps to the target, with its LR, momentum and warmup."""
     from bsexp.report.steps.analysis import analyse
     from bsexp.report.steps.load import load_tuning
 
     trials, _, target = load_tuning(tune_dir)
     result = analyse(trials, [], target)
     return {
-        str(b.batch): {"lr": b.best.lr, "momentum": b.best.momentum, "steps": b.best.steps, "trial": b.best.name}
+        str(b.batch): {
+            "lr": b.best.lr,
+            "momentum": b.best.momentum,
+            "warmup": b.best.warmup,
+            "warmup_shape": b.best.warmup_shape,
+            "steps": b.best.steps,
+            "trial": b.best.name,
+        }
         for b in result.batches
         if b.best is not None
     }

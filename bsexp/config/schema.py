@@ -320,6 +320,7 @@ class TuneConfig:
     lr_min: float = positive(0.001)  # the LR is searched log-uniformly in [lr_min, lr_max]
     lr_max: float = positive(10.0)
     momentum: bool = False  # search SGD's momentum too (1 - momentum log-uniform in [0.01, 0.5])
+    warmup_max: Optional[float] = positive(None)  # search a linear warmup too, uniform in [0, this] (schedule.unit)
     search_seed: int = at_least(0, 0)  # scrambles the Sobol sequence
     target: float = bounded(0.9, low=0, high=1)  # the val_acc a run's steps are counted to
     seeds: int = at_least(0, 3)  # reruns of each batch size's best trial, seeds 1 to this

@@ -14,11 +14,13 @@ import pytest
 
 from conftest import cli_env
 
-# Two batch sizes, three trials each, a target the small batch reaches in a few epochs and the
-# large one (5 steps an epoch) does not.
+# Two batch sizes, three trials each (the LR and a linear warmup of up to an epoch searched), a
+# target the small batch reaches in a few epochs and the large one (5 steps an epoch) does not.
 TUNE = [
     "tune_batches=[32,128]",
     "tune.trials=3",
+    "tune.warmup_max=1",
+    "tune.search_seed=3",  # its first three points: LRs 0.63, 0.024 and 0.0012
     "tune.seeds=1",
     "tune.target=0.5",
     "data.num_samples=1000",
@@ -50,13 +52,18 @@ def test_the_lr_tuned_at_each_batch_size_and_the_best_rerun_over_seeds(data_root
     trials = [json.loads(p.read_text()) for p in (out / "trials").glob("*/summary.json")]
     assert len(trials) == 6 and {t["batch_size"] for t in trials} == {32, 128}
     assert len({t["lr"] for t in trials}) == 3  # the same three points of the search at each batch size
+    assert len({t["warmup"] for t in trials}) == 3 and all(0 <= t["warmup"] <= 1 for t in trials)
+    assert {t["warmup_shape"] for t in trials} == {"linear"}
     reached = [t for t in trials if t["stopped_at"] is not None]
     assert reached and all(t["batch_size"] == 32 and t["val_acc"] >= 0.5 for t in reached)
     best = json.loads((out / "best.json").read_text())
     fewest = min(reached, key=lambda t: t["steps"])
     assert list(best) == ["32"] and best["32"]["lr"] == fewest["lr"]  # batch 128 never got there
+    assert best["32"]["warmup"] == fewest["warmup"]
     reruns = [json.loads(p.read_text()) for p in (out / "seeds").glob("*/summary.json")]
-    assert [(r["batch_size"], r["seed"], r["lr"]) for r in reruns] == [(32, 1, best["32"]["lr"])]
+    assert [(r["batch_size"], r["seed"], r["lr"], r["warmup"]) for r in reruns] == [
+        (32, 1, best["32"]["lr"], best["32"]["warmup"])
+    ]
     table = (out / "steps_to_result.md").read_text()
     assert "| 32 | " in table and "**Not reached**: no trial of batch 128" in table
     assert all((out / name).stat().st_size for name in ("steps_to_result.png", "tuned_lr.png", "steps_to_result.csv"))

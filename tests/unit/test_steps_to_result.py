@@ -12,7 +12,7 @@ import yaml
 from bsexp.report.critical.analysis import BranchedCritical, Stage
 from bsexp.report.steps.analysis import analyse
 from bsexp.report.steps.cli import estimates, nearest_stage
-from bsexp.report.steps.render import markdown, rows
+from bsexp.report.steps.render import figures, markdown, rows
 from bsexp.tuning import sobol, trial_values
 from report_runs import effective_batch, known_b_crit_runs, points, synthetic_run
 
@@ -129,3 +129,18 @@ def test_the_search_is_quasi_random_and_a_trial_depends_on_its_number_alone():
     assert sobol(16, 2, 0)[:3] == sobol(3, 2, 0)  # the same points, however many are drawn
     momentum = trial_values(3, 0.001, 10.0, True)["momentum"]
     assert 0.5 <= momentum <= 0.99
+    # A linear warmup's length searched too: uniform in [0, warmup_max], a Sobol dimension of its own.
+    warmups = [trial_values(i, 0.001, 10.0, False, warmup_max=4.0) for i in range(16)]
+    assert {w["warmup_shape"] for w in warmups} == {"linear"}
+    assert sorted(int(w["warmup"]) for w in warmups) == [q for q in range(4) for _ in range(4)]
+    assert [w["lr"] for w in warmups] != lrs  # other points: a search without it keeps its own (above)
+
+
+def test_a_tuning_where_no_batch_reached_the_target_is_reported_so(tmp_path):
+    # Every trial short of the target (a budget too small): figures that say so, not a crash
+    # (log axes of nothing ended the report with matplotlib's "Data cannot be log-scaled").
+    result = analyse(tuning(batches=(32, 128)), [], 1.5)
+    assert result.not_reached == [32, 128] and result.fit.refused
+    figures(result, tmp_path)
+    assert all((tmp_path / f).stat().st_size for f in ("steps_to_result.png", "tuned_lr.png", "samples_steps.png"))
+    assert "**Not reached**: no trial of batch 32, 128" in markdown(result, [])

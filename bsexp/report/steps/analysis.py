@@ -36,6 +36,8 @@ class Trial:
     steps: float | None  # to the target, interpolated; None where it never got there
     samples: float | None
     status: str
+    warmup: float | None = None  # in schedule.unit, with its shape: searched where tune.warmup_max is set
+    warmup_shape: str | None = None
 
 
 @dataclass
@@ -139,6 +141,8 @@ def trial(point: Point, target: float) -> Trial:
         steps=None if got is None else got.steps,
         samples=None if got is None else got.samples,
         status=point.status,
+        warmup=summary.get("warmup"),
+        warmup_shape=summary.get("warmup_shape"),
     )
 
 

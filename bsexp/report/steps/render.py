@@ -26,6 +26,7 @@ def rows(result: StepsToResult) -> list[dict]:
                 "reached": len(b.reached),
                 "best_lr": best.lr if best else None,
                 "best_momentum": best.momentum if best else None,
+                "best_warmup": best.warmup if best and best.warmup_shape not in (None, "none") else None,
                 "lr_at_edge": b.at_edge or "",
                 "best_steps": best.steps if best else None,
                 "steps_mean": statistics.fmean(seeds) if seeds else None,
@@ -65,23 +66,45 @@ def markdown(result: StepsToResult, estimates: list[tuple[str, str, str]]) -> st
         "|" + " --- |" * 9,
     ]
     table = rows(result)
-    for row in table:
-        edge = f" (at the {row['lr_at_edge']} LR tried)" if row["lr_at_edge"] else ""
-        spread = (
-            f"{row['steps_mean']:,.1f} ± {row['steps_std']:,.1f} ({row['seeds']})"
-            if row["steps_std"] is not None
-            else _num(row["steps_mean"], ",.1f")
-        )
-        if row["seeds"] < row["runs"]:  # seeds that missed the target: the mean is of those that got there
-            spread += f" ({row['seeds']} of {row['runs']} seeds reached)"
-        lines.append(
-            f"| {row['batch']} | {row['reached']}/{row['trials']} | {_num(row['best_lr'], '.3g')}{edge} | "
-            f"{_num(row['best_steps'], ',.1f')} | {spread} | {_num(row['samples_mean'], ',.0f')} | "
-            f"{_num(row['linear_rule_over_tuned'], '.2f')} | {_num(row['sqrt_rule_over_tuned'], '.2f')} | "
-            f"{row['region'] or '-'} |"
-        )
+    lines += [_table_row(row) for row in table]
     lines.append("")
     lines += _fit_lines(result)
+    lines += _cautions(result, table)
+    lines += ["", "## The critical batch, four ways", "", "| estimate | B_crit | how |", "| --- | --- | --- |"]
+    lines += [f"| {how} | {value} | {note} |" for how, value, note in estimates]
+    lines += [
+        "",
+        "## Figures",
+        "",
+        "![steps](steps_to_result.png)",
+        "![lr](tuned_lr.png)",
+        "![samples](samples_steps.png)",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _table_row(row: dict) -> str:
+    edge = f" (at the {row['lr_at_edge']} LR tried)" if row["lr_at_edge"] else ""
+    if row["best_warmup"] is not None:  # searched too
+        edge += f", warmup {row['best_warmup']:.2g}"
+    spread = (
+        f"{row['steps_mean']:,.1f} ± {row['steps_std']:,.1f} ({row['seeds']})"
+        if row["steps_std"] is not None
+        else _num(row["steps_mean"], ",.1f")
+    )
+    if row["seeds"] < row["runs"]:  # seeds that missed the target: the mean is of those that got there
+        spread += f" ({row['seeds']} of {row['runs']} seeds reached)"
+    return (
+        f"| {row['batch']} | {row['reached']}/{row['trials']} | {_num(row['best_lr'], '.3g')}{edge} | "
+        f"{_num(row['best_steps'], ',.1f')} | {spread} | {_num(row['samples_mean'], ',.0f')} | "
+        f"{_num(row['linear_rule_over_tuned'], '.2f')} | {_num(row['sqrt_rule_over_tuned'], '.2f')} | "
+        f"{row['region'] or '-'} |"
+    )
+
+
+def _cautions(result: StepsToResult, table: list[dict]) -> list[str]:
+    lines = []
     edges = [b.batch for b in result.batches if b.at_edge]
     if edges:
         lines.append(
@@ -99,18 +122,7 @@ def markdown(result: StepsToResult, estimates: list[tuple[str, str, str]]) -> st
             f"**Not reached**: no trial of batch {', '.join(map(str, result.not_reached))} reached the "
             f"target within its budget (more epochs, or more trials)."
         )
-    lines += ["", "## The critical batch, four ways", "", "| estimate | B_crit | how |", "| --- | --- | --- |"]
-    lines += [f"| {how} | {value} | {note} |" for how, value, note in estimates]
-    lines += [
-        "",
-        "## Figures",
-        "",
-        "![steps](steps_to_result.png)",
-        "![lr](tuned_lr.png)",
-        "![samples](samples_steps.png)",
-        "",
-    ]
-    return "\n".join(lines)
+    return lines
 
 
 def _fit_lines(result: StepsToResult) -> list[str]:
@@ -164,13 +176,15 @@ def figures(result: StepsToResult, out: Path) -> None:
             )
             ax.axvspan(batches[0], result.regions.perfect_up_to, color="C2", alpha=0.08)
             ax.axvspan(result.regions.maximal_from, batches[-1], color="C1", alpha=0.08)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.legend(fontsize=7)
+    else:
+        _nothing_reached(ax, result)
     ax.set_xlabel("batch size")
     ax.set_ylabel(f"steps to val_acc >= {100 * result.target:.0f} %")
     ax.set_title("Steps to result, LR tuned at each batch", fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
     fig.savefig(out / "steps_to_result.png", dpi=120, bbox_inches="tight")
     plt.close(fig)
     _lr_figure(result, out)
@@ -191,13 +205,15 @@ def _lr_figure(result: StepsToResult, out: Path) -> None:
             grid = [b for b, _ in best]
             ax.plot(grid, [ref[1] * b / ref[0] for b in grid], "--", label=f"linear rule from batch {ref[0]}")
             ax.plot(grid, [ref[1] * math.sqrt(b / ref[0]) for b in grid], ":", label=f"sqrt rule from batch {ref[0]}")
+        ax.legend(fontsize=7)
+    else:
+        _nothing_reached(ax, result)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("batch size")
     ax.set_ylabel("learning rate")
     ax.set_title("The tuned LR against the scaling rules (grey: every trial)", fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
     fig.savefig(out / "tuned_lr.png", dpi=120, bbox_inches="tight")
     plt.close(fig)
 
@@ -207,14 +223,30 @@ def _samples_figure(result: StepsToResult, out: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     curve = result.curve()
-    ax.plot([s for _, s, _ in curve], [e for _, _, e in curve], "o-")
-    for b, s, e in curve:
-        ax.annotate(str(b), (s, e), textcoords="offset points", xytext=(4, 4), fontsize=7)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
+    if curve:
+        ax.plot([s for _, s, _ in curve], [e for _, _, e in curve], "o-")
+        for b, s, e in curve:
+            ax.annotate(str(b), (s, e), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+    else:
+        _nothing_reached(ax, result)
     ax.set_xlabel("steps to result")
     ax.set_ylabel("samples to result")
     ax.set_title("Samples against steps: the trade-off (batch sizes marked)", fontsize=9)
     ax.grid(alpha=0.3)
     fig.savefig(out / "samples_steps.png", dpi=120, bbox_inches="tight")
     plt.close(fig)
+
+
+def _nothing_reached(ax, result: StepsToResult) -> None:
+    """Said on a figure with no curve to draw: no batch size reached the target."""
+    ax.text(
+        0.5,
+        0.5,
+        f"no batch size reached val_acc >= {100 * result.target:.0f} % within its budget",
+        transform=ax.transAxes,
+        ha="center",
+        va="center",
+        fontsize=9,
+    )
