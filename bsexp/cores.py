@@ -1,11 +1,13 @@
 """The machine's cores, shared between bsexp runs that train on it at once.
 
 torch takes every core for its thread pool by default, so two runs started side by side each
-run about 3x slower than alone (2 cores: 2.3 s of training alone, 7.6 s each two at once, 2.6 s
-each with trainer.threads=1). Every training process says so in a registry (one locked file per
-process, in the temporary directory), and a run whose threads are torch's default is told, when
-others are training, how many threads would give each its share. It is told, not changed: the
-thread count can change the rounding of a run's sums, and a run is reproducible by default.
+run several times slower than alone (2 cores: 2.3 s of training alone, 7.6 s each two at once, 2.6 s
+each with trainer.threads=1; docs/results/performance.md measured x8.5 on a larger run). Every
+training process says so in a registry (one locked file per process, in the temporary directory),
+and a run whose threads are torch's default is told, when others are training (when it starts, or
+later: it keeps looking while it trains), how many threads would give each its share. It is told,
+not changed: the thread count can change the rounding of a run's sums, and a run is reproducible
+by default.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import contextlib
 import fcntl
 import os
 import tempfile
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,13 +64,46 @@ def register(threads: int, registry: Path = REGISTRY) -> Sharing:
         os.write(handle, str(threads).encode())
         os.replace(draft, registry / str(os.getpid()))
     # Read after entering: of two runs started at the same instant, the later to read sees the other.
-    others = []
+    return Sharing(cores(), threads, others(registry))
+
+
+def others(registry: Path = REGISTRY) -> tuple[int, ...]:
+    """The threads of every other live training process in the registry."""
+    found = []
     for entry in registry.glob("[0-9]*"):
         if entry.name == str(os.getpid()):
             continue
         with contextlib.suppress(OSError, ValueError):
-            others.append(_live_threads(entry))
-    return Sharing(cores(), threads, tuple(t for t in others if t))
+            found.append(_live_threads(entry))
+    return tuple(t for t in found if t)
+
+
+@contextlib.contextmanager
+def watching(
+    threads: int, tell: Callable[[Sharing], None], every: float = 2.0, registry: Path = REGISTRY
+) -> Iterator[None]:
+    """While the block runs, look at the registry every `every` seconds and `tell` once where runs
+    started since ask for more threads than there are cores (the run that started first is told
+    too, not only the one that found the other there)."""
+    done = threading.Event()
+
+    def look() -> None:
+        while not done.wait(every):
+            try:
+                sharing = Sharing(cores(), threads, others(registry))
+            except Exception:  # noqa: BLE001 - a run out of memory, say: the run's error is its own to report
+                return
+            if sharing.oversubscribed:
+                tell(sharing)
+                return
+
+    watcher = threading.Thread(target=look, name="bsexp-cores", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
 
 
 def _live_threads(entry: Path) -> int:

@@ -4,6 +4,7 @@ asked), its outputs (sinks, finder.json), training under signals, the test split
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -74,27 +75,36 @@ def _figures(loop, records: list[dict], run_dir: Path) -> None:
         loop.sinks.image(key, run_dir / name)
 
 
-def _share_cores(cfg: DictConfig, world: World) -> None:
+def _share_cores(cfg: DictConfig, world: World) -> contextlib.AbstractContextManager:
     """Say where this run and others on the machine ask for more threads than it has cores, and
-    the share that would let each run near its speed alone (bsexp.cores). Only where the threads
-    are torch's default: a run told its threads (trainer.threads, OMP_NUM_THREADS, a sweep's
-    joblib share, DDP's workers) is counted, not told."""
+    the share that would let each run near its speed alone (bsexp.cores): when it starts, or while
+    it trains (the context this returns keeps looking). Only where the threads are torch's
+    default: a run told its threads (trainer.threads, OMP_NUM_THREADS, a sweep's joblib share,
+    DDP's workers) is counted, not told."""
     sharing = cores.register(torch.get_num_threads())
     told = cfg.trainer.threads is not None or "OMP_NUM_THREADS" in os.environ or world.distributed
-    if sharing.oversubscribed and not told:
-        others = len(sharing.others)
-        log.warning(
-            "%d other bsexp run%s train%s on this machine's %d cores beside this one (%d threads here, %d "
-            "there): each runs slower than alone (about 3x for two runs on 2 cores); give each its share "
-            "with trainer.threads=%d",
-            others,
-            "s" if others > 1 else "",
-            "" if others > 1 else "s",
-            sharing.cores,
-            sharing.threads,
-            sum(sharing.others),
-            sharing.share,
-        )
+    if told:
+        return contextlib.nullcontext()
+    if sharing.oversubscribed:
+        _tell_share(sharing)
+        return contextlib.nullcontext()
+    return cores.watching(sharing.threads, _tell_share)
+
+
+def _tell_share(sharing: cores.Sharing) -> None:
+    others = len(sharing.others)
+    log.warning(
+        "%d other bsexp run%s train%s on this machine's %d cores beside this one (%d threads here, %d "
+        "there): each runs several times slower than alone (x3 to x8.5 measured for two runs on 2 cores); "
+        "give each its share with trainer.threads=%d",
+        others,
+        "s" if others > 1 else "",
+        "" if others > 1 else "s",
+        sharing.cores,
+        sharing.threads,
+        sum(sharing.others),
+        sharing.share,
+    )
 
 
 def _run_on(world: World, cfg: DictConfig, run_dir: Path, started: float) -> dict[str, Any]:
@@ -138,11 +148,10 @@ def _set_up_and_train(cfg: DictConfig, world: World, run_dir: Path, loop, resume
         _start_outputs(cfg, loop, run_dir, hparams, len(state.records) if resumed else None, wandb_id)
     if trunk is not None:  # where the branch starts: the trunk's model, at the branch's batch
         loop.evaluator.log(loop, state, loop.batching.epochs_done(state))
-    if world.device.type == "cpu":
-        _share_cores(cfg, world)
-    if cfg.trainer.memory_limit_gb is not None:
-        limit_memory(world.device, int(cfg.trainer.memory_limit_gb * 2**30))
-    return _train(cfg, loop, state, run_dir, hparams, resumed, changed)
+    with _share_cores(cfg, world) if world.device.type == "cpu" else contextlib.nullcontext():
+        if cfg.trainer.memory_limit_gb is not None:  # after the cores' watcher has started: a thread is room
+            limit_memory(world.device, int(cfg.trainer.memory_limit_gb * 2**30))
+        return _train(cfg, loop, state, run_dir, hparams, resumed, changed)
 
 
 def _start_outputs(cfg: DictConfig, loop, run_dir: Path, hparams: dict, records: int | None, wandb_id) -> None:

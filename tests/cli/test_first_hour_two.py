@@ -155,6 +155,51 @@ def test_a_run_beside_another_on_the_same_cores_is_told_the_share_that_would_let
         other.communicate()
 
 
+def test_the_run_that_started_first_is_told_too_once_another_trains_beside_it(data_root, tmp_path, monkeypatch):
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))  # a registry of their own (bsexp.cores)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    # The first run, at torch's default threads, alone when it starts; its log in a file, read as it grows.
+    log = tmp_path / "first.log"
+    default_threads = [o for o in SLOW if o not in ("epochs=3", "trainer.threads=1")]
+    with open(log, "w") as out:
+        first = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "bsexp.train",
+                *default_threads,
+                "epochs=100",
+                f"hydra.run.dir={tmp_path / 'first'}",
+            ],
+            cwd=tmp_path,
+            env=cli_env(data_root),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    second = None
+    try:
+        deadline = time.time() + 120
+        while not (tmp_path / "first" / "metrics.jsonl").exists():
+            assert first.poll() is None and time.time() < deadline, log.read_text()[-3000:]
+            time.sleep(0.01)
+        assert "other bsexp run" not in log.read_text()  # nobody else there when it started
+        second = start(data_root, tmp_path, *SLOW, f"hydra.run.dir={tmp_path / 'second'}")  # 1 thread
+        cores = len(os.sched_getaffinity(0))
+        deadline = time.time() + 60
+        while "other bsexp run" not in log.read_text():  # it looks every 2 s
+            assert first.poll() is None and time.time() < deadline, log.read_text()[-3000:]
+            time.sleep(0.1)
+        [line] = [line for line in log.read_text().splitlines() if "other bsexp run" in line]
+        assert f"1 other bsexp run trains on this machine's {cores} cores beside this one" in line
+        assert line.endswith(f"give each its share with trainer.threads={max(1, cores // 2)}")
+    finally:
+        for proc in (first, second):
+            if proc is not None:
+                proc.kill()
+                proc.communicate()
+
+
 def test_the_finder_run_prints_no_warning_of_its_probe_processes(data_root, tmp_path):
     out = command(data_root, tmp_path, *TINY_RUN, "batch=finder", f"hydra.run.dir={tmp_path / 'run'}")
     assert out.returncode == 0, out.stderr[-3000:]
