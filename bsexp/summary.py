@@ -16,6 +16,7 @@ from bsexp.noise import NoiseScale
 from bsexp.runtime import compiled_graphs, peak_memory_mb, provenance, run_speed
 
 log = logging.getLogger(__name__)
+_FOLLOWED = ("dropout", "bn_momentum")  # the regularisers that follow the batch (bsexp.regularisers)
 
 
 def hyperparameters(cfg: DictConfig, loop) -> dict[str, Any]:
@@ -67,15 +68,19 @@ def _announce_setup(cfg: DictConfig, loop) -> None:
         splits.num_classes,
     )
     log.info("model %s: %s parameters, on %s, %s", cfg.model._target_, f"{params:,}", loop.world.device, cfg.precision)
-    speed = run_speed(cfg, loop.world.device, loop.step.net)
-    log.info(
-        "speed %s: %s",
-        cfg.trainer.speed,
-        "reproducible (deterministic algorithms, no autotuner, eager)"
-        if not speed.fast
-        else f"fast (cuDNN autotuner, TF32, torch.compile {speed.compile}, fused optimizer"
-        f"{', channels_last' if speed.channels_last else ''})",
-    )
+    log.info("speed %s: %s", cfg.trainer.speed, _speed_words(run_speed(cfg, loop.world.device, loop.step.net), loop))
+
+
+def _speed_words(speed, loop) -> str:
+    """How the run computes, as its log says it: only what applies on its device."""
+    if not speed.fast:
+        return "reproducible (deterministic algorithms, no autotuner, eager)"
+    parts = ["no deterministic algorithms"]
+    if loop.world.device.type == "cuda":
+        parts += ["cuDNN autotuner", "TF32"]
+    parts += ["fused optimizer", *(["channels_last"] if speed.channels_last else [])]
+    parts.append(f"torch.compile {speed.compile}" if speed.compile else "eager")
+    return f"fast ({', '.join(parts)})"
 
 
 def _announce_batch(h: dict[str, Any]) -> None:
@@ -147,6 +152,8 @@ def make_summary(
         "last_finite_loss": state.last_finite_loss,
         "final_batch_size": plan.size,  # where a batch schedule ended
         "final_micro_size": plan.micro_size,  # after any OOM recovery
+        # The dropout rate and BatchNorm momentum the last batch trained with (their rules follow it).
+        **{f"final_{key}": value for key, value in loop.regularisers.values(plan.size).items() if key in _FOLLOWED},
         "oom_recoveries": loop.batching.oom_recoveries,
         "epochs": last.get("epoch", 0),  # completed, as a fraction where the run stopped mid-epoch
         "steps": state.step,

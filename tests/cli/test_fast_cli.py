@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import cli_env
+from conftest import TINY_RUN, cli_env
 from resuming import SLOW, assert_ends_as, newest_step, start, stop_mid_run, uninterrupted
 
 
@@ -46,3 +46,25 @@ def test_a_fast_run_stopped_mid_way_resumes_to_the_same_end(make_cfg, data_root,
     assert summary["compiled_graphs"] == (mode == "default")
     loop, _ = uninterrupted(make_cfg, *fast)
     assert_ends_as(run_dir, loop)  # bit for bit: the same compiled code, the same steps
+
+
+def test_a_run_says_how_it_computes_in_its_log_and_its_summary(data_root, tmp_path):
+    lines = {}
+    for speed in ("reproducible", "fast"):
+        run_dir = tmp_path / speed
+        out = subprocess.run(
+            [sys.executable, "-m", "bsexp.train", *TINY_RUN, f"trainer.speed={speed}", f"hydra.run.dir={run_dir}"],
+            cwd=tmp_path,
+            env=cli_env(data_root),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        [lines[speed]] = [line for line in (run_dir / "train.log").read_text().splitlines() if "] speed " in line]
+        assert json.loads((run_dir / "summary.json").read_text())["speed"]["fast"] == (speed == "fast")
+    assert lines["reproducible"].endswith(
+        "speed reproducible: reproducible (deterministic algorithms, no autotuner, eager)"
+    )
+    # On the CPU: no cuDNN, no TF32 to speak of; cnn1d convolves sequences, not images (no channels_last).
+    assert lines["fast"].endswith("speed fast: fast (no deterministic algorithms, fused optimizer, eager)")

@@ -26,6 +26,29 @@ def test_the_dropout_and_momentum_a_run_used_are_in_its_summary(run_cli, tmp_pat
     assert "scaling.bn_momentum_rule: BatchNorm's momentum 0.05 leaves its running statistics 90 %" in out.stdout
 
 
+def test_a_growing_batch_ends_with_the_dropout_and_momentum_of_its_last_batch(run_cli, tmp_path):
+    out = run_cli(
+        *TINY_RUN,
+        "epochs=2",
+        "batch=scheduled",
+        "batch.size=64",
+        "batch.schedule.milestones=[1]",
+        "batch.schedule.factor=4",
+        "model.dropout=0.1",
+        "scaling.dropout_rule=sqrt",
+        "scaling.bn_momentum_rule=inverse",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert (summary["batch_size"], summary["final_batch_size"]) == (64, 256)
+    # k = 64 / 128 = 0.5 at the start, 256 / 128 = 2 at the end.
+    assert summary["dropout"] == pytest.approx(0.1 * 0.5**0.5) and summary["bn_momentum"] == pytest.approx(0.2)
+    assert summary["final_dropout"] == pytest.approx(0.1 * 2**0.5) and summary["final_bn_momentum"] == pytest.approx(
+        0.05
+    )
+
+
 @pytest.mark.parametrize(
     "override, fragment",
     [
