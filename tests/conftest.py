@@ -136,3 +136,25 @@ def with_defaults(fn, schema_cls):
         )
 
     return call
+
+
+# tests/gpu's order: the tests that start the most processes (ResNet-18 runs, a run killed and
+# resumed) first, so that the workers sharing the GPU do not end on one long test left for last
+# (scripts/gpu_check.sh gives them a few minutes in all).
+GPU_HEAVY_FIRST = (
+    "test_the_fast_path_is_cudas_default",  # three ResNet-18 runs, one compiled
+    "test_the_finder_finds_at_least",  # the finder, then two runs under its cap
+    "test_a_real_cuda_oom_mid_run",  # two ResNet-18 runs
+    "test_accumulation_equals_one_large_batch",  # two runs, on each of three paths
+    "test_a_run_killed_mid_way",  # a whole run, then one killed and resumed
+    "test_torchrun_with_one_process",
+)
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item) -> int:
+        if "tests/gpu/" not in item.nodeid:
+            return 0
+        return next((n for n, p in enumerate(GPU_HEAVY_FIRST) if item.name.startswith(p)), len(GPU_HEAVY_FIRST))
+
+    items.sort(key=rank)  # stable: everything else keeps its order
