@@ -8,7 +8,7 @@ bsexp's warning names (trainer.threads = cores / 2). Each run's own training tim
 train_time_s) is compared with the run alone's; the goal is <= 1.3 for the shared pair. Last, the
 run alone at the share: the shared pair against it is the contention left, and it against the run
 alone is what the cores each run gave up were worth (a run that scales with its threads cannot
-share cores and keep its speed). Prints the second run's warning as it was logged. A
+share cores and keep its speed). Prints each run's warning as it was logged. A
 measurement, not a test: the exit code is 0.
 """
 
