@@ -1,15 +1,15 @@
-"""The batch policies' extension point, as a user meets it: a policy of your own is one module (in
-the tests' own folder: tests/helpers/toy_policy.py) and one YAML whose `_target_` names it, with
-nothing of bsexp's edited; its config dataclass holds its node to its keys."""
+"""The batch policies' extension point, as a user meets it: a policy of your own is one module and
+one YAML whose `_target_` names it (both in the tests' own folder: tests/helpers/toy_policy.py,
+tests/helpers/conf/batch/doubling.yaml), with nothing of bsexp's edited; its config dataclass holds
+its node to its keys."""
 
 import json
 import subprocess
 import sys
 
-from conftest import cli_env
+from conftest import HELPERS, cli_env
 
 TINY = ["data.num_samples=600", "data.val_size=100", "model.width=8", "logger=none", "trainer.progress=false"]
-DOUBLING = "_target_: toy_policy.Doubling\npolicy: doubling\nsize: 16\nmax_size: 64\ndrop_last: false\n"
 
 
 def bsexp(data_root, cwd, *args):
@@ -24,10 +24,7 @@ def bsexp(data_root, cwd, *args):
 
 
 def test_a_policy_of_your_own_is_one_module_and_one_yaml(data_root, tmp_path):
-    conf = tmp_path / "my_conf" / "batch"
-    conf.mkdir(parents=True)
-    (conf / "doubling.yaml").write_text(DOUBLING)
-    search = f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]"
+    search = f"hydra.searchpath=[file://{HELPERS / 'conf'}]"
     run_dir = tmp_path / "run"
     out = bsexp(data_root, tmp_path, search, "batch=doubling", "epochs=4", *TINY, f"hydra.run.dir={run_dir}")
     assert out.returncode == 0, out.stderr[-3000:]
