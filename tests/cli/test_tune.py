@@ -66,7 +66,11 @@ def test_the_lr_tuned_at_each_batch_size_and_the_best_rerun_over_seeds(data_root
     ]
     table = (out / "steps_to_result.md").read_text()
     assert "| 32 | " in table and "**Not reached**: no trial of batch 128" in table
-    assert all((out / name).stat().st_size for name in ("steps_to_result.png", "tuned_lr.png", "steps_to_result.csv"))
+    figures = ("steps_to_result.png", "tuned_lr.png", "samples_steps.png", "steps_to_result.csv")
+    assert all((out / name).stat().st_size for name in figures)
+    # One batch reached the target: no fit, and the four estimates' table says what each one needs.
+    assert "**Fit**: not fitted: fewer than 3 batch sizes" in table
+    assert "## The critical batch, four ways" in table and "| this curve: the LR tuned at each batch | - |" in table
 
 
 @pytest.mark.slow  # 20-70 s on 2 cores: scripts/test_slow.sh (and .ci/run) runs it

@@ -54,11 +54,20 @@ def test_the_fit_to_the_best_trials_finds_the_known_critical_batch_and_its_regio
     ratios = {b.batch: result.rule_ratios(b) for b in result.batches}
     assert result.reference == 128
     assert ratios[512]["sqrt"] == pytest.approx(1.0) and ratios[512]["linear"] == pytest.approx(2.0)
+    # As the report says it: the fit, the regions, and the tuned curve's row of the four estimates.
+    text = markdown(result, estimates(result, [], None, None))
+    assert f"maximal data parallelism from batch {result.regions.maximal_from:,.0f}" in text
+    assert f"**Regions** (of the fit): perfect scaling up to batch {result.regions.perfect_up_to:,.0f}" in text
+    [row] = [line for line in text.splitlines() if line.startswith("| this curve: the LR tuned at each batch |")]
+    assert float(row.split("|")[2].replace(",", "")) == pytest.approx(B_CRIT, rel=0.02)
+    assert "| a sweep with the LR scaled by a rule | - | not given: --rule-sweep DIR" in text
+    assert "| branched runs (Merrill et al. 2025) | - | not given: --branched DIR" in text
 
 
 def test_a_best_lr_at_the_edge_of_the_range_is_flagged_and_a_batch_that_never_gets_there_said():
     result = analyse(tuning(factors=(1.0, 3.0, 10.0)), [], TARGET)
     assert {b.at_edge for b in result.batches} == {"lowest"}  # the optimum is the lowest LR tried
+    assert "**Caution**: the best LR of batch 16, 32, 64, 128, 256, 512, 1024 is at the edge" in markdown(result, [])
     [point] = tuning(batches=(64,), factors=(1.0,))
     never = [dataclasses.replace(point, records=[dict(r, val_acc=0.5) for r in point.records])]  # stuck below it
     result = analyse([*tuning(), *never], [], TARGET)
@@ -144,3 +153,14 @@ def test_a_tuning_where_no_batch_reached_the_target_is_reported_so(tmp_path):
     figures(result, tmp_path)
     assert all((tmp_path / f).stat().st_size for f in ("steps_to_result.png", "tuned_lr.png", "samples_steps.png"))
     assert "**Not reached**: no trial of batch 32, 128" in markdown(result, [])
+
+
+def test_b_simple_is_the_mean_of_the_runs_that_measured_it():
+    measured = points(
+        [synthetic_run(64, 0, 4, lambda s: min(1.0, s / 20), lr=0.02, noise_b_simple_mean=v) for v in (300.0, 500.0)]
+    )
+    result = analyse(measured, [], TARGET)
+    [(value, how)] = [(v, h) for what, v, h in estimates(result, measured, None, None) if what.startswith("B_simple")]
+    assert value == "400" and how == "each run's mean over training (McCandlish et al. 2018)"
+    [(value, how)] = [(v, h) for what, v, h in estimates(result, [], None, None) if what.startswith("B_simple")]
+    assert value == "-" and how.startswith("not measured: trainer.noise_scale=always")
