@@ -68,3 +68,43 @@ def test_a_run_says_how_it_computes_in_its_log_and_its_summary(data_root, tmp_pa
     )
     # On the CPU: no cuDNN, no TF32 to speak of; cnn1d convolves sequences, not images (no channels_last).
     assert lines["fast"].endswith("speed fast: fast (no deterministic algorithms, fused optimizer, eager)")
+
+
+@pytest.mark.slow  # 35-45 s each on 2 cores (the finder's trials compile in their own processes)
+@pytest.mark.parametrize("policy", ["finder", "adaptive"])
+def test_the_policies_that_measure_or_move_the_batch_train_compiled_with_few_graphs(data_root, tmp_path, policy):
+    # The finder's trials run the step as it will train (compiled: bsexp.build.wrap_model); the
+    # adaptive policy grows the batch mid-run, which must not compile a graph a size.
+    run_dir = tmp_path / "run"
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bsexp.train",
+            f"batch={policy}",
+            "trainer.speed=fast",
+            "trainer.compile_mode=default",
+            "data.num_samples=2000",
+            "data.val_size=200",
+            "epochs=3",
+            "logger=none",
+            "trainer.progress=false",
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=tmp_path,
+        env=cli_env(data_root),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["speed"]["compile"] == "default"
+    # One graph for training (the batch dimension dynamic), one for evaluation: 2 measured on torch
+    # 2.14 for both policies, however the batch moved.
+    assert 1 <= summary["compiled_graphs"] <= 3, summary["compiled_graphs"]
+    if policy == "finder":
+        found = json.loads((run_dir / "finder.json").read_text())
+        assert found["micro_size"] == summary["micro_size"] and any(t["ok"] for t in found["trials"])
+    else:
+        assert summary["final_batch_size"] > summary["batch_size"]  # it grew, compiled once
