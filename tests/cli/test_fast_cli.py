@@ -48,18 +48,11 @@ def test_a_fast_run_stopped_mid_way_resumes_to_the_same_end(make_cfg, data_root,
     assert_ends_as(run_dir, loop)  # bit for bit: the same compiled code, the same steps
 
 
-def test_a_run_says_how_it_computes_in_its_log_and_its_summary(data_root, tmp_path):
+def test_a_run_says_how_it_computes_in_its_log_and_its_summary(run_cli, tmp_path):
     lines = {}
     for speed in ("reproducible", "fast"):
         run_dir = tmp_path / speed
-        out = subprocess.run(
-            [sys.executable, "-m", "bsexp.train", *TINY_RUN, f"trainer.speed={speed}", f"hydra.run.dir={run_dir}"],
-            cwd=tmp_path,
-            env=cli_env(data_root),
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        out = run_cli(*TINY_RUN, f"trainer.speed={speed}", f"hydra.run.dir={run_dir}")
         assert out.returncode == 0, out.stderr[-3000:]
         [lines[speed]] = [line for line in (run_dir / "train.log").read_text().splitlines() if "] speed " in line]
         assert json.loads((run_dir / "summary.json").read_text())["speed"]["fast"] == (speed == "fast")
@@ -72,30 +65,13 @@ def test_a_run_says_how_it_computes_in_its_log_and_its_summary(data_root, tmp_pa
 
 @pytest.mark.slow  # 35-45 s each on 2 cores (the finder's trials compile in their own processes)
 @pytest.mark.parametrize("policy", ["finder", "adaptive"])
-def test_the_policies_that_measure_or_move_the_batch_train_compiled_with_few_graphs(data_root, tmp_path, policy):
+def test_the_policies_that_measure_or_move_the_batch_train_compiled_with_few_graphs(run_cli, tmp_path, policy):
     # The finder's trials run the step as it will train (compiled: bsexp.build.wrap_model); the
     # adaptive policy grows the batch mid-run, which must not compile a graph a size.
     run_dir = tmp_path / "run"
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bsexp.train",
-            f"batch={policy}",
-            "trainer.speed=fast",
-            "trainer.compile_mode=default",
-            "data.num_samples=2000",
-            "data.val_size=200",
-            "epochs=3",
-            "logger=none",
-            "trainer.progress=false",
-            f"hydra.run.dir={run_dir}",
-        ],
-        cwd=tmp_path,
-        env=cli_env(data_root),
-        capture_output=True,
-        text=True,
-        timeout=600,
+    compiled = ["trainer.speed=fast", "trainer.compile_mode=default", "data.num_samples=2000", "data.val_size=200"]
+    out = run_cli(
+        f"batch={policy}", *compiled, "epochs=3", "logger=none", "trainer.progress=false", f"hydra.run.dir={run_dir}"
     )
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())

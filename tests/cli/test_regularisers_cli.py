@@ -6,16 +6,11 @@ import pytest
 
 from conftest import TINY_RUN
 
+RULES = ["model.dropout=0.1", "scaling.dropout_rule=sqrt", "scaling.bn_momentum_rule=inverse"]
+
 
 def test_the_dropout_and_momentum_a_run_used_are_in_its_summary(run_cli, tmp_path):
-    out = run_cli(
-        *TINY_RUN,
-        "batch.size=256",
-        "model.dropout=0.1",
-        "scaling.dropout_rule=sqrt",
-        "scaling.bn_momentum_rule=inverse",
-        f"hydra.run.dir={tmp_path / 'run'}",
-    )
+    out = run_cli(*TINY_RUN, "batch.size=256", *RULES, f"hydra.run.dir={tmp_path / 'run'}")
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     # k = 256 / 128 = 2: dropout 0.1 x sqrt(2), BatchNorm's momentum 0.1 / 2.
@@ -34,9 +29,7 @@ def test_a_growing_batch_ends_with_the_dropout_and_momentum_of_its_last_batch(ru
         "batch.size=64",
         "batch.schedule.milestones=[1]",
         "batch.schedule.factor=4",
-        "model.dropout=0.1",
-        "scaling.dropout_rule=sqrt",
-        "scaling.bn_momentum_rule=inverse",
+        *RULES,
         f"hydra.run.dir={tmp_path / 'run'}",
     )
     assert out.returncode == 0, out.stderr[-3000:]
