@@ -675,6 +675,22 @@ def test_timings_show_their_spread_and_an_under_trained_batch_is_not_read_as_gen
     with open(sweep / "report.csv") as f:
         assert {float(r["wall_time_std_s"]) for r in csv.DictReader(f)} == {1.0}
     assert "**Under-trained**: batch 1024, train acc 86.00 %" in table and "did not fit the training set" in table
+    # throughput_memory.png: samples/s with its spread over the seeds as error bars (batch 32: 1,100 ± 100).
+    from matplotlib.container import ErrorbarContainer
+
+    from bsexp.report.analysis import analyse
+    from bsexp.report.load import load_points
+    from bsexp.report.render import throughput_memory_figure
+
+    rate_ax = throughput_memory_figure(analyse(load_points(sweep))).axes[0]
+    [bars] = [c for c in rate_ax.containers if isinstance(c, ErrorbarContainer)]
+    assert bars.has_yerr and "mean ± std over seeds" in bars.get_label()
+    assert sorted(bars.lines[2][0].get_segments()[0][:, 1]) == pytest.approx([1000.0, 1200.0])
+    # One seed a point: the table says its timings are single measurements.
+    from bsexp.report.render import markdown
+
+    single = analyse([p for p in load_points(sweep) if p.summary["seed"] == 0])
+    assert "Wall time and samples/s: one measurement a point (one seed each)" in markdown(single, [sweep], [])
 
 
 def test_the_accuracy_axis_fits_the_points_that_trained(epoch_end_sweep):
