@@ -26,11 +26,11 @@ GROWING = [
 ]
 
 
-def seen(make_cfg, *overrides):
+def seen(make_cfg, *overrides, base=GROWING):
     """(global batch, dropout rate, BatchNorm momentum) at every training forward."""
-    loop = build_loop(make_cfg(*GROWING, *overrides))
+    loop = build_loop(make_cfg(*base, *overrides))
     dropout = next(m for m in loop.step.net.modules() if isinstance(m, nn.Dropout))
-    norm = next(m for m in loop.step.net.modules() if isinstance(m, nn.BatchNorm1d))
+    norm = next(m for m in loop.step.net.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm))
     out = []
     loop.step.net.register_forward_pre_hook(
         lambda module, args: (
@@ -58,3 +58,21 @@ def test_dropout_and_batchnorm_momentum_follow_a_scheduled_batch_by_their_rules(
 
 def test_without_a_rule_nothing_moves(make_cfg):
     assert {(p, m) for _, p, m in seen(make_cfg)} == {(0.1, 0.1)}
+
+
+@pytest.mark.slow  # 20-70 s on 2 cores: scripts/test_slow.sh (and .ci/run) runs it
+def test_they_follow_an_adaptive_batch_as_it_grows(make_cfg):
+    from test_adaptive_loop import ADAPTIVE  # the batch grows with the measured noise scale
+
+    rules = [
+        "model.dropout=0.1",
+        "scaling.ref_batch=32",
+        "scaling.dropout_rule=sqrt",
+        "scaling.bn_momentum_rule=inverse",
+    ]
+    steps = seen(make_cfg, *rules, base=ADAPTIVE)
+    assert len({batch for batch, _, _ in steps}) >= 3  # it grew, more than once
+    for batch, p, momentum in steps:
+        k = batch / 32
+        assert p == pytest.approx(min(0.5, 0.1 * math.sqrt(k)))  # dropout_max 0.5 by default
+        assert momentum == pytest.approx(max(0.001, 0.1 / k))  # bn_momentum_min 0.001
