@@ -32,9 +32,9 @@ TUNE = [
 ]
 
 
-def tune(data_root, cwd, out, **kwargs):
+def tune(data_root, cwd, out, *args, **kwargs):
     return subprocess.Popen(
-        [sys.executable, "-m", "bsexp.tune", str(out), *TUNE],
+        [sys.executable, "-m", "bsexp.tune", str(out), *TUNE, *args],
         cwd=cwd,
         env=cli_env(data_root),
         stdout=subprocess.PIPE,
@@ -46,7 +46,8 @@ def tune(data_root, cwd, out, **kwargs):
 
 def test_the_lr_tuned_at_each_batch_size_and_the_best_rerun_over_seeds(data_root, tmp_path):
     out = tmp_path / "tune"
-    proc = tune(data_root, tmp_path, out)
+    # The trials two at a time, as the docs run them (Hydra's joblib launcher): each stage a sweep.
+    proc = tune(data_root, tmp_path, out, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2")
     stdout, stderr = proc.communicate(timeout=900)
     assert proc.returncode == 0, stderr[-3000:]
     trials = [json.loads(p.read_text()) for p in (out / "trials").glob("*/summary.json")]
