@@ -81,10 +81,11 @@ def others(registry: Path = REGISTRY) -> tuple[int, ...]:
 @contextlib.contextmanager
 def watching(
     threads: int, tell: Callable[[Sharing], None], every: float = 2.0, registry: Path = REGISTRY
-) -> Iterator[None]:
+) -> Iterator[Callable[[], None]]:
     """While the block runs, look at the registry every `every` seconds and `tell` once where runs
     started since ask for more threads than there are cores (the run that started first is told
-    too, not only the one that found the other there)."""
+    too, not only the one that found the other there). The block gets a function that stops the
+    looking before it ends (a run's training done, its summary still to write)."""
     done = threading.Event()
 
     def look() -> None:
@@ -100,7 +101,7 @@ def watching(
     watcher = threading.Thread(target=look, name="bsexp-cores", daemon=True)
     watcher.start()
     try:
-        yield
+        yield done.set  # to stop looking before the block ends
     finally:
         done.set()
         watcher.join()

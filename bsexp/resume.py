@@ -207,9 +207,22 @@ def differences(
             continue
         if typed is not None and (key not in now or (key not in saved and key not in typed)):
             continue
-        if str(saved.get(key)) != str(now.get(key)):
+        if str(saved.get(key)) != str(now.get(key)) and not _resolves_to(cfg, key, now.get(key), saved.get(key)):
             found.append((key, saved.get(key), now.get(key)))
     return found
+
+
+def _resolves_to(cfg: DictConfig, key: str, now: Any, saved: Any) -> bool:
+    """Whether this config's `now`, an interpolation, resolves to the value the run saved: a
+    release that made a plain value an interpolation (experiment=steps_to_result's warmup, now
+    the tuning's) does not change the runs it resumes."""
+    if not (isinstance(now, str) and "${" in now) or saved is None:
+        return False
+    try:
+        value = OmegaConf.select(cfg, key, throw_on_missing=True)
+    except Exception:  # noqa: BLE001 - what does not resolve here is a difference, as it reads
+        return False
+    return str(getattr(value, "name", value)) == str(saved)
 
 
 def changes(cfg: DictConfig, resume: str, run_dir: str) -> list[tuple[str, Any, Any]]:

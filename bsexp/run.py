@@ -78,17 +78,21 @@ def _figures(loop, records: list[dict], run_dir: Path) -> None:
 def _share_cores(cfg: DictConfig, world: World) -> contextlib.AbstractContextManager:
     """Say where this run and others on the machine ask for more threads than it has cores, and
     the share that would let each run near its speed alone (bsexp.cores): when it starts, or while
-    it trains (the context this returns keeps looking). Only where the threads are torch's
-    default: a run told its threads (trainer.threads, OMP_NUM_THREADS, a sweep's joblib share,
-    DDP's workers) is counted, not told."""
+    it trains (the context this returns keeps looking, until the function it gives is called).
+    Only where the threads are torch's default: a run told its threads (trainer.threads,
+    OMP_NUM_THREADS, a sweep's joblib share, DDP's workers) is counted, not told."""
     sharing = cores.register(torch.get_num_threads())
     told = cfg.trainer.threads is not None or "OMP_NUM_THREADS" in os.environ or world.distributed
     if told:
-        return contextlib.nullcontext()
+        return contextlib.nullcontext(_nothing)
     if sharing.oversubscribed:
         _tell_share(sharing)
-        return contextlib.nullcontext()
+        return contextlib.nullcontext(_nothing)
     return cores.watching(sharing.threads, _tell_share)
+
+
+def _nothing() -> None:
+    pass
 
 
 def _tell_share(sharing: cores.Sharing) -> None:
@@ -148,10 +152,10 @@ def _set_up_and_train(cfg: DictConfig, world: World, run_dir: Path, loop, resume
         _start_outputs(cfg, loop, run_dir, hparams, len(state.records) if resumed else None, wandb_id)
     if trunk is not None:  # where the branch starts: the trunk's model, at the branch's batch
         loop.evaluator.log(loop, state, loop.batching.epochs_done(state))
-    with _share_cores(cfg, world) if world.device.type == "cpu" else contextlib.nullcontext():
+    with _share_cores(cfg, world) if world.device.type == "cpu" else contextlib.nullcontext(_nothing) as trained:
         if cfg.trainer.memory_limit_gb is not None:  # after the cores' watcher has started: a thread is room
             limit_memory(world.device, int(cfg.trainer.memory_limit_gb * 2**30))
-        return _train(cfg, loop, state, run_dir, hparams, resumed, changed)
+        return _train(cfg, loop, state, run_dir, hparams, resumed, changed, trained)
 
 
 def _start_outputs(cfg: DictConfig, loop, run_dir: Path, hparams: dict, records: int | None, wandb_id) -> None:
@@ -168,14 +172,17 @@ def _start_outputs(cfg: DictConfig, loop, run_dir: Path, hparams: dict, records:
         loop.sinks.table("finder/trials", [asdict(t) for t in found.trials])
 
 
-def _train(cfg: DictConfig, loop, state: TrainState, run_dir: Path, hparams: dict, resumed, changed) -> dict:
+def _train(cfg: DictConfig, loop, state: TrainState, run_dir: Path, hparams: dict, resumed, changed, trained) -> dict:
     """Train (under the signals `_run_on` watches), then the test split; the summary, written by
     rank 0 whatever the outcome (with the error where one ended the run), and the sinks closed."""
     status, test, error = "failed", None, None
     reset_peak_memory(loop.world.device)
     try:
         with logging_redirect_tqdm():
-            status = train(loop, state)
+            try:
+                status = train(loop, state)
+            finally:
+                trained()  # the cores' watcher, done: what follows (test split, summary, sinks) trains nothing
         if loop.splits.test is not None and status == "completed":
             test = loop.evaluator.split(loop, loop.splits.test)
     except KeyboardInterrupt:

@@ -71,12 +71,13 @@ class Speed:
     channels_last: bool = False  # image models' activations in NHWC, the layout tensor cores read
     compile: str | None = None  # torch.compile's mode (None: eager)
     fused_optimizer: bool = False  # the optimizer's update in one kernel over all parameters
+    cuda: bool = False  # on a GPU: cuDNN's autotuner and TF32 apply (on the CPU they touch nothing)
 
     def summary(self) -> dict[str, Any]:
         return {
             "fast": self.fast,
-            "cudnn_benchmark": self.fast,
-            "tf32": self.fast,
+            "cudnn_benchmark": self.fast and self.cuda,
+            "tf32": self.fast and self.cuda,
             "channels_last": self.channels_last,
             "compile": self.compile,
             "fused_optimizer": self.fused_optimizer,
@@ -119,7 +120,13 @@ def speed_for(choice: str, device: torch.device, images: bool, compile_mode: str
     fast = choice == "fast" or (choice == "auto" and device.type == "cuda")
     if not fast:
         return Speed()
-    return Speed(fast=True, channels_last=images, compile=None if mode == "none" else mode, fused_optimizer=True)
+    return Speed(
+        fast=True,
+        channels_last=images,
+        compile=None if mode == "none" else mode,
+        fused_optimizer=True,
+        cuda=device.type == "cuda",
+    )
 
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}

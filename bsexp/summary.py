@@ -4,6 +4,7 @@ config), `summary.json` at the end, and the table printed for a person."""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -68,17 +69,27 @@ def _announce_setup(cfg: DictConfig, loop) -> None:
         splits.num_classes,
     )
     log.info("model %s: %s parameters, on %s, %s", cfg.model._target_, f"{params:,}", loop.world.device, cfg.precision)
-    log.info("speed %s: %s", cfg.trainer.speed, _speed_words(run_speed(cfg, loop.world.device, loop.step.net), loop))
+    log.info("speed %s: %s", cfg.trainer.speed, _speed_words(run_speed_of(cfg, loop)))
 
 
-def _speed_words(speed, loop) -> str:
+def run_speed_of(cfg: DictConfig, loop):
+    """trainer.speed as this run resolved it, the optimizer's fused kernel as built (an optimizer
+    without one, timm's LARS or LAMB, steps as it comes on the fast path too)."""
+    speed = run_speed(cfg, loop.world.device, loop.step.net)
+    return replace(speed, fused_optimizer=bool(loop.step.optimizer.defaults.get("fused")))
+
+
+def _speed_words(speed) -> str:
     """How the run computes, as its log says it: only what applies on its device."""
     if not speed.fast:
         return "reproducible (deterministic algorithms, no autotuner, eager)"
     parts = ["no deterministic algorithms"]
-    if loop.world.device.type == "cuda":
+    if speed.cuda:
         parts += ["cuDNN autotuner", "TF32"]
-    parts += ["fused optimizer", *(["channels_last"] if speed.channels_last else [])]
+    parts += [
+        *(["fused optimizer"] if speed.fused_optimizer else []),
+        *(["channels_last"] if speed.channels_last else []),
+    ]
     parts.append(f"torch.compile {speed.compile}" if speed.compile else "eager")
     return f"fast ({', '.join(parts)})"
 
@@ -182,7 +193,7 @@ def make_summary(
         "precision": str(cfg.precision),
         "device": str(device),
         "threads": torch.get_num_threads(),
-        "speed": run_speed(cfg, device, loop.step.net).summary(),
+        "speed": run_speed_of(cfg, loop).summary(),
         "compiled_graphs": compiled_graphs() - loop.graphs_before,  # torch.compile's: 1 a graph, more on recompiles
         "finder": loop.batching.found.summary() if loop.batching.found is not None else None,
         **loop.batching.summary(state.samples_seen),

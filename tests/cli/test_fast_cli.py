@@ -36,8 +36,8 @@ def test_a_fast_run_stopped_mid_way_resumes_to_the_same_end(make_cfg, data_root,
     assert summary["status"] == "completed" and summary["resumed_from"].endswith(f"step-{stopped_at:09d}.pt")
     assert summary["speed"] == {
         "fast": True,
-        "cudnn_benchmark": True,
-        "tf32": True,
+        "cudnn_benchmark": False,  # on the CPU: cuDNN and TF32 do not apply
+        "tf32": False,
         "channels_last": False,
         "compile": None if mode == "none" else "default",
         "fused_optimizer": True,
@@ -49,13 +49,21 @@ def test_a_fast_run_stopped_mid_way_resumes_to_the_same_end(make_cfg, data_root,
 
 
 def test_a_run_says_how_it_computes_in_its_log_and_its_summary(run_cli, tmp_path):
-    lines = {}
-    for speed in ("reproducible", "fast"):
-        run_dir = tmp_path / speed
-        out = run_cli(*TINY_RUN, f"trainer.speed={speed}", f"hydra.run.dir={run_dir}")
+    lines, fused = {}, {}
+    for name, args in {
+        "reproducible": ["trainer.speed=reproducible"],
+        "fast": ["trainer.speed=fast"],
+        "lars": ["trainer.speed=fast", "optimizer=lars"],  # timm's LARS has no fused kernel
+    }.items():
+        run_dir = tmp_path / name
+        out = run_cli(*TINY_RUN, *args, f"hydra.run.dir={run_dir}")
         assert out.returncode == 0, out.stderr[-3000:]
-        [lines[speed]] = [line for line in (run_dir / "train.log").read_text().splitlines() if "] speed " in line]
-        assert json.loads((run_dir / "summary.json").read_text())["speed"]["fast"] == (speed == "fast")
+        [lines[name]] = [line for line in (run_dir / "train.log").read_text().splitlines() if "] speed " in line]
+        speed = json.loads((run_dir / "summary.json").read_text())["speed"]
+        assert speed["fast"] == (name != "reproducible") and not speed["tf32"] and not speed["cudnn_benchmark"]
+        fused[name] = speed["fused_optimizer"]
+    assert fused == {"reproducible": False, "fast": True, "lars": False}
+    assert lines["lars"].endswith("speed fast: fast (no deterministic algorithms, eager)")
     assert lines["reproducible"].endswith(
         "speed reproducible: reproducible (deterministic algorithms, no autotuner, eager)"
     )

@@ -14,3 +14,20 @@ def test_a_key_an_earlier_release_lacked_counts_only_when_typed():
     # A key both have still counts, typed or not; without `typed`, every key counts.
     assert differences(cfg, {**saved, "epochs": 4}, free=(), typed=set()) == [("epochs", 4, 3)]
     assert [k for k, _, _ in differences(cfg, saved, free=())] == ["trainer.gone", "trainer.speed"]
+
+
+def test_a_plain_value_a_later_release_made_an_interpolation_counts_only_where_it_resolves_otherwise(make_cfg):
+    # experiment=steps_to_result's warmup was 2.0 with no warmup shape before the tuning could
+    # search it; now it is the tuning's (${bsexp_tuned:warmup,2.0}), which is 2.0 where unsearched.
+    from bsexp.resume import _flat
+
+    cfg = make_cfg("experiment=steps_to_result")
+    container = OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)
+    container.pop("hydra", None)
+    saved = {**_flat(container), "schedule.warmup": 2.0, "schedule.warmup_shape": "none"}
+    assert differences(cfg, saved, free=()) == []
+    searched = make_cfg("experiment=steps_to_result", "tune.warmup_max=4")  # trial 0's warmup: not 2.0
+    assert [k for k, _, _ in differences(searched, saved, free=("tune",))] == [
+        "schedule.warmup",
+        "schedule.warmup_shape",
+    ]
