@@ -17,6 +17,7 @@ from bsexp.loop import TrainState, build_loop, train
 from conftest import cli_env
 from resuming import POLICIES, SLOW, assert_same_state, final_state, newest_step, records, start, stop_mid_run, uninterrupted
 
+@pytest.mark.slow  # 34-36 s on 2 cores, the default tiers' longest: scripts/test_slow.sh (and .ci/run) runs it
 def test_two_ranks_stopped_by_sigterm_resume_bit_identically(make_cfg, data_root, tmp_path):
     run_dir = tmp_path / "run"
     args = [*SLOW, "batch.size=64", "epochs=2", "distributed=ddp", f"hydra.run.dir={run_dir}"]

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 import dist_workers
@@ -101,6 +102,7 @@ def test_two_agents_train_as_one_world_and_equal_one_process(make_cfg, data_root
         assert abs(mine["train_loss"] - theirs["train_loss"]) <= 1e-5 * abs(theirs["train_loss"])
 
 
+@pytest.mark.slow  # 34-36 s on 2 cores, the default tiers' longest: scripts/test_slow.sh (and .ci/run) runs it
 def test_a_worker_killed_on_one_node_makes_both_resume_and_finish(make_cfg, data_root, tmp_path):
     # The second node's worker is killed (SIGKILL, as by the OOM killer) mid-epoch, after a periodic
     # checkpoint. Its agent restarts it (--max-restarts=1); the first node's agent sees the new
