@@ -39,6 +39,7 @@ def calibrated_limit_gb(data_root, tmp_path_factory):
     return limit_for_size(data_root, tmp_path_factory.mktemp("calibration"), WIDE, 2048 * 1.08)
 
 
+@pytest.mark.slow  # about 40 s on 2 cores (two capped ranks, the finder in each): scripts/test_slow.sh runs it
 def test_two_ranks_with_different_memory_agree_on_a_size_that_fits_both(make_cfg, calibrated_limit_gb):
     # Rank 1 has 200 MB less than rank 0: a size passes only if it passed on both.
     limits = [calibrated_limit_gb + 0.15, calibrated_limit_gb - 0.05]
