@@ -94,14 +94,20 @@ def _known_keys(exc) -> list[str]:
         return []
 
 
-@contextlib.contextmanager
-def exit_on_config_error():
-    """Turn a configuration error into its one line on stderr and exit code 2."""
+def config_errors() -> tuple[type[Exception], ...]:
+    """The errors that say a configuration is wrong (bsexp's checks, Hydra's composition,
+    OmegaConf's types): one line and exit code 2 wherever they reach the command line."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    return ConfigError, HydraException, OmegaConfBaseException
+
+
+@contextlib.contextmanager
+def exit_on_config_error():
+    """Turn a configuration error into its one line on stderr and exit code 2."""
     try:
         yield
-    except (ConfigError, HydraException, OmegaConfBaseException) as exc:
+    except config_errors() as exc:
         print(f"error: {one_line(exc)}", file=sys.stderr, flush=True)
         sys.exit(2)

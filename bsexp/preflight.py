@@ -18,7 +18,7 @@ from bsexp.batch.plan import BatchPlan
 from bsexp.batch.policies import policy_for, traits
 from bsexp.config.checks import check
 from bsexp.config.env import env_rank, launches_workers, restarted, under_torchrun, world_size
-from bsexp.errors import ConfigError, exit_on_config_error, one_line
+from bsexp.errors import ConfigError, config_errors, exit_on_config_error, one_line
 from bsexp.finder import server
 
 RESULTS = ("summary.json", "metrics.jsonl")
@@ -184,8 +184,6 @@ def check_points(config: DictConfig, points: list[list[str]], continued: bool = 
     points that ran already must compose to their own configs (a resume continues a run's own
     config). Exits with one line naming the point, its key and value (code 2)."""
     from hydra.core.global_hydra import GlobalHydra
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
 
     from bsexp.sweep import point_dirname
 
@@ -196,7 +194,7 @@ def check_points(config: DictConfig, points: list[list[str]], continued: bool = 
             check_all(point)
             if continued:
                 resume.check(point, str(Path(config.hydra.sweep.dir) / point_dirname(num, list(overrides))))
-        except (ConfigError, HydraException, OmegaConfBaseException) as exc:
+        except config_errors() as exc:
             swept = swept_keys(config)
             told = " ".join(o for o in overrides if o.partition("=")[0].lstrip("+~") in swept) or " ".join(overrides)
             print(f"error: sweep point {num} ({told}): {one_line(exc)}; no point has run", file=sys.stderr, flush=True)

@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 from bsexp import resume
 from bsexp.config.env import env_rank, launches_workers, remember_torchrun_dir, torchrun_first_dir, under_torchrun
 from bsexp.config.schema import register_configs
-from bsexp.errors import ConfigError, exit_on_config_error, one_line
+from bsexp.errors import ConfigError, config_errors, exit_on_config_error, one_line
 from bsexp.sweep import INDEX, apply_wandb_identity, outcomes, started_sweep
 
 register_configs()
@@ -147,7 +147,8 @@ def main() -> None:
                 raise
             # Hydra re-raises the first failed point's error after running every point.
             sweep_dir = started_sweep()
-            if sweep_dir is None and _is_config_error(exc):  # the sweep's own config (an unknown key): as a run's
+            # The sweep's own config (an unknown key), before any point: one line, as a run's.
+            if sweep_dir is None and isinstance(exc, config_errors()):
                 print(f"error: {one_line(exc)}; no point has run", file=sys.stderr, flush=True)
                 sys.exit(2)
             ran = (
@@ -157,13 +158,6 @@ def main() -> None:
             )
             print(f"error: a sweep point failed ({one_line(exc)}); {ran}", file=sys.stderr, flush=True)
             sys.exit(2 if isinstance(exc, ConfigError) else 1)
-
-
-def _is_config_error(exc: BaseException) -> bool:
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    return isinstance(exc, (ConfigError, HydraException, OmegaConfBaseException))
 
 
 def _multirun_requested() -> bool:
