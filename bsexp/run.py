@@ -80,7 +80,10 @@ def _share_cores(cfg: DictConfig, world: World) -> contextlib.AbstractContextMan
     the share that would let each run near its speed alone (bsexp.cores): when it starts, or while
     it trains (the context this returns keeps looking, until the function it gives is called).
     Only where the threads are torch's default: a run told its threads (trainer.threads,
-    OMP_NUM_THREADS, a sweep's joblib share, DDP's workers) is counted, not told."""
+    OMP_NUM_THREADS, a sweep's joblib share, DDP's workers) is counted, not told. A run on a GPU
+    takes no part."""
+    if world.device.type != "cpu":
+        return contextlib.nullcontext(_nothing)
     sharing = cores.register(torch.get_num_threads())
     told = cfg.trainer.threads is not None or "OMP_NUM_THREADS" in os.environ or world.distributed
     if told:
@@ -152,7 +155,7 @@ def _set_up_and_train(cfg: DictConfig, world: World, run_dir: Path, loop, resume
         _start_outputs(cfg, loop, run_dir, hparams, len(state.records) if resumed else None, wandb_id)
     if trunk is not None:  # where the branch starts: the trunk's model, at the branch's batch
         loop.evaluator.log(loop, state, loop.batching.epochs_done(state))
-    with _share_cores(cfg, world) if world.device.type == "cpu" else contextlib.nullcontext(_nothing) as trained:
+    with _share_cores(cfg, world) as trained:
         if cfg.trainer.memory_limit_gb is not None:  # after the cores' watcher has started: a thread is room
             limit_memory(world.device, int(cfg.trainer.memory_limit_gb * 2**30))
         return _train(cfg, loop, state, run_dir, hparams, resumed, changed, trained)
