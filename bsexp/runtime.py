@@ -95,28 +95,12 @@ def compiled_graphs() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
-# torch.compile's modes that bsexp trains under; none (the default): the fast path's other
-# settings, eager. On an H200 the compiled step (inductor, the batch dimension dynamic) ran slower
-# than the eager one for both of bsexp's benchmark models, and its compile costs seconds a run
-# (docs: GPUs). The modes that record CUDA graphs (reduce-overhead, max-autotune) are refused: a
-# graph's backward output becomes a parameter's .grad and the next micro-batch's replay overwrites
-# it, so accumulated gradients come out wrong or the step fails (pytorch/pytorch#169545; seen on
-# the H200), and any bsexp run can accumulate (OOM recovery, the finder, adaptive).
-COMPILE_MODES = ("none", "default", "max-autotune-no-cudagraphs")
-CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
-
-
 def speed_for(choice: str, device: torch.device, images: bool, compile_mode: str | None = None) -> Speed:
     """trainer.speed for a run on `device`: auto is fast on CUDA and reproducible on the CPU (the
     path the equivalence tests hold bit for bit). `images`: the model reads N x C x H x W inputs,
     whose convolutions run fastest in channels_last. torch.compile's mode: `compile_mode`
-    (COMPILE_MODES; none: eager)."""
+    (bsexp.config.checks.COMPILE_MODES, checked with the config; none: eager)."""
     mode = compile_mode or "none"
-    if mode not in COMPILE_MODES:
-        why = (
-            " (CUDA graphs overwrite accumulated gradients: pytorch/pytorch#169545)" if mode in CUDA_GRAPH_MODES else ""
-        )
-        raise ConfigError("trainer.compile_mode", mode, f"valid: {', '.join(COMPILE_MODES)}{why}")
     fast = choice == "fast" or (choice == "auto" and device.type == "cuda")
     if not fast:
         return Speed()

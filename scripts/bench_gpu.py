@@ -170,7 +170,7 @@ def measure(case: str, device: str, peak: float | None, warmup: int, steps: int)
     fast_loop = build(overrides, "fast")
     precision = next((o.split("=")[1] for o in overrides if o.startswith("precision=")), "fp32")
     # The hand loop with CUDA graphs on CUDA (it never accumulates, so they are safe there; bsexp's
-    # fast path cannot use them: bsexp.runtime.COMPILE_MODES).
+    # fast path cannot use them: bsexp.config.checks.COMPILE_MODES).
     mode = "reduce-overhead" if device == "cuda" else "default"
     hand, flops = hand_rate(fast_loop, precision, mode, warmup, steps)
     # And eager, as bsexp's fast path runs: what is bsexp's own overhead, and what the compile's gain.

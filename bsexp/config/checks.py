@@ -51,9 +51,30 @@ def check(cfg: DictConfig) -> None:
             True,
             "model.ghost_batch normalises each rank's own ghost batches; valid with it: null or false",
         )
+    check_compile_mode(cfg.trainer.get("compile_mode"))
     check_gpus(cfg)
     for group in ("data", "model", "optimizer"):
         locate(group, cfg[group].get("_target_"))
+
+
+# torch.compile's modes that bsexp trains under (bsexp.runtime.speed_for); none (the default):
+# the fast path's other settings, eager. On an H200 the compiled step (inductor, the batch
+# dimension dynamic) ran slower than the eager one for both of bsexp's benchmark models, and its
+# compile costs seconds a run (docs: GPUs). The modes that record CUDA graphs (reduce-overhead,
+# max-autotune) are refused: a graph's backward output becomes a parameter's .grad and the next
+# micro-batch's replay overwrites it, so accumulated gradients come out wrong or the step fails
+# (pytorch/pytorch#169545; seen on the H200), and any bsexp run can accumulate (OOM recovery, the
+# finder, adaptive).
+COMPILE_MODES = ("none", "default", "max-autotune-no-cudagraphs")
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
+def check_compile_mode(mode: str | None) -> None:
+    """trainer.compile_mode: one of COMPILE_MODES, or null (none); the reason where CUDA graphs."""
+    if (mode or "none") in COMPILE_MODES:
+        return
+    why = " (CUDA graphs overwrite accumulated gradients: pytorch/pytorch#169545)" if mode in CUDA_GRAPH_MODES else ""
+    raise ConfigError("trainer.compile_mode", mode, f"valid: {', '.join(COMPILE_MODES)}{why}")
 
 
 def check_gpus(cfg: DictConfig, count: int | None = None) -> None:

@@ -214,6 +214,7 @@ BAD_INPUTS = [
         "whole alpha",
     ),
     (["model.activation_checkpointing=maybe"], "model.activation_checkpointing", "not a valid bool"),
+    (["trainer.compile_mode=reduce-overhead"], "trainer.compile_mode", "pytorch/pytorch#169545"),
     (["model.ghost_batch=1"], "model.ghost_batch", ">= 2"),
     (["model.ghost_batch=16", "distributed.sync_batchnorm=true"], "distributed.sync_batchnorm", "null or false"),
     pytest.param(
@@ -234,7 +235,6 @@ LATE_BAD_INPUTS = [
     (["model.norm=group", "model.ghost_batch=16"], "model.ghost_batch", "model.norm=batch"),
     (["data=digits", "data.val_size=1500"], "data.val_size", "between 1 and 898"),
     (["optimizer.nesterov=true", "optimizer.momentum=0"], "optimizer._target_", "Nesterov"),
-    (["trainer.compile_mode=reduce-overhead"], "trainer.compile_mode", "pytorch/pytorch#169545"),
     (
         ["model._target_=torch.nn.Identity", "model.activation_checkpointing=true"],
         "model.activation_checkpointing",

@@ -1,11 +1,13 @@
 """trainer.speed and trainer.compile_mode resolved for a device (bsexp.runtime.speed_for): the fast
-path eager unless a compile mode is asked for, and the modes that record CUDA graphs refused."""
+path eager unless a compile mode is asked for; and the modes that record CUDA graphs refused with
+the config (bsexp.config.checks), before anything is built."""
 
 import pytest
 import torch
 
+from bsexp.config.checks import COMPILE_MODES, check_compile_mode
 from bsexp.errors import ConfigError
-from bsexp.runtime import COMPILE_MODES, speed_for
+from bsexp.runtime import speed_for
 
 CUDA, CPU = torch.device("cuda", 0), torch.device("cpu")
 
@@ -31,11 +33,13 @@ def test_the_fast_path_compiles_only_when_a_mode_asks(choice, device, mode, fast
 @pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune"])
 def test_the_modes_that_record_cuda_graphs_are_refused_with_the_reason(mode):
     with pytest.raises(ConfigError) as refused:
-        speed_for("fast", CUDA, images=False, compile_mode=mode)
+        check_compile_mode(mode)
     assert refused.value.key == "trainer.compile_mode" and "pytorch/pytorch#169545" in str(refused.value)
     assert all(valid in str(refused.value) for valid in COMPILE_MODES)
 
 
-def test_an_unknown_mode_is_refused_on_any_path():
+def test_an_unknown_mode_is_refused_whatever_the_path_and_null_means_eager():
     with pytest.raises(ConfigError, match="valid: none, default, max-autotune-no-cudagraphs"):
-        speed_for("reproducible", CPU, images=False, compile_mode="fastest")
+        check_compile_mode("fastest")
+    for mode in (None, *COMPILE_MODES):
+        check_compile_mode(mode)
