@@ -152,7 +152,7 @@ def make_summary(
     test: tuple[float, float] | None,
     wall_time_s: float,
 ) -> dict[str, Any]:
-    """summary.json: the run's final figures (DESIGN.md's contract), with what it used."""
+    """summary.json: the run's final figures (docs: Outputs and logging), with what it used."""
     last = state.records[-1] if state.records else {}
     plan, device, noise = loop.batching.current, loop.world.device, loop.step.noise
     return {

@@ -1,7 +1,7 @@
 """`python -m bsexp.train [group=option ...] [key=value ...]`: the Hydra entry point.
 
 Configuration errors, from Hydra, OmegaConf or bsexp's own checks, end with one line on stderr
-and exit code 2 (see README, "Outputs", for what may already have been written).
+and exit code 2 (docs: Outputs and logging, "Errors", says what may already have been written).
 """
 
 from __future__ import annotations

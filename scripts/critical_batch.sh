@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# experiment=critical_batch end to end (README, "Branches, and the critical batch measured directly"):
+# experiment=critical_batch end to end (docs: The noise scale and the critical batch, "The critical batch measured directly"):
 # the trunks (3 seeds at batch 32, B_simple measured as they train), their branches (7 checkpoints x
 # 6 batches x 3 seeds), a sweep of fixed batches on the same set-up for B_crit (each batch at its best
 # of 3 LRs, 3 seeds, evaluated every step: early targets are reached in a handful of large-batch

@@ -273,7 +273,7 @@ class ScheduleConfig:
 class TrainerConfig:
     clip_grad_norm: Optional[float] = positive(None)
     eval_every_steps: int = at_least(0, 0)  # 0: evaluate at the end of every epoch
-    # Besides: evaluate at steps growing by this fraction (0.04: 1, 2, ..., 25, 26, 27, 28, 30, ...), so
+    # Besides: evaluate at steps growing by this fraction (0.04: 1, 2, ..., 25, 26, 28, 30, 32, ...), so
     # that the step a run reached a target is resolved to about that fraction, at any batch size
     eval_growth: Optional[float] = positive(None)
     stop_at: Optional[float] = bounded(None, low=0, high=1)  # end the run once val_acc reaches this (steps to result)
@@ -282,9 +282,10 @@ class TrainerConfig:
     # of its first batch take; the run ends when it has taken them)
     max_steps: Optional[int] = at_least(1, None)
     progress: bool = True  # progress bars (off anyway when output is not a terminal)
-    # fast: cuDNN's autotuner and TF32, channels_last for image models, torch.compile, fused optimizer
-    # kernels; reproducible: bit for bit the same run again (what the equivalence tests hold);
-    # auto: fast on CUDA, reproducible on the CPU (docs: GPUs)
+    # fast: cuDNN's autotuner and TF32, channels_last for image models, fused optimizer kernels, and
+    # torch.compile where trainer.compile_mode asks (eager else); reproducible: bit for bit the
+    # same run again (what the equivalence tests hold); auto: fast on CUDA, reproducible on the
+    # CPU (docs: GPUs)
     speed: Speed = Speed.auto
     # torch.compile's mode when fast: none (null: eager), default or max-autotune-no-cudagraphs; no CUDA graphs
     compile_mode: Optional[str] = None

@@ -5,15 +5,18 @@ the rules against the tuned LR; the search's points (bsexp.tuning)."""
 import dataclasses
 import json
 import math
+import re
 
 import pytest
 import yaml
 
+from bsexp.evaluate import Evaluator
 from bsexp.report.critical.analysis import BranchedCritical, Stage
 from bsexp.report.steps.analysis import analyse
 from bsexp.report.steps.cli import estimates, nearest_stage
 from bsexp.report.steps.render import figures, markdown, rows
 from bsexp.tuning import sobol, trial_values
+from conftest import ROOT
 from report_runs import effective_batch, known_b_crit_runs, points, synthetic_run
 
 S_MIN, B_CRIT, TARGET = 40.0, 500.0, 0.9
@@ -164,3 +167,20 @@ def test_b_simple_is_the_mean_of_the_runs_that_measured_it():
     assert value == "400" and how == "each run's mean over training (McCandlish et al. 2018)"
     [(value, how)] = [(v, h) for what, v, h in estimates(result, [], None, None) if what.startswith("B_simple")]
     assert value == "-" and how.startswith("not measured: trainer.noise_scale=always")
+
+
+def test_the_evaluation_steps_the_docs_and_the_schema_state_for_eval_growth_are_the_evaluators():
+    """steps-to-result.md and trainer.eval_growth's comment name the steps evaluated at growth
+    0.04 (1, 2, ..., then the first that grows by 4 %): the Evaluator's own."""
+    evaluator = Evaluator(every_steps=0, batch_size=1, sinks=[], growth=0.04)
+    due = [step for step in range(1, 60) if evaluator.due(step, at_epoch_end=False, total=10**6)]
+    assert due[:25] == list(range(1, 26)) and due[25:27] == [26, 28]
+    stated = {
+        "docs/steps-to-result.md": (ROOT / "docs" / "steps-to-result.md").read_text(),
+        "bsexp/config/schema.py": (ROOT / "bsexp" / "config" / "schema.py").read_text(),
+    }
+    for where, text in stated.items():
+        tail = re.search(r"0\.04`?: 1, 2, \.\.\., ([\d, ]+), \.\.\.", text)
+        assert tail, where
+        steps = [int(n) for n in tail.group(1).split(",")]
+        assert steps == due[due.index(steps[0]) : due.index(steps[0]) + len(steps)], (where, steps, due)
