@@ -56,9 +56,9 @@ def trunk_run(cfg: DictConfig) -> Path:
     if (path / DIR).is_dir():
         return path
     runs = sorted(p for p in path.iterdir() if (p / DIR).is_dir())
-    mine = [p for p in runs if resume.saved_config(p).get("seed") == cfg.seed]
+    mine = [p for p in runs if resume.saved_config(p, "branch.trunk", given).get("seed") == cfg.seed]
     if len(mine) != 1:
-        seeds = sorted({resume.saved_config(p).get("seed") for p in runs}, key=str)
+        seeds = sorted({resume.saved_config(p, "branch.trunk", given).get("seed") for p in runs}, key=str)
         what = (
             f"holds no run with checkpoints ({DIR}/)"
             if not runs
@@ -89,7 +89,7 @@ def check(cfg: DictConfig) -> Path:
     one fixed batch. Returns the trunk's checkpoint."""
     run = trunk_run(cfg)
     path = trunk_checkpoint(cfg, run)
-    theirs = resume.saved_config(run)
+    theirs = resume.saved_config(run, "branch.trunk", str(cfg.branch.trunk))
     policy = theirs.get("batch.policy")
     if policy is not None and policy not in TRUNK_POLICIES:
         raise ConfigError(

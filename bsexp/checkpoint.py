@@ -113,6 +113,14 @@ def find(resume: str | None, run_dir: Path, restarted: bool = False) -> tuple[Pa
         return None
     if resume is None or resume == "auto":
         found = newest_readable(run_dir)
+        if found is None and checkpoints(run_dir):  # starting over would write over what the run did
+            raise ConfigError(
+                "resume",
+                resume or "auto",
+                f"none of the {len(checkpoints(run_dir))} checkpoints in {Path(run_dir) / DIR} loads (each "
+                f"is cut short or corrupt: see the warnings above); the run is left as it is: move "
+                f"them aside to train it again from step 0",
+            )
         if found is None:  # killed before its first checkpoint: the run's own config, from step 0
             log.warning("resume: no checkpoint in %s yet; starting the run from step 0", Path(run_dir) / DIR)
         return found

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bsexp.errors import ConfigError
 from bsexp.metrics import read_jsonl
 from bsexp.resume import saved_config
 from bsexp.sweep import INDEX
@@ -141,12 +142,23 @@ def _table(rows: list[tuple[str, ...]]) -> list[str]:
     return ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
 
 
+def _summary(run: Path) -> dict[str, Any]:
+    """A run's summary.json, or NotARun naming the file where it is cut short or not an object."""
+    path = run / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise NotARun(f"{path} cannot be read ({type(exc).__name__}: {exc})") from None
+    if not isinstance(summary, dict):
+        raise NotARun(f"{path} holds no run's summary (a JSON object): it holds {type(summary).__name__}")
+    return summary
+
+
 def render(run_a: Path, run_b: Path) -> str:
     """The whole comparison, as printed."""
     runs = []
     for path in (run_a, run_b):
-        summary = json.loads((path / "summary.json").read_text())
-        runs.append((saved_config(path), (summary, read_jsonl(path / "metrics.jsonl"))))
+        runs.append((saved_config(path, "run"), (_summary(path), read_jsonl(path / "metrics.jsonl"))))
     lines = [f"A  {run_a}", f"B  {run_b}", ""]
     changes = config_changes(runs[0][0], runs[1][0])
     if changes:
@@ -171,10 +183,10 @@ def main(argv: list[str] | None = None) -> int:
         for path in (args.run_a, args.run_b):
             check_run(path)
         out = render(args.run_a, args.run_b)
-    except NotARun as exc:
+    except (NotARun, ConfigError) as exc:  # ConfigError: a run's .hydra/config.yaml unreadable
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except (OSError, ValueError) as exc:  # a file unreadable, or not JSON/YAML
+    except (OSError, ValueError) as exc:  # a file unreadable, or a value of it not what it says
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     print(out)

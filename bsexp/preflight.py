@@ -119,9 +119,9 @@ class Preflight(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         # The finder's probe server imports torch and bsexp beside these checks (which import
         # torch too) and the building of data and model; a failed check stops it at once.
-        if _searches_on_cpu(config):
-            server.start()
         with exit_on_config_error(), server.stopped_on_error():
+            if _searches_on_cpu(config):  # a config it cannot read (`~batch`) is the checks' to say
+                server.start()
             check_all(config)
             if env_rank() != 0:  # other ranks of a torchrun job write nothing (bsexp.train)
                 return

@@ -41,6 +41,23 @@ def pinned(run_dir: Path, samples: int) -> Path:
     return Path(run_dir) / CHECKPOINTS / f"samples-{samples:09d}.pt"
 
 
+def read_yaml(path: Path, key: str, value: Any, kind: type) -> Any:
+    """A run's or a sweep's own YAML file (Hydra wrote it as it started), of `kind` (dict or list);
+    one that does not parse, or parses as something else (a file cut short, edited by hand, empty),
+    is refused with one line naming `key`=`value` and the file: a resume or a branch never carries
+    on from a config it cannot read."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        why = " ".join(str(exc).split())[:160]
+        raise ConfigError(key, value, f"{path} cannot be read ({type(exc).__name__}: {why})") from None
+    if not isinstance(data, kind):
+        raise ConfigError(
+            key, value, f"{path} holds no {'list' if kind is list else 'mapping'} (it holds {type(data).__name__})"
+        )
+    return data
+
+
 def _last(args: list[str], key: str) -> str | None:
     values = [a.split("=", 1)[1] for a in args if a.split("=", 1)[0].lstrip("+~") == key and "=" in a]
     return values[-1] if values else None
@@ -92,7 +109,7 @@ def prepare_argv(argv: list[str]) -> list[str]:
         run_dir = str(source)
         args.append(f"hydra.run.dir={source}")
     saved = source / ".hydra" / "overrides.yaml"
-    original = [str(o) for o in (yaml.safe_load(saved.read_text()) or [])] if saved.is_file() else []
+    original = [str(o) for o in read_yaml(saved, "resume", resume, list)] if saved.is_file() else []
     original = [o for o in original if not o.lstrip("+~").startswith(("hydra.", "hydra/", "resume="))]
     hydra_dir = Path(run_dir) / ".hydra"
     if hydra_dir.is_dir():  # the run's own .hydra/ stays as it is
@@ -128,7 +145,9 @@ def prepare_sweep_argv(argv: list[str]) -> list[str]:
                 f"resume=auto continues the sweep in {sweep_dir} as it was "
                 f"started: leave {key} out (its points cannot change)",
             )
-    overrides = (yaml.safe_load(saved.read_text()) or {}).get("hydra", {}).get("overrides", {})
+    overrides = read_yaml(saved, "hydra.sweep.dir", sweep_dir, dict).get("hydra", {}).get("overrides")
+    if not isinstance(overrides, dict):
+        raise ConfigError("hydra.sweep.dir", sweep_dir, f"{saved} holds no sweep's overrides (hydra.overrides)")
     given = {arg.split("=", 1)[0].lstrip("+~") for arg in args if "=" in arg}
     original = [
         str(o)
@@ -180,10 +199,12 @@ def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix.rstrip("."): node}
 
 
-def saved_config(run_dir: Path) -> dict[str, Any]:
-    """A run's own config (`.hydra/config.yaml`, written when it started), flat: {"a.b": value}."""
+def saved_config(run_dir: Path, key: str = "resume", value: Any = None) -> dict[str, Any]:
+    """A run's own config (`.hydra/config.yaml`, written when it started), flat: {"a.b": value};
+    one that cannot be read is refused, naming `key`=`value` (what pointed at the run; the run
+    by default)."""
     path = Path(run_dir) / ".hydra" / "config.yaml"
-    return _flat(yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
+    return _flat(read_yaml(path, key, str(run_dir) if value is None else value, dict)) if path.is_file() else {}
 
 
 def differences(
@@ -231,7 +252,7 @@ def changes(cfg: DictConfig, resume: str, run_dir: str) -> list[tuple[str, Any, 
     source = source_dir(resume, run_dir)
     if not (source / ".hydra" / "config.yaml").is_file():
         return []
-    return differences(cfg, saved_config(source), RUN_ONLY, typed=_typed())
+    return differences(cfg, saved_config(source, "resume", resume), RUN_ONLY, typed=_typed())
 
 
 def _typed() -> set[str]:

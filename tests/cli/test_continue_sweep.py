@@ -114,6 +114,21 @@ def test_a_continued_sweep_that_would_change_its_points_is_one_line(data_root, t
     out = bsexp(data_root, tmp_path, "-m", "resume=auto", f"hydra.sweep.dir={tmp_path / 'nowhere'}")
     assert out.returncode == 2 and "holds no sweep to continue (no multirun.yaml)" in out.stderr
     assert {p: p.read_bytes() for p in sweep.rglob("*") if p.is_file()} == files
+    # A multirun.yaml emptied or cut short: once run as a sweep of the defaults, beside the points.
+    saved = sweep / "multirun.yaml"
+    for text, fragment in (
+        ("", "holds no mapping"),
+        ("hydra: [oops\n", "cannot be read"),
+        ("a: 1\n", "hydra.overrides"),
+    ):
+        saved.write_text(text)
+        out = bsexp(data_root, tmp_path, "-m", "resume=auto", f"hydra.sweep.dir={sweep}")
+        assert out.returncode == 2, out.stderr[-2000:]
+        [line] = out.stderr.strip().splitlines()
+        assert line.startswith(f"error: hydra.sweep.dir={sweep}: {saved}") and fragment in line, line
+        assert {p: p.read_bytes() for p in sweep.rglob("*") if p.is_file() and p != saved} == {
+            p: b for p, b in files.items() if p != saved
+        }
 
 
 def test_a_point_that_failed_is_run_again_and_the_sweep_ends_as_if_it_never_had(data_root, tmp_path):

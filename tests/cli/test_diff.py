@@ -116,3 +116,24 @@ def test_a_directory_that_is_not_a_run_is_one_line_exit_2(runs, data_root, tmp_p
     missing = tmp_path / "nowhere"
     out = diff(data_root, missing, a)
     assert (out.returncode, out.stderr) == (2, f"error: {missing}: no such directory\n")
+
+
+@pytest.mark.parametrize(
+    "name, text, fragment",
+    [
+        ("summary.json", '{"status": "compl', "cannot be read (JSONDecodeError"),  # cut short
+        ("summary.json", "[1]", "holds no run's summary (a JSON object): it holds list"),
+        (".hydra/config.yaml", "seed: [0\n", "cannot be read (ParserError"),
+    ],
+)
+def test_a_run_file_cut_short_or_of_another_shape_is_one_line_naming_it(
+    runs, data_root, tmp_path, name, text, fragment
+):
+    _, (a, _), _ = runs
+    broken = tmp_path / "broken"
+    shutil.copytree(a, broken)
+    (broken / name).write_text(text)
+    out = diff(data_root, a, broken)
+    assert out.returncode == 2 and out.stdout == "", out.stderr
+    [line] = out.stderr.splitlines()
+    assert line.startswith("error: ") and str(broken / name) in line and fragment in line, line

@@ -180,6 +180,51 @@ def test_resuming_a_completed_run_says_so_and_rewrites_nothing(run_cli, tmp_path
     assert json.loads(before["summary.json"])["resumed_from"] is None
 
 
+def _files(run_dir):
+    return {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.name != "train.log"}
+
+
+def test_a_run_none_of_whose_checkpoints_loads_is_refused_not_trained_again_over_them(run_cli, tmp_path):
+    # resume=auto used to find no readable checkpoint, warn, and train the run again from step 0:
+    # over its metrics.jsonl, its checkpoints and (a completed run's) its summary.json.
+    run_dir = tmp_path / "run"
+    out = run_cli(*SLOW, "epochs=1", "trainer.max_steps=14", f"hydra.run.dir={run_dir}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    checkpoints = sorted((run_dir / "checkpoints").glob("step-*.pt"))
+    assert len(checkpoints) == 2
+    for path in checkpoints:  # cut short, as by a full disk
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    before = _files(run_dir)
+    out = run_cli("resume=auto", f"hydra.run.dir={run_dir}")
+    assert out.returncode == 2, out.stderr[-3000:]
+    [line] = out.stderr.strip().splitlines()
+    assert line.startswith("error: resume=auto: none of the 2 checkpoints in") and "move them aside" in line
+    after = _files(run_dir)
+    assert {k: v for k, v in after.items() if k in before} == before  # .hydra/resume-1/ is added beside
+
+
+@pytest.mark.parametrize(
+    "name, text, key",
+    [
+        ("overrides.yaml", "- [unclosed\n", "resume=auto"),  # does not parse
+        ("overrides.yaml", "epochs=1\n", "resume=auto"),  # parses, as no list
+        ("config.yaml", "seed: [0\n", "resume=auto"),  # the run's config: held against the resume's
+    ],
+)
+def test_a_run_whose_own_config_cannot_be_read_is_refused_with_the_file_named(run_cli, tmp_path, name, text, key):
+    run_dir = tmp_path / "run"
+    out = run_cli(*SLOW, "epochs=1", "trainer.max_steps=7", f"hydra.run.dir={run_dir}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    (run_dir / ".hydra" / name).write_text(text)
+    before = _files(run_dir)
+    out = run_cli("resume=auto", f"hydra.run.dir={run_dir}")
+    assert out.returncode == 2, out.stderr[-3000:]
+    [line] = out.stderr.strip().splitlines()
+    assert line.startswith(f"error: {key}") and str(run_dir / ".hydra" / name) in line, line
+    assert "Traceback" not in out.stdout + out.stderr
+    assert _files(run_dir) == before
+
+
 @pytest.mark.slow  # 20-70 s on 2 cores: scripts/test_slow.sh (and .ci/run) runs it
 def test_wandb_that_cannot_start_leaves_training_to_go_on(data_root, tmp_path):
     env = cli_env(data_root) | {
