@@ -138,7 +138,7 @@ def prepare_sweep_argv(argv: list[str]) -> list[str]:
         raise ConfigError("hydra.sweep.dir", sweep_dir, f"holds no sweep to continue (no {SWEEP})")
     for arg in args:
         key = arg.split("=", 1)[0].lstrip("+~")
-        if "=" in arg and key != "resume" and not key.startswith(("hydra.", "hydra/")) and not _run_only(key):
+        if "=" in arg and key != "resume" and not key.startswith(("hydra.", "hydra/")) and not run_only(key):
             raise ConfigError(
                 key,
                 arg.split("=", 1)[1],
@@ -159,7 +159,7 @@ def prepare_sweep_argv(argv: list[str]) -> list[str]:
     return [argv[0], *args, *original, *subdir]  # -m first: Hydra's command line takes its flags before overrides
 
 
-def _run_only(key: str) -> bool:
+def run_only(key: str) -> bool:
     return any(key == k or key.startswith(k + ".") for k in RUN_ONLY)
 
 

@@ -20,6 +20,10 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import NoReturn
+
+from bsexp import resume
+from bsexp.errors import exit_on_config_error
 
 BATCHES = (8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 
@@ -29,13 +33,50 @@ def _value(args: list[str], key: str) -> str | None:
     return found[-1] if found else None
 
 
-def sweep(out: Path, args: list[str]) -> int:
-    """One stage: the sweep into `out`, or its continuation where it has started."""
-    if (out / "multirun.yaml").is_file():  # stopped before: what is left, in its own directory
-        command = ["-m", "resume=auto", f"hydra.sweep.dir={out}"]
+def _count(args: list[str], key: str, default: int) -> int:
+    """A whole number of the command line (tune.trials, tune.seeds), or one line and exit 2."""
+    given = _value(args, key)
+    try:
+        return default if given is None else int(given)
+    except ValueError:
+        _refuse(f"{key}={given}: must be a whole number (>= 1; tune.seeds: >= 0)")
+
+
+def _refuse(line: str) -> NoReturn:
+    print(f"error: {line}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def _free(arg: str) -> bool:
+    """An override that says how the points run or show (a launcher, a logger), not what they compute."""
+    key = arg.split("=", 1)[0].lstrip("+~")
+    return key.startswith(("hydra.", "hydra/")) or resume.run_only(key)
+
+
+def sweep(out: Path, args: list[str]) -> None:
+    """One stage: the sweep into `out`, or its continuation where it has started (with the values
+    it was started with: a command that would change them is refused, one line, exit 2)."""
+    saved = out / resume.SWEEP
+    if saved.is_file():  # stopped before: what is left, in its own directory
+        with exit_on_config_error():
+            started = resume.read_yaml(saved, "hydra.sweep.dir", str(out), dict)
+        task = {str(o) for o in started.get("hydra", {}).get("overrides", {}).get("task", [])}
+        for arg in args:
+            if not _free(arg) and arg not in task:
+                _refuse(
+                    f"{arg}: the tuning in {out.parent} was started without it ({out.name}: "
+                    f"{' '.join(sorted(task))}); run the command it was started with to continue it, "
+                    f"or give another TUNE_DIR"
+                )
+        command = ["-m", "resume=auto", f"hydra.sweep.dir={out}", *filter(_free, args)]
     else:
         command = ["-m", "experiment=steps_to_result", *args, f"hydra.sweep.dir={out}"]
-    return subprocess.run([sys.executable, "-m", "bsexp.train", *command]).returncode
+    code = subprocess.run([sys.executable, "-m", "bsexp.train", *command]).returncode
+    if code == 2:  # a configuration error: its one line is said
+        sys.exit(2)
+    if code:
+        what = "search" if out.name == "trials" else "reruns"
+        sys.exit(f"error: the {what} did not finish (see above); run the same command again to continue")
 
 
 def best_trials(tune_dir: Path) -> dict[str, dict]:
@@ -61,25 +102,23 @@ def best_trials(tune_dir: Path) -> dict[str, dict]:
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["--help"], ["-h"]):
+        print(__doc__)
+        return
     if not argv or argv[0].startswith("-") or "=" in argv[0]:
-        sys.exit(
-            "usage: python -m bsexp.tune TUNE_DIR [key=value ...]  (see python -m bsexp.tune --help)"
-            if argv[:1] != ["--help"]
-            else __doc__
-        )
+        _refuse("TUNE_DIR: missing; usage: python -m bsexp.tune TUNE_DIR [key=value ...] (--help says more)")
     tune_dir, args = Path(argv[0]), argv[1:]
     batches = _value(args, "tune_batches")
     args = [a for a in args if not a.startswith("tune_batches=")]
     grid = batches.strip("[]") if batches else ",".join(map(str, BATCHES))
-    trials = int(_value(args, "tune.trials") or 16)
-    if sweep(tune_dir / "trials", [f"batch.size={grid}", f"tune.trial=range(0,{trials})", *args]):
-        sys.exit("error: the search did not finish (see above); run the same command again to continue it")
+    trials = _count(args, "tune.trials", 16)
+    sweep(tune_dir / "trials", [f"batch.size={grid}", f"tune.trial=range(0,{trials})", *args])
     best = best_trials(tune_dir)
     (tune_dir / "best.json").write_text(json.dumps(best, indent=1) + "\n")
-    seeds = int(_value(args, "tune.seeds") or 3)
+    seeds = _count(args, "tune.seeds", 3)
     if best and seeds:
         rerun = [a for a in args if not a.startswith(("seed=", "tune.trial="))]
-        code = sweep(
+        sweep(
             tune_dir / "seeds",
             [
                 f"batch.size={','.join(best)}",
@@ -89,8 +128,6 @@ def main(argv: list[str] | None = None) -> None:
                 *rerun,
             ],
         )
-        if code:
-            sys.exit("error: the reruns did not finish (see above); run the same command again to continue them")
     from bsexp.report.steps.cli import main as report
 
     report([str(tune_dir)])

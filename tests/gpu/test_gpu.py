@@ -112,7 +112,16 @@ def test_a_real_cuda_oom_mid_run_keeps_the_global_batch_and_trains_as_if_started
 def test_the_finder_finds_at_least_92_percent_of_the_truth_and_nothing_above_it(data_root, tmp_path):
     cap = [REPRODUCIBLE, "trainer.memory_limit_gb=6", "trainer.oom_recovery=false", "trainer.max_steps=3"]
     out, summary = train(
-        data_root, tmp_path / "found", *ON_GPU, *RESNET, *cap, "batch=finder", "batch.finder.memory_limit_gb=6"
+        data_root,
+        tmp_path / "found",
+        *ON_GPU,
+        *RESNET,
+        *cap,
+        "batch=finder",
+        "batch.finder.memory_limit_gb=6",
+        # Memory alone bounds the search: by default it stops at a tenth of the training set (1,148
+        # here), far below what 6 GB holds (2,326 on the H200), and found / 0.92 would still fit.
+        "batch.finder.data_fraction=null",
     )
     assert out.returncode == 0, out.stderr[-3000:]
     found = summary["micro_size"]
@@ -278,7 +287,10 @@ def test_the_fast_path_is_cudas_default_trains_as_the_reproducible_one_and_compi
     assert out.returncode == 0, out.stderr[-3000:]
     assert not slow["speed"]["fast"] and slow["compiled_graphs"] == 0
     # TF32, the autotuner's algorithms and inductor's fused kernels round otherwise than the
-    # reproducible path: the losses agree to rounding amplified over three epochs, not bit for bit
-    # (a bound not yet measured on a GPU).
-    assert fast["val_loss"] == pytest.approx(slow["val_loss"], rel=5e-2)
-    assert compiled["val_loss"] == pytest.approx(slow["val_loss"], rel=5e-2)
+    # reproducible path, from the first step. The run ends while its loss still falls steeply (on
+    # the CPU, this run's validation loss: 632, 17.9, 0.29 at epochs 1-3; BatchNorm's running
+    # statistics lag the weights), so the accuracy is held close and the loss loosely (bounds not
+    # yet measured on a GPU).
+    for other in (fast, compiled):
+        assert other["val_acc"] == pytest.approx(slow["val_acc"], abs=0.05)
+        assert other["val_loss"] == pytest.approx(slow["val_loss"], rel=0.3)
