@@ -91,8 +91,32 @@ def test_a_killed_tuning_run_continues_where_it_stopped(data_root, tmp_path):
         if json.loads(p.read_text())["status"] == "completed"
     }
     assert done and len(done) < 6
+    # Another command in its directory is refused, not taken as the same (it ran as first started).
+    proc = tune(data_root, tmp_path, out, "epochs=5")
+    _, stderr = proc.communicate(timeout=120)
+    assert (
+        proc.returncode == 2 and stderr.startswith("error: epochs=5: the tuning in") and len(stderr.splitlines()) == 1
+    )
     proc = tune(data_root, tmp_path, out)  # the same command
     _, stderr = proc.communicate(timeout=900)
     assert proc.returncode == 0, stderr[-3000:]
     assert len(list((out / "trials").glob("*/summary.json"))) == 6 and (out / "steps_to_result.md").exists()
     assert {p: p.stat().st_mtime_ns for p in done} == done  # the trials that had finished were not run again
+
+
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        ([], "error: TUNE_DIR: missing; usage: python -m bsexp.tune TUNE_DIR"),
+        (["{out}", "tune.trials=abc"], "error: tune.trials=abc: must be a whole number"),
+        (["{out}", "tune.trials=0"], "error: tune.trials=0: must be >= 1"),  # train's own line, and no other
+    ],
+)
+def test_bad_input_to_the_tuning_is_one_line_and_exit_2(data_root, tmp_path, args, line):
+    out = tmp_path / "tune"
+    run = [sys.executable, "-m", "bsexp.tune", *(a.format(out=out) for a in args)]
+    done = subprocess.run(run, cwd=tmp_path, env=cli_env(data_root), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.startswith(line) and len(done.stderr.splitlines()) == 1, done.stderr
+    assert "Traceback" not in done.stderr and not (out / "trials" / "0").exists()
+    helped = subprocess.run([*run[:3], "--help"], env=cli_env(data_root), capture_output=True, text=True, timeout=60)
+    assert helped.returncode == 0 and helped.stdout.startswith("`python -m bsexp.tune TUNE_DIR")
