@@ -10,8 +10,9 @@ hydra/launcher=slurm):
 
 then the report (bsexp.report.steps). The same command again continues a tuning run that was
 stopped: each stage's sweep continues in its own directory (python -m bsexp.train -m resume=auto),
-so trials that finished are not run again; a command that would change what they compute is refused. The batch sizes: tune_batches=[8,16,...] (default:
-powers of two from 8 up to 2048, MNIST-1D's training set being 3,500).
+so trials that finished are not run again; a command that would change what they compute is
+refused. The batch sizes: tune_batches=[8,16,...] (default: powers of two from 8 up to 2048,
+MNIST-1D's training set being 3,500).
 """
 
 from __future__ import annotations

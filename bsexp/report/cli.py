@@ -56,14 +56,18 @@ def main(argv: list[str] | None = None) -> int:
             return _refuse(f"{flag}={given}: valid: {valid}")
     target = None if args.target is None else float(args.target)
     tolerance = None if args.tolerance is None else float(args.tolerance)
+    points, seen = [], set()
     for d in args.dirs:
         if not d.is_dir():
-            return _refuse(f"{d}: no such directory; valid: a multirun directory holding job directories")
-    points = [p for d in args.dirs for p in load_points(d)]
-    if not points:
-        return _refuse(
-            f"{', '.join(map(str, args.dirs))}: no sweep points (job directories with .hydra/ or {INDEX} entries)"
-        )
+            what = "no such directory" if not d.exists() else "not a directory"
+            return _refuse(f"{d}: {what}; valid: a multirun directory holding job directories")
+        if d.resolve() in seen:  # its points would count twice
+            return _refuse(f"{d}: given twice; valid: each sweep directory once")
+        seen.add(d.resolve())
+        found = load_points(d)
+        if not found:
+            return _refuse(f"{d}: no sweep points (job directories with .hydra/ or {INDEX} entries)")
+        points += found
     out_dir = args.dirs[0]
     analysis = analyse(points, args.metric, tolerance, target)
     names = render.figures(analysis, out_dir)

@@ -24,12 +24,14 @@ def load_points(sweep_dir: Path) -> list[Point]:
         summary = _read_json(job / "summary.json")
         overrides = _read_yaml(job / ".hydra" / "overrides.yaml") or entry.get("overrides", [])
         config = _read_yaml(job / ".hydra" / "config.yaml") or {}
-        status = (summary or {}).get("status") or entry.get("status") or "missing"
+        error = entry.get("error")
+        if summary is not None and (broken := _not_a_summary(summary)):  # edited, or another tool's
+            summary, status, error = None, "failed", f"{job / 'summary.json'} {broken}"
+        else:
+            status = (summary or {}).get("status") or entry.get("status") or "missing"
         if status == "completed" and summary is None:
             status = "missing"
-        points.append(
-            _point(job, overrides, config, summary, read_jsonl(job / "metrics.jsonl"), status, entry.get("error"))
-        )
+        points.append(_point(job, overrides, config, summary, read_jsonl(job / "metrics.jsonl"), status, error))
     known = {p.name for p in points}
     for name, entry in index.items():
         if name not in known:
@@ -62,12 +64,31 @@ def _job_number(job: Path) -> tuple[int, str]:
     return (int(head), job.name) if head.isdigit() else (sys.maxsize, job.name)
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
+# What the report reads of every completed point's summary.json (bsexp.summary writes them all).
+SUMMARY_WHOLE = ("batch_size", "micro_size", "accum_steps", "world_size")
+
+
+def _not_a_summary(summary: Any) -> str:
+    """Why a summary.json that parsed is not one the report can read ("" where it is)."""
+    if not isinstance(summary, dict):
+        return f"holds no run's summary (a JSON object): it holds {type(summary).__name__}"
+    if summary.get("status") != "completed":
+        return ""
+    wrong = [key for key in SUMMARY_WHOLE if type(summary.get(key)) is not int]
+    return f"lacks a whole number for {', '.join(wrong)}" if wrong else ""
+
+
+def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
 
 
 def _read_yaml(path: Path) -> Any:
-    return OmegaConf.to_container(OmegaConf.load(path)) if path.exists() else None
+    """A point's .hydra file, or None where it is missing or does not parse (the sweep's index
+    has the point's overrides too)."""
+    try:
+        return OmegaConf.to_container(OmegaConf.load(path)) if path.exists() else None
+    except Exception:  # noqa: BLE001 - a file cut short or edited: whatever the YAML parser raised
+        return None

@@ -164,6 +164,14 @@ def test_a_failed_point_is_recorded_the_sweep_goes_on_and_the_report_says_so(run
         rows = {r["batch"]: r for r in csv.DictReader(f)}
     assert rows["32"]["status"] == "1 completed" and rows["4000"]["status"] == "1 failed"
     assert rows["64"]["status"] == "1 missing" and rows["64"]["val_acc_pct"] == ""
+    # A summary.json edited by hand (or another tool's) is a point that failed, said, not a traceback
+    # (which used to come after the figures had been written over).
+    edited = next(d for d in sweep.iterdir() if d.name.startswith("0_"))
+    (edited / "summary.json").write_text('{"status": "completed", "batch_size": "32"}')
+    reported = report(data_root, sweep, "--no-wandb")
+    assert reported.returncode == 0, reported.stderr
+    table = (sweep / "report.md").read_text()
+    assert "summary.json lacks a whole number for batch_size, micro_size, accum_steps, world_size" in table
 
 
 def test_the_report_refuses_a_directory_that_is_not_there(data_root, tmp_path):
@@ -177,6 +185,14 @@ def test_the_report_refuses_a_directory_that_is_not_there(data_root, tmp_path):
     )
     empty = report(data_root, tmp_path)
     assert empty.returncode == 2 and "no sweep points" in empty.stderr and "Traceback" not in empty.stderr
+    (tmp_path / "a_file").write_text("")
+    (tmp_path / "sweep" / "0_batch.size=32" / ".hydra").mkdir(parents=True)  # a point, never finished
+    for dirs, line in (
+        ([tmp_path / "a_file"], f"error: {tmp_path / 'a_file'}: not a directory"),
+        ([tmp_path / "sweep", tmp_path / "sweep"], f"error: {tmp_path / 'sweep'}: given twice"),  # counted twice
+    ):
+        out = report(data_root, *dirs)
+        assert out.returncode == 2 and out.stderr.startswith(line) and len(out.stderr.splitlines()) == 1, out.stderr
 
 
 def test_points_side_by_side_share_the_cores(run_cli, tmp_path):
