@@ -78,18 +78,26 @@ def check_compile_mode(mode: str | None) -> None:
 
 
 def check_gpus(cfg: DictConfig, count: int | None = None) -> None:
-    """CUDA where the run asks for it, and a GPU of its own for each rank of this node: before any
-    worker starts (self-launched) or any process group forms (torchrun). `count`: the GPUs
-    visible (torch is asked when None)."""
+    """CUDA where the run asks for it (a device, NCCL), and a GPU of its own for each rank of this
+    node: before any worker starts (self-launched) or any process group forms (torchrun).
+    `count`: the GPUs visible (torch is asked when None)."""
     from bsexp.config.env import launches_workers, under_torchrun
 
+    ddp = under_torchrun() or cfg.distributed.kind == schema.DistributedKind.ddp
+    if not ddp and cfg.distributed.nproc_per_node > 1:
+        raise ConfigError(
+            "distributed.nproc_per_node",
+            cfg.distributed.nproc_per_node,
+            "starts that many ranks with distributed=ddp only; add distributed=ddp, or leave it at 1",
+        )
     if under_torchrun():
         key, ranks = "--nproc_per_node (torchrun)", int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     elif launches_workers(cfg):
         key, ranks = "distributed.nproc_per_node", int(cfg.distributed.nproc_per_node)
     else:
         key, ranks = None, 1
-    if cfg.device == schema.Device.cpu or (cfg.device == schema.Device.auto and key is None):
+    nccl = ddp and cfg.distributed.backend == schema.Backend.nccl
+    if not nccl and (cfg.device == schema.Device.cpu or (cfg.device == schema.Device.auto and key is None)):
         return
     from bsexp.runtime import gpus
 
@@ -99,6 +107,10 @@ def check_gpus(cfg: DictConfig, count: int | None = None) -> None:
         count = torch.cuda.device_count()
     if cfg.device == schema.Device.cuda and count == 0:
         raise ConfigError("device", "cuda", "CUDA is not available here; valid: auto, cpu")
+    if nccl and (cfg.device == schema.Device.cpu or count == 0):
+        raise ConfigError(
+            "distributed.backend", "nccl", "NCCL needs CUDA GPUs and this run trains on the CPU; valid here: auto, gloo"
+        )
     if key is not None and 0 < count < ranks:
         raise ConfigError(
             key,

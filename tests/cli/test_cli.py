@@ -214,7 +214,13 @@ BAD_INPUTS = [
         "whole alpha",
     ),
     (["model.activation_checkpointing=maybe"], "model.activation_checkpointing", "not a valid bool"),
-    (["~batch"], "batch", "Missing mandatory value"),  # was 5 lines: the finder's server asked first
+    (["~batch"], "batch", "Missing mandatory value"),
+    (["distributed.nproc_per_node=2"], "distributed.nproc_per_node", "add distributed=ddp"),  # was ignored
+    (  # was torch elastic's 45-line traceback from every rank
+        ["distributed=ddp", "distributed.backend=nccl", "device=cpu"],
+        "distributed.backend",
+        "valid here: auto, gloo",
+    ),  # was 5 lines: the finder's server asked first
     (["trainer.compile_mode=reduce-overhead"], "trainer.compile_mode", "pytorch/pytorch#169545"),
     (["model.ghost_batch=1"], "model.ghost_batch", ">= 2"),
     (["model.ghost_batch=16", "distributed.sync_batchnorm=true"], "distributed.sync_batchnorm", "null or false"),

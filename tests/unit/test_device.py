@@ -70,3 +70,20 @@ def test_device_cuda_on_a_machine_without_one_is_refused_by_the_checks(make_cfg)
     with pytest.raises(ConfigError) as info:
         check_gpus(make_cfg("device=cuda"), count=0)
     assert info.value.key == "device"
+
+
+@pytest.mark.parametrize("ranks", ["1", "2"])
+def test_nccl_where_the_run_trains_on_the_cpu_is_refused_and_taken_with_gpus(make_cfg, ranks):
+    nccl = ["distributed=ddp", f"distributed.nproc_per_node={ranks}", "distributed.backend=nccl"]
+    for device, count in (("device=cpu", 2), ("device=auto", 0), ("device=cpu", 0)):
+        with pytest.raises(ConfigError, match="NCCL needs CUDA GPUs") as refused:
+            check_gpus(make_cfg(*nccl, device), count=count)
+        assert refused.value.key == "distributed.backend"
+    check_gpus(make_cfg(*nccl), count=2)  # device=auto with a GPU a rank: CUDA
+    check_gpus(make_cfg("distributed.backend=nccl", "device=cpu"), count=0)  # one process: no process group
+
+
+def test_ranks_asked_for_without_distributed_ddp_are_refused_not_ignored(make_cfg):
+    with pytest.raises(ConfigError, match="with distributed=ddp only") as refused:
+        check_gpus(make_cfg("distributed.nproc_per_node=2"), count=0)
+    assert refused.value.key == "distributed.nproc_per_node" and refused.value.value == 2
