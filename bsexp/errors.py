@@ -28,13 +28,19 @@ def _format_value(value: object) -> str:
 
 def one_line(exc: BaseException) -> str:
     """A single line describing a configuration error from bsexp, Hydra or OmegaConf."""
-    from hydra.errors import MissingConfigException
+    from hydra.errors import MissingConfigException, OverrideParseException
     from omegaconf.errors import OmegaConfBaseException
 
     if isinstance(exc, ConfigError):
         return str(exc)
     if isinstance(exc, MissingConfigException):
         return _missing_option(exc)
+    if isinstance(exc, OverrideParseException) and exc.override:
+        why = " ".join(str(exc.message).split()).split(" See https://")[0]
+        return (
+            f"{exc.override}: not an override Hydra can read ({why}); valid: key=value, with a value "
+            f"that holds '=', ',' or spaces quoted: key='value'"
+        )
     cause = exc.__cause__
     if isinstance(cause, OmegaConfBaseException):
         return _omegaconf_line(cause)

@@ -59,8 +59,13 @@ def read_yaml(path: Path, key: str, value: Any, kind: type) -> Any:
 
 
 def _last(args: list[str], key: str) -> str | None:
+    """The value the command line gives `key` last, as Hydra reads it: without the quotes a value
+    holding '=' or ',' needs (a sweep point's directory: hydra.run.dir='.../0_batch.size=64')."""
     values = [a.split("=", 1)[1] for a in args if a.split("=", 1)[0].lstrip("+~") == key and "=" in a]
-    return values[-1] if values else None
+    if not values:
+        return None
+    value = values[-1]
+    return value[1:-1] if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"" else value
 
 
 def source_dir(resume: str, run_dir: str | None) -> Path:

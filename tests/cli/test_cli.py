@@ -215,6 +215,11 @@ BAD_INPUTS = [
     ),
     (["model.activation_checkpointing=maybe"], "model.activation_checkpointing", "not a valid bool"),
     (["~batch"], "batch", "Missing mandatory value"),
+    (  # a sweep point's directory, unquoted: Hydra's parse error named no override
+        ["hydra.run.dir=points/0_batch.size=32"],
+        "hydra.run.dir=points/0_batch.size=32: not an override Hydra can read",
+        "key='value'",
+    ),
     (["distributed.nproc_per_node=2"], "distributed.nproc_per_node", "add distributed=ddp"),  # was ignored
     (  # was torch elastic's 45-line traceback from every rank
         ["distributed=ddp", "distributed.backend=nccl", "device=cpu"],

@@ -166,13 +166,14 @@ def test_resume_from_a_missing_checkpoint_of_a_real_run_adds_nothing_to_it(run_c
 
 def test_resuming_a_completed_run_says_so_and_rewrites_nothing(run_cli, tmp_path):
     # A requeued job, or resume=auto run twice: the run is over, and its summary (the test split,
-    # the wall time, the W&B run) is the one it finished with.
-    run_dir = tmp_path / "run"
-    out = run_cli(*SLOW, "epochs=1", "trainer.max_steps=3", f"hydra.run.dir={run_dir}")
+    # the wall time, the W&B run) is the one it finished with. Its directory is named as a sweep's
+    # points are, so Hydra reads it quoted only, and the resume finds it.
+    run_dir = tmp_path / "0_batch.size=64,seed=0"
+    out = run_cli(*SLOW, "epochs=1", "trainer.max_steps=3", f"hydra.run.dir='{run_dir}'")
     assert out.returncode == 0, out.stderr[-3000:]
     before = {name: (run_dir / name).read_bytes() for name in ("summary.json", "metrics.jsonl")}
     checkpoints = sorted((run_dir / "checkpoints").iterdir())
-    out = run_cli("resume=auto", f"hydra.run.dir={run_dir}")
+    out = run_cli("resume=auto", f"hydra.run.dir='{run_dir}'")
     assert out.returncode == 0, out.stderr[-3000:]
     assert "completed at step 3 (summary.json): nothing left to resume" in out.stderr + out.stdout
     assert {name: (run_dir / name).read_bytes() for name in before} == before
