@@ -109,6 +109,15 @@ def apply_wandb_identity(cfg: DictConfig) -> None:
 _STARTED: list[Path] = []  # the sweep directory of this process's multirun, once it has started
 
 
+def _summary_of(job_dir: Path) -> dict[str, Any]:
+    """A point's summary.json, or {} where it is missing, cut short or not an object."""
+    try:
+        summary = json.loads((job_dir / "summary.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return {}
+    return summary if isinstance(summary, dict) else {}
+
+
 class SweepIndex(Callback):
     """Appends each point's outcome to `jobs.jsonl` in the sweep directory, and says at the end
     of the sweep how many points completed, failed or diverged."""
@@ -121,15 +130,17 @@ class SweepIndex(Callback):
             return
         job_dir = Path(config.hydra.runtime.output_dir)
         entry = {"num": config.hydra.job.num, "dir": job_dir.name, "overrides": list(config.hydra.overrides.task)}
-        summary_path = job_dir / "summary.json"
-        summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+        summary = _summary_of(job_dir)
         entry.update({key: summary.get(key) for key in _SUMMARY_KEYS})
         if getattr(job_return.status, "name", "") == "FAILED":
             entry["status"] = "failed"
             entry["error"] = one_line(job_return._return_value)[:300]
         entry["status"] = entry["status"] or "missing"
-        with open(job_dir.parent / INDEX, "a") as index:  # one short line: appends do not interleave
-            index.write(json.dumps(entry) + "\n")
+        path = job_dir.parent / INDEX
+        with open(path, "a+b") as index:  # one short line: appends do not interleave
+            # A line cut short (a disk that filled) stays one bad line, not the start of this one.
+            cut = index.seek(0, os.SEEK_END) > 0 and (index.seek(-1, os.SEEK_END), index.read(1))[1] != b"\n"
+            index.write((b"\n" if cut else b"") + json.dumps(entry).encode() + b"\n")
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir))

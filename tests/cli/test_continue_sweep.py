@@ -157,17 +157,24 @@ def test_a_point_that_failed_is_run_again_and_the_sweep_ends_as_if_it_never_had(
     failed = {d: e["status"] for d, e in read_index(sweep).items()}
     assert sorted(failed.values()) == ["completed", "failed"]
     done = {p: p.read_bytes() for p in sweep.glob("*/summary.json") if '"completed"' in p.read_text()}
+    [failed_dir] = [d for d, status in failed.items() if status == "failed"]
+    index = sweep / "jobs.jsonl"
+    assert json.loads(index.read_text().splitlines()[-1])["dir"] == failed_dir  # the points run in turn
+    index.write_bytes(index.read_bytes()[:-12])  # its last line cut short, as by a disk that filled
 
     flag.unlink()  # the fault fixed
     out = bsexp(data_root, tmp_path, "-m", "resume=auto", f"hydra.sweep.dir={sweep}")
     assert out.returncode == 0, out.stderr[-3000:]
     assert summaries(sweep) == expected  # the failed point ran again; the completed one as it was
     assert {p: p.read_bytes() for p in done} == done and out.stdout.count("nothing left to resume") == 1
-    # The index keeps each point's history, the last line its outcome now (bsexp.sweep.read_index).
-    assert {e["status"] for e in read_index(sweep).values()} == {"completed"}
-    [failed_dir] = [d for d, status in failed.items() if status == "failed"]
-    lines = [json.loads(line) for line in (sweep / "jobs.jsonl").read_text().splitlines()]
-    assert [e["status"] for e in lines if e["dir"] == failed_dir] == ["failed", "completed"]
+    # The index keeps each point's history, the last line its outcome now (bsexp.sweep.read_index);
+    # the line cut short stays one unreadable line, not the start of the next point's.
+    outcomes = {d: e["status"] for d, e in read_index(sweep).items()}
+    assert outcomes == {d: "completed" for d in failed}
+    lines = index.read_text().splitlines()
+    assert [line for line in lines if not line.endswith("}")] == [lines[1]]
+    history = [json.loads(line)["status"] for line in lines if line.endswith("}") and failed_dir in line]
+    assert history == ["completed"]
 
 
 def test_the_report_lists_every_point_of_the_grid_those_never_started_as_missing(data_root, tmp_path):
