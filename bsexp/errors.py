@@ -33,6 +33,8 @@ def one_line(exc: BaseException) -> str:
 
     if isinstance(exc, ConfigError):
         return str(exc)
+    if (inner := _config_error_within(exc)) is not None:  # a resolver's (bsexp_tuned), as OmegaConf resolved a key
+        return str(inner)
     if isinstance(exc, MissingConfigException):
         return _missing_option(exc)
     if isinstance(exc, OverrideParseException) and exc.override:
@@ -47,6 +49,17 @@ def one_line(exc: BaseException) -> str:
     if isinstance(exc, OmegaConfBaseException):
         return _omegaconf_line(exc)
     return " ".join(str(exc).split())
+
+
+def _config_error_within(exc: BaseException) -> ConfigError | None:
+    """The ConfigError an error was raised from, however deep (OmegaConf wraps a resolver's)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, ConfigError):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def _missing_option(exc) -> str:

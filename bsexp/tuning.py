@@ -17,6 +17,8 @@ import json
 import math
 from pathlib import Path
 
+from bsexp.errors import ConfigError
+
 # Searched dimensions, in the order of the Sobol point's coordinates; the warmup's is drawn only
 # where it is searched, so that a search of the LR (and momentum) keeps its points.
 DIMENSIONS = ("lr", "momentum", "warmup")
@@ -58,11 +60,26 @@ def tuned(name: str, default=None, *, _root_):
     `default` where this run searches no such value (no trial, or momentum not searched)."""
     node = _root_.tune
     if node.best is not None:
-        best = json.loads(Path(str(node.best)).read_text())[str(_root_.batch.size)]
+        best = _best_of(str(node.best), str(_root_.batch.size))
         return default if best.get(name) is None else best[name]
     if node.trial is None:
         return default
+    if not 0 < node.lr_min <= node.lr_max:
+        raise ConfigError("tune.lr_min", node.lr_min, f"must be > 0 and at most tune.lr_max ({node.lr_max})")
     values = trial_values(
         int(node.trial), node.lr_min, node.lr_max, bool(node.momentum), int(node.search_seed), node.warmup_max
     )
     return values.get(name, default)
+
+
+def _best_of(path: str, batch: str) -> dict:
+    """best.json's entry for this batch size, or a ConfigError naming tune.best (the resolver's
+    caller would name the key it resolves: optimizer.lr)."""
+    try:
+        best = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError("tune.best", path, f"cannot be read ({type(exc).__name__}: {exc})") from None
+    if not isinstance(best, dict) or not isinstance(best.get(batch), dict):
+        sizes = ", ".join(best) if isinstance(best, dict) else "none"
+        raise ConfigError("tune.best", path, f"holds no best trial for batch.size={batch}; it holds: {sizes}")
+    return best[batch]

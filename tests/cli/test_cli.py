@@ -215,6 +215,9 @@ BAD_INPUTS = [
     ),
     (["model.activation_checkpointing=maybe"], "model.activation_checkpointing", "not a valid bool"),
     (["~batch"], "batch", "Missing mandatory value"),
+    # Raised while optimizer.lr: ${bsexp_tuned:lr} resolves: they named optimizer.lr and a Python error.
+    (["experiment=steps_to_result", "tune.best=/no/such/best.json"], "tune.best", "cannot be read (FileNotFoundError"),
+    (["experiment=steps_to_result", "tune.trial=0", "tune.lr_min=-1"], "tune.lr_min", "must be > 0"),
     (  # a sweep point's directory, unquoted: Hydra's parse error named no override
         ["hydra.run.dir=points/0_batch.size=32"],
         "hydra.run.dir=points/0_batch.size=32: not an override Hydra can read",
