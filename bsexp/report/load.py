@@ -64,8 +64,8 @@ def _job_number(job: Path) -> tuple[int, str]:
     return (int(head), job.name) if head.isdigit() else (sys.maxsize, job.name)
 
 
-# What the report reads of every completed point's summary.json (bsexp.summary writes them all).
-SUMMARY_WHOLE = ("batch_size", "micro_size", "accum_steps", "world_size")
+# What the report needs of every completed point's summary.json (the rest it reads where present).
+SUMMARY_WHOLE = ("batch_size",)
 
 
 def _not_a_summary(summary: Any) -> str:

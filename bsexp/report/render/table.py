@@ -18,8 +18,8 @@ def pct(value: float | None) -> float | None:
 def _plan(row: Row) -> str | None:
     if not row.done:
         return None
-    s = row.done[0].summary
-    return f"{s['micro_size']} x {s['accum_steps']} x {s['world_size']}"
+    plan = [row.done[0].summary.get(key) for key in ("micro_size", "accum_steps", "world_size")]
+    return None if None in plan else " x ".join(map(str, plan))
 
 
 def _final_batch(row: Row) -> str | None:
