@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bsexp.errors import ConfigError
+from bsexp.io import Unreadable, read_json_object
 from bsexp.metrics import read_jsonl
 from bsexp.resume import saved_config
 from bsexp.sweep import INDEX
@@ -142,23 +143,12 @@ def _table(rows: list[tuple[str, ...]]) -> list[str]:
     return ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
 
 
-def _summary(run: Path) -> dict[str, Any]:
-    """A run's summary.json, or NotARun naming the file where it is cut short or not an object."""
-    path = run / "summary.json"
-    try:
-        summary = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise NotARun(f"{path} cannot be read ({type(exc).__name__}: {exc})") from None
-    if not isinstance(summary, dict):
-        raise NotARun(f"{path} holds no run's summary (a JSON object): it holds {type(summary).__name__}")
-    return summary
-
-
 def render(run_a: Path, run_b: Path) -> str:
     """The whole comparison, as printed."""
     runs = []
     for path in (run_a, run_b):
-        runs.append((saved_config(path, "run"), (_summary(path), read_jsonl(path / "metrics.jsonl"))))
+        summary = read_json_object(path / "summary.json", "run's summary")
+        runs.append((saved_config(path, "run"), (summary, read_jsonl(path / "metrics.jsonl"))))
     lines = [f"A  {run_a}", f"B  {run_b}", ""]
     changes = config_changes(runs[0][0], runs[1][0])
     if changes:
@@ -183,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         for path in (args.run_a, args.run_b):
             check_run(path)
         out = render(args.run_a, args.run_b)
-    except (NotARun, ConfigError) as exc:  # ConfigError: a run's .hydra/config.yaml unreadable
+    except (NotARun, ConfigError, Unreadable) as exc:  # a run's .hydra/config.yaml, its summary.json
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except (OSError, ValueError) as exc:  # a file unreadable, or a value of it not what it says

@@ -37,3 +37,19 @@ def atomic_write_text(path: Path, text: str) -> Path:
 
 def write_json(path: Path, obj: dict[str, Any]) -> Path:
     return atomic_write_text(path, json.dumps(obj, indent=2) + "\n")
+
+
+class Unreadable(ValueError):
+    """A file missing, cut short, not JSON, or not the JSON object it should hold; the message
+    names the file and which."""
+
+
+def read_json_object(path: Path, what: str = "JSON object") -> dict[str, Any]:
+    """The JSON object a file holds (`what` it should be, for the message), or Unreadable."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise Unreadable(f"{path} cannot be read ({type(exc).__name__}: {exc})") from None
+    if not isinstance(data, dict):
+        raise Unreadable(f"{path} holds no {what} (a JSON object): it holds {type(data).__name__}")
+    return data

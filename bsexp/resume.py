@@ -150,9 +150,7 @@ def prepare_sweep_argv(argv: list[str]) -> list[str]:
                 f"resume=auto continues the sweep in {sweep_dir} as it was "
                 f"started: leave {key} out (its points cannot change)",
             )
-    overrides = read_yaml(saved, "hydra.sweep.dir", sweep_dir, dict).get("hydra", {}).get("overrides")
-    if not isinstance(overrides, dict):
-        raise ConfigError("hydra.sweep.dir", sweep_dir, f"{saved} holds no sweep's overrides (hydra.overrides)")
+    overrides = sweep_overrides(sweep_dir)
     given = {arg.split("=", 1)[0].lstrip("+~") for arg in args if "=" in arg}
     original = [
         str(o)
@@ -162,6 +160,17 @@ def prepare_sweep_argv(argv: list[str]) -> list[str]:
     # Each point's .hydra/ as it was started: a point that ran writes this run's config beside it.
     subdir = [] if "hydra.output_subdir" in given else ["hydra.output_subdir=${bsexp_output_subdir:}"]
     return [argv[0], *args, *original, *subdir]  # -m first: Hydra's command line takes its flags before overrides
+
+
+def sweep_overrides(sweep_dir: str | Path) -> dict[str, list]:
+    """The overrides a sweep was started with, from its multirun.yaml: {"task": [...], "hydra": [...]};
+    a file that holds none is refused, one line naming hydra.sweep.dir and the file."""
+    saved = Path(sweep_dir) / SWEEP
+    hydra = read_yaml(saved, "hydra.sweep.dir", str(sweep_dir), dict).get("hydra")
+    overrides = hydra.get("overrides") if isinstance(hydra, dict) else None
+    if not isinstance(overrides, dict):
+        raise ConfigError("hydra.sweep.dir", str(sweep_dir), f"{saved} holds no sweep's overrides (hydra.overrides)")
+    return overrides
 
 
 def run_only(key: str) -> bool:

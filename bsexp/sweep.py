@@ -13,7 +13,7 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
@@ -21,6 +21,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from bsexp.errors import one_line
+from bsexp.io import Unreadable, read_json_object
 from bsexp.metrics import read_jsonl
 from bsexp.tuning import tuned
 
@@ -112,10 +113,17 @@ _STARTED: list[Path] = []  # the sweep directory of this process's multirun, onc
 def _summary_of(job_dir: Path) -> dict[str, Any]:
     """A point's summary.json, or {} where it is missing, cut short or not an object."""
     try:
-        summary = json.loads((job_dir / "summary.json").read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return read_json_object(job_dir / "summary.json")
+    except Unreadable:
         return {}
-    return summary if isinstance(summary, dict) else {}
+
+
+def _ends_cut_short(index: BinaryIO) -> bool:
+    """Whether a file open for appending ends inside a line (one cut short by a disk that filled)."""
+    if index.seek(0, os.SEEK_END) == 0:
+        return False
+    index.seek(-1, os.SEEK_END)
+    return index.read(1) != b"\n"
 
 
 class SweepIndex(Callback):
@@ -138,9 +146,8 @@ class SweepIndex(Callback):
         entry["status"] = entry["status"] or "missing"
         path = job_dir.parent / INDEX
         with open(path, "a+b") as index:  # one short line: appends do not interleave
-            # A line cut short (a disk that filled) stays one bad line, not the start of this one.
-            cut = index.seek(0, os.SEEK_END) > 0 and (index.seek(-1, os.SEEK_END), index.read(1))[1] != b"\n"
-            index.write((b"\n" if cut else b"") + json.dumps(entry).encode() + b"\n")
+            # A line cut short stays one bad line, not the start of this one.
+            index.write((b"\n" if _ends_cut_short(index) else b"") + json.dumps(entry).encode() + b"\n")
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir))

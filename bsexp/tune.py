@@ -57,11 +57,9 @@ def _free(arg: str) -> bool:
 def sweep(out: Path, args: list[str]) -> None:
     """One stage: the sweep into `out`, or its continuation where it has started (with the values
     it was started with: a command that would change them is refused, one line, exit 2)."""
-    saved = out / resume.SWEEP
-    if saved.is_file():  # stopped before: what is left, in its own directory
+    if (out / resume.SWEEP).is_file():  # stopped before: what is left, in its own directory
         with exit_on_config_error():
-            started = resume.read_yaml(saved, "hydra.sweep.dir", str(out), dict)
-        task = {str(o) for o in started.get("hydra", {}).get("overrides", {}).get("task", [])}
+            task = {str(o) for o in resume.sweep_overrides(out).get("task", [])}
         for arg in args:
             if not _free(arg) and arg not in task:
                 _refuse(

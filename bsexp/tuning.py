@@ -13,11 +13,11 @@ config's `tune` node (and its `batch.size`) and answers for this run.
 from __future__ import annotations
 
 import functools
-import json
 import math
 from pathlib import Path
 
 from bsexp.errors import ConfigError
+from bsexp.io import Unreadable, read_json_object
 
 # Searched dimensions, in the order of the Sobol point's coordinates; the warmup's is drawn only
 # where it is searched, so that a search of the LR (and momentum) keeps its points.
@@ -76,10 +76,9 @@ def _best_of(path: str, batch: str) -> dict:
     """best.json's entry for this batch size, or a ConfigError naming tune.best (the resolver's
     caller would name the key it resolves: optimizer.lr)."""
     try:
-        best = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError("tune.best", path, f"cannot be read ({type(exc).__name__}: {exc})") from None
-    if not isinstance(best, dict) or not isinstance(best.get(batch), dict):
-        sizes = ", ".join(best) if isinstance(best, dict) else "none"
-        raise ConfigError("tune.best", path, f"holds no best trial for batch.size={batch}; it holds: {sizes}")
+        best = read_json_object(Path(path), "tuning's best trials")
+    except Unreadable as exc:
+        raise ConfigError("tune.best", path, str(exc)) from None
+    if not isinstance(best.get(batch), dict):
+        raise ConfigError("tune.best", path, f"holds no best trial for batch.size={batch}; it holds: {', '.join(best)}")
     return best[batch]
