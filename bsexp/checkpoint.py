@@ -113,11 +113,11 @@ def find(resume: str | None, run_dir: Path, restarted: bool = False) -> tuple[Pa
         return None
     if resume is None or resume == "auto":
         found = newest_readable(run_dir)
-        if found is None and checkpoints(run_dir):  # starting over would write over what the run did
+        if found is None and (unreadable := checkpoints(run_dir)):  # starting over would write over the run
             raise ConfigError(
                 "resume",
                 resume or "auto",
-                f"none of the {len(checkpoints(run_dir))} checkpoints in {Path(run_dir) / DIR} loads (each "
+                f"none of the {len(unreadable)} checkpoints in {Path(run_dir) / DIR} loads (each "
                 f"is cut short or corrupt: see the warnings above); the run is left as it is: move "
                 f"them aside to train it again from step 0",
             )

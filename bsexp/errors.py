@@ -31,9 +31,7 @@ def one_line(exc: BaseException) -> str:
     from hydra.errors import MissingConfigException, OverrideParseException
     from omegaconf.errors import OmegaConfBaseException
 
-    if isinstance(exc, ConfigError):
-        return str(exc)
-    if (inner := _config_error_within(exc)) is not None:  # a resolver's (bsexp_tuned), as OmegaConf resolved a key
+    if (inner := _config_error_within(exc)) is not None:  # itself, or a resolver's (bsexp_tuned) OmegaConf wrapped
         return str(inner)
     if isinstance(exc, MissingConfigException):
         return _missing_option(exc)

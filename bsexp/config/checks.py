@@ -51,10 +51,27 @@ def check(cfg: DictConfig) -> None:
             True,
             "model.ghost_batch normalises each rank's own ghost batches; valid with it: null or false",
         )
+    _check_ranks_need_ddp(cfg)
     check_compile_mode(cfg.trainer.get("compile_mode"))
     check_gpus(cfg)
     for group in ("data", "model", "optimizer"):
         locate(group, cfg[group].get("_target_"))
+
+
+def _check_ranks_need_ddp(cfg: DictConfig) -> None:
+    """distributed.nproc_per_node starts ranks with distributed=ddp only (torchrun names its own)."""
+    from bsexp.config.env import under_torchrun
+
+    if (
+        cfg.distributed.kind != schema.DistributedKind.ddp
+        and not under_torchrun()
+        and cfg.distributed.nproc_per_node > 1
+    ):
+        raise ConfigError(
+            "distributed.nproc_per_node",
+            cfg.distributed.nproc_per_node,
+            "starts that many ranks with distributed=ddp only; add distributed=ddp, or leave it at 1",
+        )
 
 
 # torch.compile's modes that bsexp trains under (bsexp.runtime.speed_for); none (the default):
@@ -84,12 +101,6 @@ def check_gpus(cfg: DictConfig, count: int | None = None) -> None:
     from bsexp.config.env import launches_workers, under_torchrun
 
     ddp = under_torchrun() or cfg.distributed.kind == schema.DistributedKind.ddp
-    if not ddp and cfg.distributed.nproc_per_node > 1:
-        raise ConfigError(
-            "distributed.nproc_per_node",
-            cfg.distributed.nproc_per_node,
-            "starts that many ranks with distributed=ddp only; add distributed=ddp, or leave it at 1",
-        )
     if under_torchrun():
         key, ranks = "--nproc_per_node (torchrun)", int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     elif launches_workers(cfg):

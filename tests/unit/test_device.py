@@ -4,7 +4,7 @@ of a node: checked with the number of GPUs given, so that it runs on a machine w
 import pytest
 import torch
 
-from bsexp.config.checks import check_gpus
+from bsexp.config.checks import check, check_gpus
 from bsexp.errors import ConfigError
 from bsexp.runtime import resolve_device
 
@@ -85,5 +85,5 @@ def test_nccl_where_the_run_trains_on_the_cpu_is_refused_and_taken_with_gpus(mak
 
 def test_ranks_asked_for_without_distributed_ddp_are_refused_not_ignored(make_cfg):
     with pytest.raises(ConfigError, match="with distributed=ddp only") as refused:
-        check_gpus(make_cfg("distributed.nproc_per_node=2"), count=0)
+        check(make_cfg("distributed.nproc_per_node=2"))
     assert refused.value.key == "distributed.nproc_per_node" and refused.value.value == 2
