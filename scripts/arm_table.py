@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from bsexp.sweep import read_index
+from bsexp.runs.sweep import read_index
 
 CHANCE = 0.1  # MNIST-1D and digits: 10 classes
 

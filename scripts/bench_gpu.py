@@ -9,7 +9,7 @@ Two cases, each on the device at hand:
               net, batch 128: ResNet-18 takes minutes a step there)
     mnist1d   the default run: the 1-D conv net on MNIST-1D, fp32, batch 128
 
-For each: bsexp's training step (the one the loop runs: bsexp.step.train_step with the LR written
+For each: bsexp's training step (the one the loop runs: bsexp.engine.step.train_step with the LR written
 for the step) built from the real config with trainer.speed=reproducible, =fast (eager, the
 default) and =fast with trainer.compile_mode=default; and the hand loop, written as a person who
 knows the tricks would: the same architecture in channels_last (for images), torch.compile (with
@@ -38,9 +38,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bsexp.config.schema import register_configs  # noqa: E402 (after the checkout is put on the path)
-from bsexp.loop import Loop, build_loop  # noqa: E402
-from bsexp.runtime import DTYPES  # noqa: E402
-from bsexp.step import train_step  # noqa: E402
+from bsexp.engine.step import train_step  # noqa: E402
+from bsexp.runs.sweep import register_resolvers  # noqa: E402 (after the checkout is put on the path)
+from bsexp.system.runtime import DTYPES  # noqa: E402
+from bsexp.train.loop import Loop, build_loop  # noqa: E402
 
 GOAL = 0.95
 # Dense bf16 tensor-core peaks (TFLOP/s), from the vendors' data sheets.
@@ -71,6 +72,7 @@ CASES = {
 
 def build(overrides: list[str], speed: str) -> Loop:
     register_configs()
+    register_resolvers()
     with initialize_config_dir(config_dir=str(ROOT / "bsexp" / "conf"), version_base="1.3"):
         cfg = compose(
             "config",

@@ -35,8 +35,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bsexp.config.schema import register_configs  # noqa: E402
-from bsexp.loop import build_loop  # noqa: E402
-from bsexp.step import train_step  # noqa: E402
+from bsexp.engine.step import train_step  # noqa: E402
+from bsexp.runs.sweep import register_resolvers  # noqa: E402
+from bsexp.train.loop import build_loop  # noqa: E402
 
 CASES = {
     "auto (accumulation 4 x 32)": ["batch=accumulation", "batch.size=128", "batch.micro_size=32"],
@@ -80,6 +81,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8)
     args, overrides = parser.parse_known_args()
     register_configs()
+    register_resolvers()
     torch.set_num_threads(torch.get_num_threads())
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {args.rounds} rounds of one epoch per side")
     for label, case in CASES.items():

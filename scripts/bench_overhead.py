@@ -5,12 +5,12 @@ What is measured
     settings, the same in-memory training tensors and the same per-epoch batch order are
     trained two ways, interleaved in one process:
 
-    bsexp  `loop.batches.steps(epoch, sizes)` and `bsexp.step.train_step(loop.step, x, y,
-           samples, plan)` per optimizer step, with `loop` built by `bsexp.loop.build_loop` from the
+    bsexp  `loop.batches.steps(epoch, sizes)` and `bsexp.engine.step.train_step(loop.step, x, y,
+           samples, plan)` per optimizer step, with `loop` built by `bsexp.train.loop.build_loop` from the
            real Hydra config. Includes bsexp's batching (the epoch's seeded shuffle, the step
            spans, one index gather per step), its micro-batch split and loss normalisation, the detached
            loss and correct count it returns, the GradScaler calls (pass-through in fp32) and
-           the LR written for the step (bsexp.optim.Hyperparameters).
+           the LR written for the step (bsexp.engine.optim.Hyperparameters).
     plain  What a person writes by hand: a seeded `torch.randperm` per epoch, `x[idx], y[idx]`
            per batch, then `opt.zero_grad(); loss = F.cross_entropy(model(x), y);
            loss.backward(); opt.step(); sched.step()`, with an optimizer of the same class and
@@ -59,12 +59,13 @@ import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 from tqdm import tqdm
 
-from bsexp.batches import TensorBatches, augment_batch, augment_seed, epoch_order
 from bsexp.config.schema import register_configs
+from bsexp.engine.feed import TensorBatches, augment_batch, augment_seed, epoch_order
+from bsexp.engine.step import train_step
 from bsexp.errors import exit_on_config_error
-from bsexp.loop import Loop, build_loop
-from bsexp.runtime import DTYPES
-from bsexp.step import train_step
+from bsexp.runs.sweep import register_resolvers
+from bsexp.system.runtime import DTYPES
+from bsexp.train.loop import Loop, build_loop
 
 CONF = Path(__file__).resolve().parent.parent / "bsexp" / "conf"
 GOAL = 1.05
@@ -86,6 +87,7 @@ def build(overrides: list[str], epochs: int) -> tuple[Loop, str]:
     """bsexp's loop from the real config, and the config's precision. `epochs` makes the LR
     schedule span the benchmark (an `epochs=` override wins)."""
     register_configs()
+    register_resolvers()
     with exit_on_config_error():
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
             cfg = compose("config", overrides=[*DEFAULTS, f"epochs={epochs}", *overrides])

@@ -30,7 +30,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-ENTRY = "bsexp.train"  # the CLI's module: importing it registers the schemas, wherever they live
+ENTRY = "bsexp.train.cli"  # the CLI's module: importing it registers the schemas, wherever they live
 CONF_PACKAGE = "bsexp.conf"
 ROOT = Path(__file__).resolve().parent.parent
 GROUPS = ("data", "model", "optimizer", "batch", "distributed", "logger")

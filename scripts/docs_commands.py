@@ -263,7 +263,7 @@ def compose_many(jobs: list[dict]) -> list[dict]:
 
     from hydra.core.global_hydra import GlobalHydra
 
-    import bsexp.train as entry
+    import bsexp.train.cli as entry
 
     results = []
     home = os.getcwd()

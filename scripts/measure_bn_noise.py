@@ -26,9 +26,9 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bsexp.data import mnist1d  # noqa: E402 (after the checkout is put on the path)
-from bsexp.models import CNN1d  # noqa: E402
-from bsexp.noise import estimates, squared_norm  # noqa: E402
+from bsexp.engine.datasets import mnist1d  # noqa: E402 (after the checkout is put on the path)
+from bsexp.engine.gradient_noise import estimates, squared_norm  # noqa: E402
+from bsexp.engine.models import CNN1d  # noqa: E402
 
 
 def main() -> None:

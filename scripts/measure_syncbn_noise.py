@@ -29,11 +29,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bsexp.config.schema import register_configs  # noqa: E402
+from bsexp.runs.sweep import register_resolvers  # noqa: E402
 
 
 def worker(cfg):
-    from bsexp.distributed import close_world, init_world
-    from bsexp.loop import TrainState, build_loop, train
+    from bsexp.engine.distributed import close_world, init_world
+    from bsexp.train.loop import TrainState, build_loop, train
 
     torch.set_num_threads(1)
     world = init_world("cpu", "gloo", 120)
@@ -47,6 +48,7 @@ def worker(cfg):
 
 def measure(overrides: list[str], sync: bool) -> dict:
     register_configs()
+    register_resolvers()
     with initialize_config_dir(config_dir=str(ROOT / "bsexp" / "conf"), version_base="1.3"):
         cfg = compose(
             "config",

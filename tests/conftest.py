@@ -17,12 +17,14 @@ if os.environ.get("BSEXP_TEST_GPU") != "1":
 from hydra import compose, initialize_config_dir  # noqa: E402
 
 from bsexp.config.schema import register_configs  # noqa: E402
+from bsexp.runs.sweep import register_resolvers  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "bsexp" / "conf"
 HELPERS = ROOT / "tests" / "helpers"
 
 register_configs()
+register_resolvers()
 
 
 @pytest.fixture(scope="session")

@@ -2,9 +2,9 @@
 micro-batch known to fit, and how the LR and weight decay follow the batch. Frozen and pure.
 
 A batch policy computes one from its config and what was measured (bsexp.batch.policies); a
-closed-loop policy computes a new one when it decides. The loop applies it (bsexp.batch.batching)
+closed-loop policy computes a new one when it decides. The loop applies it (bsexp.batch.control)
 and never derives batch math of its own; the optimizer's LR and weight decay are written from it
-(bsexp.optim.Hyperparameters), with the rules of bsexp.batch.hparams.
+(bsexp.engine.optim.Hyperparameters), with the rules of bsexp.batch.hparams.
 """
 
 from __future__ import annotations

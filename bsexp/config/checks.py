@@ -74,7 +74,7 @@ def _check_ranks_need_ddp(cfg: DictConfig) -> None:
         )
 
 
-# torch.compile's modes that bsexp trains under (bsexp.runtime.speed_for); none (the default):
+# torch.compile's modes that bsexp trains under (bsexp.system.runtime.speed_for); none (the default):
 # the fast path's other settings, eager. On an H200 the compiled step (inductor, the batch
 # dimension dynamic) ran slower than the eager one for both of bsexp's benchmark models, and its
 # compile costs seconds a run (docs: GPUs). The modes that record CUDA graphs (reduce-overhead,
@@ -110,7 +110,7 @@ def check_gpus(cfg: DictConfig, count: int | None = None) -> None:
     nccl = ddp and cfg.distributed.backend == schema.Backend.nccl
     if not nccl and (cfg.device == schema.Device.cpu or (cfg.device == schema.Device.auto and key is None)):
         return
-    from bsexp.runtime import gpus
+    from bsexp.system.runtime import gpus
 
     if count is None:
         import torch  # counting the GPUs does not start CUDA

@@ -31,7 +31,7 @@ def restarted() -> bool:
 
 def launches_workers(cfg: DictConfig) -> bool:
     """Whether this process only starts the ranks (distributed=ddp with several processes per
-    node, not under torchrun): bsexp.launch, which trains nothing itself."""
+    node, not under torchrun): bsexp.train.workers, which trains nothing itself."""
     return cfg.distributed.kind == DistributedKind.ddp and not under_torchrun() and cfg.distributed.nproc_per_node > 1
 
 

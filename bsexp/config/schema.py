@@ -59,7 +59,7 @@ class DataConfig:
 
 @dataclass
 class MNIST1DData(DataConfig):
-    _target_: str = "bsexp.data.mnist1d"
+    _target_: str = "bsexp.engine.datasets.mnist1d"
     root: str = DATA_ROOT
     num_samples: int = at_least(1, 5000)  # train + test; 5000 with train_split 0.8 is the published split
     train_split: float = bounded(0.8, low=0, high=1, open_low=True, open_high=True)
@@ -67,13 +67,13 @@ class MNIST1DData(DataConfig):
 
 @dataclass
 class DigitsData(DataConfig):
-    _target_: str = "bsexp.data.digits"
+    _target_: str = "bsexp.engine.datasets.digits"
     val_size: int = at_least(1, 360)
 
 
 @dataclass
 class TorchvisionData(DataConfig):
-    _target_: str = "bsexp.data.torchvision_dataset"
+    _target_: str = "bsexp.engine.datasets.torchvision_dataset"
     name: VisionSet = MISSING
     root: str = DATA_ROOT
     download: bool = False
@@ -87,7 +87,7 @@ class TorchvisionData(DataConfig):
 
 @dataclass
 class SyntheticData(DataConfig):
-    _target_: str = "bsexp.data.synthetic"
+    _target_: str = "bsexp.engine.datasets.synthetic"
     shape: List[int] = bounded(low=1, nonempty=True, factory=lambda: [1, 40])
     num_classes: int = at_least(2, 10)
     num_samples: int = at_least(1, 4096)
@@ -118,25 +118,25 @@ class ModelConfig:
 
 @dataclass
 class MLPModel(ModelConfig):
-    _target_: str = "bsexp.models.MLP"
+    _target_: str = "bsexp.engine.models.MLP"
     hidden: List[int] = bounded(low=1, factory=lambda: [256, 256])  # empty: logistic regression
 
 
 @dataclass
 class CNN1dModel(ModelConfig):
-    _target_: str = "bsexp.models.CNN1d"
+    _target_: str = "bsexp.engine.models.CNN1d"
     width: int = at_least(1, 32)
 
 
 @dataclass
 class CNNModel(ModelConfig):
-    _target_: str = "bsexp.models.CNN"
+    _target_: str = "bsexp.engine.models.CNN"
     width: int = at_least(1, 32)
 
 
 @dataclass
 class ResNet18Model(ModelConfig):
-    _target_: str = "bsexp.models.resnet18"
+    _target_: str = "bsexp.engine.models.resnet18"
     cifar_stem: bool = True
 
 
@@ -313,7 +313,7 @@ class CheckpointConfig:
 @dataclass
 class TuneConfig:
     """Steps to result (python -m bsexp.tune, experiment=steps_to_result): the learning rate tuned at
-    each batch size by a quasi-random search (bsexp.tuning), then the best of each rerun over seeds.
+    each batch size by a quasi-random search (bsexp.runs.quasi_random), then the best of each rerun over seeds.
     A config takes its values with `optimizer.lr: ${bsexp_tuned:lr}`."""
 
     trial: Optional[int] = at_least(0, None)  # this run's point of the search; null: no search
@@ -422,10 +422,9 @@ add_key_hint(key_hint)
 
 
 def register_configs() -> None:
-    """Schemas are stored outside any group, so `--help` lists only the real options."""
-    from bsexp.sweep import register_resolvers
-
+    """Schemas are stored outside any group, so `--help` lists only the real options. The runs'
+    own interpolations (${bsexp_job_dir:}, ${bsexp_tuned:lr}) are registered beside this by each
+    entry point (bsexp.runs.sweep.register_resolvers): they belong to the floor above."""
     store = ConfigStore.instance()
     for name, node in SCHEMAS.items():
         store.store(name=name, node=node)
-    register_resolvers()  # ${bsexp_job_dir:}, the name of a sweep point's directory

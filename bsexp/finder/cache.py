@@ -11,12 +11,12 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from bsexp import memory
-from bsexp.data import Splits
-from bsexp.distributed import World
+from bsexp.engine.datasets import Splits
+from bsexp.engine.distributed import World
 from bsexp.finder.result import FinderResult
 from bsexp.finder.server import CACHE_CAPACITY
-from bsexp.io import write_json
+from bsexp.system import memory
+from bsexp.system.io import write_json
 
 
 def cache_key(cfg: DictConfig, world: World, splits: Splits, keep_size: int | None, largest: int | None) -> str:

@@ -12,17 +12,17 @@ from dataclasses import replace
 import torch
 from omegaconf import DictConfig
 
-from bsexp import memory
 from bsexp.batch.plan import MIN_MICRO, BatchPlan, make_plan
-from bsexp.batches import train_batches
-from bsexp.data import Splits
-from bsexp.distributed import World
+from bsexp.engine.datasets import Splits
+from bsexp.engine.distributed import World
+from bsexp.engine.feed import train_batches
 from bsexp.errors import ConfigError
 from bsexp.finder.cache import cache_key, cache_load, cache_store
 from bsexp.finder.probe import ChildProber, InProcessProber
 from bsexp.finder.result import FinderResult, Trial, memory_breakdown, peak_line
 from bsexp.finder.search import Attempt, Searcher, largest_divisor_at_most, throughput_choice
-from bsexp.runtime import preserved_rng
+from bsexp.system import memory
+from bsexp.system.runtime import preserved_rng
 
 log = logging.getLogger(__name__)
 

@@ -20,16 +20,16 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
 
-from bsexp import memory
-from bsexp.build import build_model
-from bsexp.data import Splits
-from bsexp.distributed import World
+from bsexp.engine.build import build_model
+from bsexp.engine.datasets import Splits
+from bsexp.engine.distributed import World
 from bsexp.errors import ConfigError
 from bsexp.finder import server
 from bsexp.finder.result import Trial
 from bsexp.finder.server import CACHE_CAPACITY
 from bsexp.finder.trial import TrialData, TrialRunner
-from bsexp.runtime import cap_device_memory, run_speed, seed_everything
+from bsexp.system import memory
+from bsexp.system.runtime import cap_device_memory, run_speed, seed_everything
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class ChildProber:
         self.args = (cfg, data, limit_bytes, parent_held, distributed, torch.get_num_threads())
         self.context = multiprocessing.get_context("forkserver")
         self.startup: dict[str, float] | None = None  # the first start's, by part
-        server.start()  # already running where bsexp.preflight or bsexp.loop saw a search coming
+        server.start()  # already running where bsexp.train.preflight or bsexp.train.loop saw a search coming
         # Before the first probe process's first step, one with oneDNN's kernel cache as
         # training has it, to measure what the cache will hold there (the probe's own cache is
         # off). Not beside it: two processes each running torch on every core slow each other

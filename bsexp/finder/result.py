@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import KW_ONLY, asdict, dataclass, field
 from typing import Any
 
-from bsexp import memory
 from bsexp.batch.plan import BatchPlan
 from bsexp.finder import search
 from bsexp.finder.search import Attempt
+from bsexp.system import memory
 
 
 @dataclass

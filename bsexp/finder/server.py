@@ -2,7 +2,7 @@
 imports torch and bsexp once, so a probe process starts in a fraction of a second instead of the
 seconds a fresh interpreter takes, and restarting one after a failure costs as little. It never
 runs a torch operation (no thread pools, no oneDNN state), so forking from it is safe where
-forking from the training process would not be. Torch-free at import: bsexp.preflight starts it
+forking from the training process would not be. Torch-free at import: bsexp.train.preflight starts it
 before the run's own process imports torch, so that the two imports overlap."""
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ PRELOAD = [
     "hydra.main",
     "hydra.core.hydra_config",
     "bsexp.config.env",
-    "bsexp.resume",
-    "bsexp.sweep",
+    "bsexp.runs.resume",
+    "bsexp.runs.sweep",
 ]
 
 CACHE_CAPACITY = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"  # kernels oneDNN keeps (1,024 unless set; 0: none)
@@ -45,7 +45,7 @@ def start() -> None:
     # training's cache will hold is measured once, in a process that turns it back on
     # (probe._kernel_cache), and left out of the trials' room. The server's environment is
     # its children's. The probe processes are capped, so they allocate from one arena (see
-    # bsexp.memory.one_arena).
+    # bsexp.system.memory.one_arena).
     with _environ(**{CACHE_CAPACITY: "0"}, MALLOC_ARENA_MAX="1"):
         multiprocessing.forkserver.ensure_running()
 

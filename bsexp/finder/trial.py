@@ -12,16 +12,16 @@ from dataclasses import dataclass, replace
 import torch
 from omegaconf import DictConfig
 
-from bsexp import memory
 from bsexp.batch.plan import MIN_MICRO, make_plan
 from bsexp.batch.scaling import ScaledHparams
-from bsexp.batches import augment_batch
-from bsexp.build import make_step, wrap_model
-from bsexp.data import Augment, Splits, TensorSplit
-from bsexp.distributed import World
+from bsexp.engine.build import make_step, wrap_model
+from bsexp.engine.datasets import Augment, Splits, TensorSplit
+from bsexp.engine.distributed import World
+from bsexp.engine.feed import augment_batch
+from bsexp.engine.models import set_checkpointing
+from bsexp.engine.step import train_step
 from bsexp.finder.result import Trial
-from bsexp.models import set_checkpointing
-from bsexp.step import train_step
+from bsexp.system import memory
 
 CACHED_BATCH = 256  # real samples kept for probing, tiled to each trial's size
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from bsexp.report.analysis import METRICS, TOLERANCE_SE, analyse, target_rule
-from bsexp.sweep import INDEX, sweep_name
+from bsexp.runs.sweep import INDEX, sweep_name
 
 
 def _fraction(low_open: bool):

@@ -9,9 +9,9 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from bsexp.metrics import read_jsonl
 from bsexp.report.analysis import Point
-from bsexp.sweep import grid, naming_overrides, read_index
+from bsexp.runs.sweep import grid, naming_overrides, read_index
+from bsexp.system.metrics import read_jsonl
 
 
 def load_points(sweep_dir: Path) -> list[Point]:

@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from bsexp import checkpoint
+from bsexp.runs import checkpoint
 from conftest import ROOT, cli_env
 from resuming import assert_ends_as, final_state, records
 
@@ -33,7 +33,7 @@ def resume(data_root, cwd, run_dir):
 
 @pytest.mark.parametrize("fmt", checkpoint.READS)
 def test_a_checkpoint_of_each_format_read_resumes_bit_identically(make_cfg, data_root, tmp_path, fmt):
-    from bsexp.loop import TrainState, build_loop, train
+    from bsexp.train.loop import TrainState, build_loop, train
 
     run_dir = tmp_path / "run"
     shutil.copytree(FIXTURES / f"format-{fmt}", run_dir)

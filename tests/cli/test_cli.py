@@ -77,7 +77,10 @@ def test_cfg_job_prints_the_composed_config_without_running(run_cli, tmp_path):
         "micro_size": 64,
         "accum_steps": None,
     }
-    assert cfg["optimizer"]["_target_"] == "torch.optim.AdamW" and cfg["data"]["_target_"] == "bsexp.data.mnist1d"
+    assert (
+        cfg["optimizer"]["_target_"] == "torch.optim.AdamW"
+        and cfg["data"]["_target_"] == "bsexp.engine.datasets.mnist1d"
+    )
     assert {"seed", "epochs", "device", "precision", "scaling", "schedule", "trainer"} <= cfg.keys()
     assert not (tmp_path / "outputs").exists()
 

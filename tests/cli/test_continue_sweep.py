@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bsexp.sweep import read_index
+from bsexp.runs.sweep import read_index
 from conftest import TINY_RUN, cli_env
 from resuming import SLOW
 
@@ -167,7 +167,7 @@ def test_a_point_that_failed_is_run_again_and_the_sweep_ends_as_if_it_never_had(
     assert out.returncode == 0, out.stderr[-3000:]
     assert summaries(sweep) == expected  # the failed point ran again; the completed one as it was
     assert {p: p.read_bytes() for p in done} == done and out.stdout.count("nothing left to resume") == 1
-    # The index keeps each point's history, the last line its outcome now (bsexp.sweep.read_index);
+    # The index keeps each point's history, the last line its outcome now (bsexp.runs.sweep.read_index);
     # the line cut short stays one unreadable line, not the start of the next point's.
     outcomes = {d: e["status"] for d, e in read_index(sweep).items()}
     assert outcomes == {d: "completed" for d in failed}

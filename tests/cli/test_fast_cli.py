@@ -74,7 +74,7 @@ def test_a_run_says_how_it_computes_in_its_log_and_its_summary(run_cli, tmp_path
 @pytest.mark.slow  # 35-45 s each on 2 cores (the finder's trials compile in their own processes)
 @pytest.mark.parametrize("policy", ["finder", "adaptive"])
 def test_the_policies_that_measure_or_move_the_batch_train_compiled_with_few_graphs(run_cli, tmp_path, policy):
-    # The finder's trials run the step as it will train (compiled: bsexp.build.wrap_model); the
+    # The finder's trials run the step as it will train (compiled: bsexp.engine.build.wrap_model); the
     # adaptive policy grows the batch mid-run, which must not compile a graph a size.
     run_dir = tmp_path / "run"
     compiled = ["trainer.speed=fast", "trainer.compile_mode=default", "data.num_samples=2000", "data.val_size=200"]

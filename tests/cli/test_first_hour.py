@@ -156,7 +156,7 @@ def test_a_second_run_given_the_same_directory_is_refused_before_it_writes_there
     assert "seed=7" not in (run_dir / ".hydra" / "overrides.yaml").read_text()
     assert not list((run_dir / ".hydra").glob("resume-*"))
     # Each run logs its data once as it builds it: a second run let into the directory would too.
-    assert (run_dir / "train.log").read_text().count("][bsexp.summary][INFO] data ") == 1
+    assert (run_dir / "train.log").read_text().count("][bsexp.train.summary][INFO] data ") == 1
 
 
 @pytest.mark.slow  # minutes on 2 cores: scripts/test_slow.sh (and .ci/run) runs it

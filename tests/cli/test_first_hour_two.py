@@ -124,7 +124,7 @@ def test_every_point_of_a_sweep_is_checked_before_the_first_one_trains(data_root
 def test_a_run_beside_another_on_the_same_cores_is_told_the_share_that_would_let_both_run(
     data_root, tmp_path, monkeypatch
 ):
-    # A registry of their own (bsexp.cores keeps it in the temporary directory): the two runs here
+    # A registry of their own (bsexp.system.cores keeps it in the temporary directory): the two runs here
     # see each other, not the runs of other tests on the machine.
     (tmp_path / "tmp").mkdir()
     monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
@@ -157,7 +157,7 @@ def test_a_run_beside_another_on_the_same_cores_is_told_the_share_that_would_let
 
 def test_the_run_that_started_first_is_told_too_once_another_trains_beside_it(data_root, tmp_path, monkeypatch):
     (tmp_path / "tmp").mkdir()
-    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))  # a registry of their own (bsexp.cores)
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))  # a registry of their own (bsexp.system.cores)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     # The first run, at torch's default threads, alone when it starts; its log in a file, read as it grows.
     log = tmp_path / "first.log"

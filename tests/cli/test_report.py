@@ -15,7 +15,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf, open_dict
 
 import wandb_records
-from bsexp.preflight import check_all as check
+from bsexp.train.preflight import check_all as check
 from conftest import CONF, ROOT, cli_env
 
 # sklearn's digits (1,797 images): an epoch of a small MLP takes well under a second.
@@ -393,7 +393,7 @@ def test_the_canonical_script_sweeps_and_reports(data_root, tmp_path):
 def write_sweep(sweep: Path, runs: list[dict], config: dict | None = None) -> Path:
     """Each run as a job directory (.hydra/, summary.json, metrics.jsonl) and a line of jobs.jsonl."""
     config = config or {
-        "data": {"_target_": "bsexp.data.mnist1d"},
+        "data": {"_target_": "bsexp.engine.datasets.mnist1d"},
         "trainer": {"noise_scale": "auto"},
         "logger": {"kind": "none"},
     }

@@ -4,7 +4,7 @@ that fits both."""
 import pytest
 
 import dist_workers
-from bsexp.loop import TrainState, build_loop, train
+from bsexp.train.loop import TrainState, build_loop, train
 from conftest import limit_for_size
 from tiny import assert_close, params
 

@@ -3,7 +3,7 @@
 import pytest
 
 import dist_workers
-from bsexp.loop import build_loop
+from bsexp.train.loop import build_loop
 from exact_noise import LOGISTIC, exact_noise
 
 # The backward hooks that count backward passes see no input gradients (the data needs none).

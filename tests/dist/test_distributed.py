@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 import dist_workers
-from bsexp.preflight import check_all as check
-from bsexp.loop import TrainState, build_loop, train
+from bsexp.train.preflight import check_all as check
+from bsexp.train.loop import TrainState, build_loop, train
 from conftest import cli_env
 
 # A model without BatchNorm, so that 2 x 32 and 1 x 64 compute the same function.

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import dist_workers
-from bsexp.loop import TrainState, build_loop, train
+from bsexp.train.loop import TrainState, build_loop, train
 from conftest import cli_env
 from resuming import SLOW, assert_same_state, final_state, newest_step, records
 

@@ -2,7 +2,7 @@
 
     python capped_train.py OUT ROOM_MB OVERRIDE...
 
-composes bsexp's config with the overrides, builds the run as `bsexp.run` does, caps the
+composes bsexp's config with the overrides, builds the run as `bsexp.train.job` does, caps the
 process at what it holds plus ROOM_MB (ROOM_MB 0: no cap), trains, and writes to OUT (torch.save)
 the final parameters, the plan in force and the number of OOM recoveries. A test's own process
 cannot be capped: the cap would outlive the test.
@@ -17,16 +17,18 @@ from pathlib import Path
 import torch
 from hydra import compose, initialize_config_dir
 
-from bsexp import memory
 from bsexp.config.schema import register_configs
-from bsexp.loop import TrainState, build_loop, train
+from bsexp.runs.sweep import register_resolvers
+from bsexp.system import memory
+from bsexp.train.loop import TrainState, build_loop, train
 
 CONF = Path(__file__).resolve().parents[2] / "bsexp" / "conf"
 
 
 def main(out: str, room_mb: str, *overrides: str) -> None:
-    memory.one_arena()  # as bsexp.run does for a capped run, before any thread allocates
+    memory.one_arena()  # as bsexp.train.job does for a capped run, before any thread allocates
     register_configs()
+    register_resolvers()
     torch.set_num_threads(int(os.environ.get("BSEXP_TEST_THREADS", "1")))
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=["logger=none", "trainer.progress=false", *overrides])

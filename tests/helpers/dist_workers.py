@@ -29,8 +29,8 @@ def launch(fn, *args, nproc: int = 2):
 
 def train_steps(cfg):
     """Build bsexp's loop on this rank's world, evaluate, train, evaluate; report rank 0's view."""
-    from bsexp.distributed import close_world, init_world
-    from bsexp.loop import TrainState, build_loop, train
+    from bsexp.engine.distributed import close_world, init_world
+    from bsexp.train.loop import TrainState, build_loop, train
 
     torch.set_num_threads(1)
     world = init_world("cpu", "gloo", 60)
@@ -63,7 +63,7 @@ def sync_batchnorm(x: torch.Tensor, weight: torch.Tensor, dims: int, precision: 
     precision bf16 the input arrives in bf16, under autocast, as a conv's output would."""
     import contextlib
 
-    from bsexp.syncbn import convert_sync_batchnorm
+    from bsexp.engine.syncbn import convert_sync_batchnorm
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -101,9 +101,9 @@ def env_rank_is(rank: int) -> bool:
 def find_and_train(cfg, limits_gb):
     """Each rank probes under its own memory limit (as on machines of different sizes), the ranks
     agree, and each then trains under its own limit."""
-    from bsexp.distributed import close_world, init_world
-    from bsexp.loop import TrainState, build_loop, train
-    from bsexp.runtime import limit_memory
+    from bsexp.engine.distributed import close_world, init_world
+    from bsexp.system.runtime import limit_memory
+    from bsexp.train.loop import TrainState, build_loop, train
 
     torch.set_num_threads(1)
     world = init_world("cpu", "gloo", 120)
@@ -125,9 +125,9 @@ def find_and_train(cfg, limits_gb):
 def train_with_room(cfg, rooms_mb):
     """Each rank trains with its own room in memory above what it holds after building the run
     (0: no cap), so an OOM happens on some ranks only; returns what each rank ended with."""
-    from bsexp import memory
-    from bsexp.distributed import close_world, init_world
-    from bsexp.loop import TrainState, build_loop, train
+    from bsexp.engine.distributed import close_world, init_world
+    from bsexp.system import memory
+    from bsexp.train.loop import TrainState, build_loop, train
 
     torch.set_num_threads(1)
     world = init_world("cpu", "gloo", 120)
@@ -150,8 +150,8 @@ def train_with_room(cfg, rooms_mb):
 
 def train_adaptive(cfg):
     """Train an adaptive run on this rank's world; the batches it decided, as this rank saw them."""
-    from bsexp.distributed import close_world, init_world
-    from bsexp.loop import TrainState, build_loop, train
+    from bsexp.engine.distributed import close_world, init_world
+    from bsexp.train.loop import TrainState, build_loop, train
 
     torch.set_num_threads(1)
     world = init_world("cpu", "gloo", 60)

@@ -64,7 +64,7 @@ def synthetic_run(
         "peak_memory_mb": 100.0 + batch / 8,
         "seed": seed,
         "data": "mnist1d",
-        "model": "bsexp.models.CNN1d",
+        "model": "bsexp.engine.models.CNN1d",
         "noise_b_simple": None,
         "noise_b_simple_mean": None,
         "noise_measurements": 0,

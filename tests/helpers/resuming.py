@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from bsexp.loop import TrainState, build_loop, train
+from bsexp.train.loop import TrainState, build_loop, train
 from conftest import cli_env
 
 # About 10 ms a step on one thread, 180 steps: long enough to stop at a random step mid-epoch.

@@ -5,7 +5,7 @@ import os
 import torch
 from torch import nn
 
-from bsexp.data import synthetic
+from bsexp.engine.datasets import synthetic
 
 
 class TinyNet(nn.Module):

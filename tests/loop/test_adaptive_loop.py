@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from bsexp.batch import scaling
-from bsexp.loop import TrainState, build_loop, train
+from bsexp.train.loop import TrainState, build_loop, train
 
 # MNIST-1D's 1-D CNN (BatchNorm): B_simple rises past 100 within the first epoch.
 ADAPTIVE = [
@@ -84,7 +84,7 @@ def test_power_half_aims_each_decision_of_a_run_at_c_times_the_root_of_the_first
 
 
 def test_a_noise_scale_measured_through_batchnorm_is_said_once_and_not_without_batchnorm(make_cfg, caplog):
-    caplog.set_level(logging.INFO, logger="bsexp.build")
+    caplog.set_level(logging.INFO, logger="bsexp.engine.build")
 
     def warned() -> int:
         found = [r for r in caplog.records if "whole batch's statistics (BatchNorm)" in r.message]

@@ -2,8 +2,8 @@
 
 import torch
 
-from bsexp.batches import epoch_order
-from bsexp.loop import build_loop
+from bsexp.engine.feed import epoch_order
+from bsexp.train.loop import build_loop
 
 
 def test_the_branchs_steps_take_the_samples_the_trunk_would_have_taken_next(make_cfg):

@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from bsexp.loop import TrainState, build_loop, train
-from bsexp.models import Checkpointed, checkpoint_blocks
+from bsexp.engine.models import Checkpointed, checkpoint_blocks
+from bsexp.train.loop import TrainState, build_loop, train
 from conftest import HELPERS, cli_env
 
 SMALL = [

@@ -9,11 +9,11 @@ import pytest
 import torch
 from torch.utils.data import Dataset
 
-from bsexp import data
 from bsexp.batch.schedule import BatchSchedule
-from bsexp.batches import LoaderBatches, TensorBatches, eval_batches, train_batches
 from bsexp.config.schema import DigitsData, MNIST1DData, SyntheticData, TorchvisionData
-from bsexp.data import Augment, TensorSplit
+from bsexp.engine import datasets as data
+from bsexp.engine.datasets import Augment, TensorSplit
+from bsexp.engine.feed import LoaderBatches, TensorBatches, eval_batches, train_batches
 from bsexp.errors import ConfigError
 from conftest import with_defaults
 from mnist_files import write_fake_mnist

@@ -1,6 +1,6 @@
 """A diverging run is found whether the loop looks at its losses every step or every few."""
 
-from bsexp.loop import TrainState, build_loop, train
+from bsexp.train.loop import TrainState, build_loop, train
 
 DIVERGES = [
     "data=synthetic",

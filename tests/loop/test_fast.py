@@ -6,8 +6,8 @@ checkpoints and resumes."""
 import pytest
 import torch
 
-from bsexp.loop import TrainState, build_loop, train
-from bsexp.runtime import compiled_graphs
+from bsexp.system.runtime import compiled_graphs
+from bsexp.train.loop import TrainState, build_loop, train
 
 # The batch doubles every epoch (32, 64, 128), and an epoch ends in a shorter step: four shapes.
 GROWING = [

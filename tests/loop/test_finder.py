@@ -10,12 +10,12 @@ import pytest
 import torch
 from forkservers import forkservers
 
-from bsexp.build import build_data, build_model
-from bsexp.distributed import World
+from bsexp.engine.build import build_data, build_model
+from bsexp.engine.distributed import World
 from bsexp.errors import ConfigError
 from bsexp.finder.find import find_plan
-from bsexp.loop import TrainState, build_loop, train
-from bsexp.preflight import check_all as check
+from bsexp.train.loop import TrainState, build_loop, train
+from bsexp.train.preflight import check_all as check
 
 # Memory grows fast with the batch and compute does not: one wide hidden layer on 40 inputs.
 WIDE = [
@@ -43,7 +43,7 @@ def find(make_cfg, *overrides, limit_gb=None, base=WIDE):
 def test_a_real_cpu_oom_is_recognised_and_other_errors_are_not():
     script = """
 import torch
-from bsexp import memory
+from bsexp.system import memory
 memory.return_freed_memory()
 memory.cap_memory(memory.held() + 200 * memory.MIB)
 try:
@@ -119,7 +119,7 @@ def test_a_global_batch_is_kept_by_choosing_micro_batch_and_accumulation(make_cf
 
 
 def test_init_that_does_not_fit_is_a_clear_error(make_cfg):
-    from bsexp import memory
+    from bsexp.system import memory
 
     room_gb = (memory.held() + 150 * memory.MIB) / GIB  # 4096 samples need about 500 MB
     with pytest.raises(ConfigError) as info:
@@ -138,7 +138,7 @@ def test_the_evaluation_pass_is_checked_after_the_search_only_where_no_trial_as_
 
 
 def test_an_evaluation_batch_that_does_not_fit_is_a_clear_error_naming_it(make_cfg):
-    from bsexp import memory
+    from bsexp.system import memory
 
     # Training steps of up to 16 samples fit in 150 MB; evaluating 4000 at once (~250 MB) does not.
     room_gb = (memory.held() + 150 * memory.MIB) / GIB

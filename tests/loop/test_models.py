@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from bsexp.models import CNN, MLP, CNN1d, norm_layer, resnet18
+from bsexp.engine.models import CNN, MLP, CNN1d, norm_layer, resnet18
 
 
 @pytest.mark.parametrize("norm", ["batch", "group", "layer", "none"])

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bsexp.loop import TrainState, build_loop, train
+from bsexp.train.loop import TrainState, build_loop, train
 from exact_noise import LOGISTIC, exact_noise
 
 # The backward hooks that count backward passes see no input gradients (the data needs none).

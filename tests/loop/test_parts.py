@@ -4,9 +4,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from bsexp.build import build_data, build_model
+from bsexp.engine.build import build_data, build_model
 from bsexp.errors import ConfigError
-from bsexp.loop import build_loop
+from bsexp.train.loop import build_loop
 
 
 @pytest.mark.parametrize("name", ["mnist1d", "digits", "synthetic"])

@@ -6,7 +6,7 @@ import math
 import pytest
 from torch import nn
 
-from bsexp.loop import TrainState, build_loop, train
+from bsexp.train.loop import TrainState, build_loop, train
 
 GROWING = [
     "data=synthetic",

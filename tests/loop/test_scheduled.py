@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from bsexp.errors import ConfigError
-from bsexp.loop import TrainState, build_loop, train
+from bsexp.train.loop import TrainState, build_loop, train
 from conftest import cli_env
 from tiny import TINY, assert_close, params
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bsexp.batches import eval_batches
-from bsexp.loop import TrainState, build_loop, train
-from bsexp.step import train_step
+from bsexp.engine.feed import eval_batches
+from bsexp.engine.step import train_step
+from bsexp.train.loop import TrainState, build_loop, train
 from tiny import TINY, assert_close, params
 
 
@@ -190,7 +190,7 @@ def test_a_warmup_longer_than_the_run_reports_the_lr_it_reached(make_cfg):
 def test_warmup_starts_at_the_reference_batchs_lr_under_every_rule(make_cfg, rule, shape):
     # Goyal et al. 2017 sec. 2.2: the warmup begins at the LR the reference batch uses (0.1 at 128),
     # whatever the rule makes of the target at batch 1024 (0.8 linear, 0.1 x sqrt 8 sqrt, 0.1 none).
-    from bsexp.loop import build_loop
+    from bsexp.train.loop import build_loop
 
     cfg = make_cfg(
         "batch.size=1024",

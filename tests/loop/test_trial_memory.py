@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from bsexp import memory
-from bsexp.build import build_data
+from bsexp.engine.build import build_data
 from bsexp.finder.probe import ChildProber
+from bsexp.system import memory
 
 # 17 M parameters and tiny activations: the gradients dominate what a step adds. Plain SGD
 # without weight decay updates in place (with weight decay, its foreach step makes a gradient-sized
@@ -195,9 +195,9 @@ def test_a_probe_process_that_fails_far_sooner_at_a_smaller_size_is_replaced_and
 ARENA_SCRIPT = """
 import sys, threading
 import torch
-from bsexp import memory
+from bsexp.system import memory
 
-memory.one_arena()  # as bsexp.run does where a run is capped, before any other thread allocates
+memory.one_arena()  # as bsexp.train.job does where a run is capped, before any other thread allocates
 # A thread that allocates (torch's own worker threads do): with an arena of its own, it would
 # leave 64 MiB of address space reserved that an allocation refused under the cap can fall back to.
 worker = threading.Thread(target=lambda: [bytearray(1000) for _ in range(1000)] and torch.ones(1000).sum())
@@ -224,7 +224,7 @@ def test_a_capped_process_cannot_outgrow_its_cap_through_another_threads_arena()
 LIBRARY_PAGES_SCRIPT = """
 import mmap, os
 import torch
-from bsexp import memory
+from bsexp.system import memory
 
 memory.return_freed_memory()
 limit = memory.held() + 64 * memory.MIB
@@ -265,9 +265,11 @@ BAR_SCRIPT = """
 import sys, threading
 from hydra import compose, initialize_config_dir
 from bsexp.config.schema import register_configs
-from bsexp.loop import TrainState, build_loop, train
+from bsexp.runs.sweep import register_resolvers
+from bsexp.train.loop import TrainState, build_loop, train
 
 register_configs()
+register_resolvers()
 with initialize_config_dir(config_dir=sys.argv[1], version_base="1.3"):
     cfg = compose("config", overrides=["logger=none", "trainer.progress=false", "data=digits", "model=mlp",
                                        "epochs=1", "trainer.max_steps=3"])

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from bsexp.batch.adaptive import Controller, adascale_gain, efficiency
+from bsexp.batch.closed_loop import Controller, adascale_gain, efficiency
 
 
 def run(controller: Controller, series, throughput=None) -> list[int]:

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from bsexp import data
 from bsexp.batch.plan import make_plan, micro_sizes
-from bsexp.batches import TensorBatches, augment_batch, epoch_order, eval_batches, step_spans
 from bsexp.config.schema import DigitsData, MNIST1DData, SyntheticData, TorchvisionData
-from bsexp.data import Augment, TensorSplit
+from bsexp.engine import datasets as data
+from bsexp.engine.datasets import Augment, TensorSplit
+from bsexp.engine.feed import TensorBatches, augment_batch, epoch_order, eval_batches, step_spans
 from conftest import with_defaults
 
 # The builders with their schema's defaults, as the config would call them.

@@ -7,12 +7,13 @@ import math
 import pytest
 from omegaconf import OmegaConf
 
-from bsexp import branch, resume
 from bsexp.batch import scaling
 from bsexp.batch.hparams import Rules, scaled
 from bsexp.batch.policies import Probe, policy_for
 from bsexp.batch.policies.branch import Branch
 from bsexp.errors import ConfigError
+from bsexp.runs import resume
+from bsexp.runs.trunk import DIFFERS
 
 N = 3500  # MNIST-1D's training samples
 
@@ -106,7 +107,7 @@ def test_the_critical_batch_experiments_branches_differ_from_its_trunks_only_whe
     )
     differing = {k for k in trunk.keys() | branches.keys() if str(trunk.get(k)) != str(branches.get(k))}
     assert differing, "the arms should differ in the branch's keys"
-    assert all(any(k == d or k.startswith(d + ".") for d in branch.DIFFERS) for k in differing), differing
+    assert all(any(k == d or k.startswith(d + ".") for d in DIFFERS) for k in differing), differing
     assert branches["trainer.noise_scale"] == "always"  # B_simple measured over the trunk
     marks = make_cfg("experiment=critical_batch", "experiment/critical_batch=trunk").checkpoint.at_samples
     # every branch ends within the run: 20 epochs of MNIST-1D
@@ -143,7 +144,7 @@ def test_the_branchs_last_step_cut_short_takes_the_rules_lr_for_its_samples_unle
 def test_a_branch_in_an_epoch_the_trunks_max_steps_cut_counts_it_against_a_whole_epoch(make_cfg):
     # The trunk: batch 64, cut at step 70, 15 steps (960 samples) into its second epoch. A branch
     # 350 samples into that epoch has trained a tenth of an epoch, not 350 of the 960 the cut left.
-    from bsexp.loop import TrainState
+    from bsexp.train.loop import TrainState
 
     _, _, layout = laid_out(
         make_cfg, "batch.size=64", "branch.samples=320", "trainer.max_steps=70", step=60, samples=3820

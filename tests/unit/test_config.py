@@ -4,7 +4,7 @@ import pytest
 from hydra.errors import ConfigCompositionException
 
 from bsexp.errors import ConfigError, one_line
-from bsexp.preflight import check_all as check
+from bsexp.train.preflight import check_all as check
 from conftest import CONF
 
 

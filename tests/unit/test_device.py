@@ -6,7 +6,7 @@ import torch
 
 from bsexp.config.checks import check, check_gpus
 from bsexp.errors import ConfigError
-from bsexp.runtime import resolve_device
+from bsexp.system.runtime import resolve_device
 
 
 @pytest.mark.parametrize(

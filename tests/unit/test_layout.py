@@ -79,10 +79,10 @@ def test_the_pure_modules_do_not_import_torch():
     # a bad config is refused in a second, and the unit tier stays fast.
     code = (
         "import sys; import bsexp.batch.plan, bsexp.batch.schedule, bsexp.batch.scaling, bsexp.batch.layout, "
-        "bsexp.batch.hparams, bsexp.batch.batching, bsexp.batch.policies, bsexp.batch.policies.fixed, "
+        "bsexp.batch.hparams, bsexp.batch.control, bsexp.batch.policies, bsexp.batch.policies.fixed, "
         "bsexp.batch.policies.accumulation, bsexp.batch.policies.finder, bsexp.batch.policies.scheduled, "
         "bsexp.batch.policies.adaptive, bsexp.batch.policies.branch, "
-        "bsexp.finder.search, bsexp.config.schema, bsexp.config.checks, bsexp.config.env, bsexp.preflight, "
+        "bsexp.finder.search, bsexp.config.schema, bsexp.config.checks, bsexp.config.env, bsexp.train.preflight, "
         "bsexp.report.analysis; print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)

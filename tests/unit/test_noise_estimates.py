@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from bsexp.noise import NoiseScale, estimates
+from bsexp.engine.gradient_noise import NoiseScale, estimates
 
 # The backward hooks that count backward passes see no input gradients (the data needs none).
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")

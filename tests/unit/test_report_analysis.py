@@ -188,7 +188,7 @@ def test_rows_at_chance_level_did_not_train_with_the_classes_summary_json_gives(
     configured = Point(
         name="0",
         setting=(),
-        config={"data": {"_target_": "bsexp.data.synthetic", "num_classes": 4}},
+        config={"data": {"_target_": "bsexp.engine.datasets.synthetic", "num_classes": 4}},
         summary={"status": "completed", "data": "synthetic"},
         status="completed",
     )

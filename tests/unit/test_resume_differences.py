@@ -3,7 +3,7 @@ the release added counts only if the command line sets it; a key it dropped does
 
 from omegaconf import OmegaConf
 
-from bsexp.resume import differences
+from bsexp.runs.resume import differences
 
 
 def test_a_key_an_earlier_release_lacked_counts_only_when_typed():
@@ -19,7 +19,7 @@ def test_a_key_an_earlier_release_lacked_counts_only_when_typed():
 def test_a_plain_value_a_later_release_made_an_interpolation_counts_only_where_it_resolves_otherwise(make_cfg):
     # experiment=steps_to_result's warmup was 2.0 with no warmup shape before the tuning could
     # search it; now it is the tuning's (${bsexp_tuned:warmup,2.0}), which is 2.0 where unsearched.
-    from bsexp.resume import _flat
+    from bsexp.runs.resume import _flat
 
     cfg = make_cfg("experiment=steps_to_result")
     container = OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)

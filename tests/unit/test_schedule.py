@@ -8,7 +8,7 @@ from bsexp.batch.plan import PlanError, micro_sizes, plan_for
 from bsexp.batch.scaling import lr_coupling
 from bsexp.batch.schedule import BatchSchedule
 from bsexp.errors import ConfigError
-from bsexp.preflight import check_all as check
+from bsexp.train.preflight import check_all as check
 
 # --- the schedule itself -------------------------------------------------------------------
 

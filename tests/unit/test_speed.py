@@ -1,4 +1,4 @@
-"""trainer.speed and trainer.compile_mode resolved for a device (bsexp.runtime.speed_for): the fast
+"""trainer.speed and trainer.compile_mode resolved for a device (bsexp.system.runtime.speed_for): the fast
 path eager unless a compile mode is asked for; and the modes that record CUDA graphs refused with
 the config (bsexp.config.checks), before anything is built."""
 
@@ -7,7 +7,7 @@ import torch
 
 from bsexp.config.checks import COMPILE_MODES, check_compile_mode
 from bsexp.errors import ConfigError
-from bsexp.runtime import speed_for
+from bsexp.system.runtime import speed_for
 
 CUDA, CPU = torch.device("cuda", 0), torch.device("cpu")
 

@@ -1,6 +1,6 @@
 """Steps to result's analysis on synthetic tunings with a known critical batch: the best trial per
 batch size, the fit S = S_min (1 + B_crit / B) and its regions, a best LR at the edge of the range,
-the rules against the tuned LR; the search's points (bsexp.tuning)."""
+the rules against the tuned LR; the search's points (bsexp.runs.quasi_random)."""
 
 import dataclasses
 import json
@@ -10,12 +10,12 @@ import re
 import pytest
 import yaml
 
-from bsexp.evaluate import Evaluator
+from bsexp.engine.evaluate import Evaluator
 from bsexp.report.critical.analysis import BranchedCritical, Stage
 from bsexp.report.steps.analysis import analyse
 from bsexp.report.steps.cli import estimates, nearest_stage
 from bsexp.report.steps.render import figures, markdown, rows
-from bsexp.tuning import sobol, trial_values
+from bsexp.runs.quasi_random import sobol, trial_values
 from conftest import ROOT
 from report_runs import effective_batch, known_b_crit_runs, points, synthetic_run
 

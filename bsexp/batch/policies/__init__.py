@@ -10,7 +10,7 @@ A policy is made from the config and the number of ranks (`policy_for`). It must
 - `lay_out(probe, state) -> Layout`: the run, frozen (bsexp.batch.layout): measured with the
   `Probe` (the finder, the noise scale) or, resuming, from `state` (its own `state_dict`).
 
-and may have (bsexp.batch.batching supplies the default where it has not):
+and may have (bsexp.batch.control supplies the default where it has not):
 
 - `searches() -> bool` (False): whether laying out afresh runs the finder;
 - `measures_noise` (False): it steers by B_simple, measured on every step;
@@ -21,7 +21,7 @@ and may have (bsexp.batch.batching supplies the default where it has not):
   `described(hp) -> ScaledHparams`, `begin(step, lr, weight_decay)`, `found`, `batch_figure`.
 
 Policies share behaviour through plain functions (bsexp.batch.policies.shared), never through a
-base class. Torch-free: what a policy measures comes through the `Probe` (bsexp.loop builds it).
+base class. Torch-free: what a policy measures comes through the `Probe` (bsexp.train.loop builds it).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """batch=adaptive: a closed loop. Every `batch.adaptive.interval` steps the controller
-(bsexp.batch.adaptive) sets the global batch of the steps ahead from the measured gradient noise
+(bsexp.batch.closed_loop) sets the global batch of the steps ahead from the measured gradient noise
 scale; rank 0 decides and every rank applies its decision. The run is laid out again from that
 step on: the data, the LR (by scaling.lr_rule, or AdaScale's gain) and the weight decay (by
 scaling.wd_rule) follow, with warmup and decay counted in samples, so a change of batch neither
@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from bsexp.batch.adaptive import Controller, adascale_gain, efficiency
+from bsexp.batch.closed_loop import Controller, adascale_gain, efficiency
 from bsexp.batch.layout import Layout
 from bsexp.batch.plan import MIN_MICRO, BatchPlan, plan_for
 from bsexp.batch.policies import stepped

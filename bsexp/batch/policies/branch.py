@@ -1,6 +1,6 @@
 """branch.trunk=...: the trunk's run continued from its checkpoint at `branch.at_samples` with the
 global batch `batch.size` (in micro-batches of batch.micro_size with batch=accumulation), for
-`branch.samples` samples (Merrill et al. 2025's branched training; bsexp.branch finds the trunk).
+`branch.samples` samples (Merrill et al. 2025's branched training; bsexp.runs.trunk finds the trunk).
 The steps before the branch point are the trunk's; from it on, the LR is the trunk's schedule at
 the same samples seen times the rule's ratio of the two batches, and the weight decay the
 trunk's times its rule's ratio; the data goes on where the trunk's stream was. The LR schedule's

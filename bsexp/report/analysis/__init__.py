@@ -39,7 +39,8 @@ from bsexp.report.analysis.points import (
     labels,
     make_rows,
 )
-from bsexp.report.analysis.steps import (
+from bsexp.report.analysis.sweep import METRICS, Analysis, analyse, grid
+from bsexp.report.analysis.to_target import (
     FAILED_SEED_BY,
     TARGET_BY,
     Reach,
@@ -49,7 +50,6 @@ from bsexp.report.analysis.steps import (
     reach_row,
     target_rule,
 )
-from bsexp.report.analysis.sweep import METRICS, Analysis, analyse, grid
 
 __all__ = [
     "FAILED_SEED_BY",

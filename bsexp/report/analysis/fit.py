@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from bsexp.report.analysis.points import TRAINED_ABOVE, Row
-from bsexp.report.analysis.steps import TARGET_BY, Reach, Target, choose_target, reach_row, share
+from bsexp.report.analysis.to_target import TARGET_BY, Reach, Target, choose_target, reach_row, share
 
 
 @dataclass(frozen=True)

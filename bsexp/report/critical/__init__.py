@@ -3,7 +3,7 @@ gradient noise scale B_simple and the steps-to-target B_crit (McCandlish et al. 
 
     python -m bsexp.report.critical BRANCH_SWEEP [MORE ...] [--sweep FIXED_SWEEP] [--epsilon 0.05] [--out DIR]
 
-BRANCH_SWEEP holds branches (`branch.trunk=...`, see bsexp.branch): for each trunk checkpoint
+BRANCH_SWEEP holds branches (`branch.trunk=...`, see bsexp.runs.trunk): for each trunk checkpoint
 (samples seen S), seed and batch B, a branch trained Δ = `branch.samples` samples. The rule:
 the critical batch at S is the largest B such that every branch batch up to it ends with a
 validation loss at most (1 + ε) times the smallest batch's (the trunk's own, its continuation);

@@ -19,7 +19,7 @@ from typing import Any
 
 from bsexp.report.analysis.fit import fit_steps_samples
 from bsexp.report.analysis.points import Point
-from bsexp.report.analysis.steps import reach
+from bsexp.report.analysis.to_target import reach
 
 EPSILON = 0.05  # relative: within 5 % of the small-batch branch's loss
 EPSILONS = (0.01, 0.02, 0.05, 0.1)  # the sensitivity table's

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bsexp.metrics import read_jsonl
 from bsexp.report.critical.analysis import Branch
+from bsexp.system.metrics import read_jsonl
 
 
 def load_branches(sweep: Path) -> list[Branch]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from scipy.stats import t as student_t
 
-from bsexp.report.analysis.steps import reach
+from bsexp.report.analysis.to_target import reach
 from bsexp.report.pareto.analysis import Arm
 from bsexp.report.steps.analysis import StepsToResult
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from bsexp.report.analysis.fit import Fit, fit_steps_samples
 from bsexp.report.analysis.points import Point
-from bsexp.report.analysis.steps import reach
+from bsexp.report.analysis.to_target import reach
 
 REGION = 0.25  # within 25 % of the least samples (steps), scaling counts as perfect (maximal)
 

@@ -201,8 +201,8 @@ def cap_device_memory(device: torch.device, limit_bytes: int | None) -> None:
 
 def limit_memory(device: torch.device, limit_bytes: int) -> None:
     """Train as on a machine with `limit_bytes` of memory: on CUDA a per-process memory fraction,
-    on CPU a cap on the address space (see bsexp.memory), so that exceeding it is a real OOM."""
-    from bsexp import memory
+    on CPU a cap on the address space (see bsexp.system.memory), so that exceeding it is a real OOM."""
+    from bsexp.system import memory
 
     if device.type == "cuda":
         cap_device_memory(device, limit_bytes)
@@ -217,7 +217,7 @@ def limit_memory(device: torch.device, limit_bytes: int) -> None:
 
 
 def run_speed(cfg, device: torch.device, model: torch.nn.Module | None = None) -> Speed:
-    """trainer.speed resolved for this run (bsexp.runtime.speed_for): channels_last where the
+    """trainer.speed resolved for this run (bsexp.system.runtime.speed_for): channels_last where the
     model convolves images."""
     images = model is not None and any(isinstance(m, torch.nn.Conv2d) for m in model.modules())
     return speed_for(str(cfg.trainer.speed), device, images, cfg.trainer.get("compile_mode"))

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from urllib.parse import urlparse
 
 from bsexp.errors import ConfigError, one_line
-from bsexp.io import atomic_write_text
+from bsexp.system.io import atomic_write_text
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Datasets: the built-in builders and the `Splits` every builder returns.
 
 A dataset builder (`data._target_`) returns `Splits`. Data that fits is held as tensors on the
-training device (and batched by index, with on-device crop/flip for image sets: bsexp.batches);
+training device (and batched by index, with on-device crop/flip for image sets: bsexp.engine.feed);
 a builder may instead return torch `Dataset`s, which are read through a `DataLoader` with workers.
 """
 
@@ -19,7 +19,7 @@ from torch.utils.data import Dataset, Subset
 
 from bsexp.config.schema import VISION_SETS
 from bsexp.errors import ConfigError
-from bsexp.io import atomic_write
+from bsexp.system.io import atomic_write
 
 
 @dataclass

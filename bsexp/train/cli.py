@@ -17,26 +17,27 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from bsexp import resume
 from bsexp.config.env import env_rank, launches_workers, remember_torchrun_dir, torchrun_first_dir, under_torchrun
 from bsexp.config.schema import register_configs
 from bsexp.errors import ConfigError, config_errors, exit_on_config_error, one_line
-from bsexp.sweep import INDEX, apply_wandb_identity, outcomes, started_sweep
+from bsexp.runs import resume
+from bsexp.runs.sweep import INDEX, apply_wandb_identity, outcomes, register_resolvers, started_sweep
 
 register_configs()
+register_resolvers()
 log = logging.getLogger(__name__)
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def _job(cfg: DictConfig) -> float | None:
-    from bsexp.run import run  # torch is imported only once the config is known to be good
+    from bsexp.train.job import run  # torch is imported only once the config is known to be good
 
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     job = run
     remember_torchrun_dir(run_dir)
     if launches_workers(cfg):
-        from bsexp.launch import launch_workers as job
+        from bsexp.train.workers import launch_workers as job
     apply_wandb_identity(cfg)
     _share_cores(cfg, hydra_cfg)
     if hydra_cfg.mode == RunMode.MULTIRUN:
@@ -90,8 +91,8 @@ def _stop(summary: dict, what: str) -> None:
 def _runtime_error(exc: Exception, run_dir: Path) -> None:
     """A run that failed while training: one line for a failed worker or an out-of-memory error
     (exit code 1); anything else is raised as it came."""
-    from bsexp.launch import WorkersFailed
-    from bsexp.memory import is_oom
+    from bsexp.system.memory import is_oom
+    from bsexp.train.workers import WorkersFailed
 
     if isinstance(exc, WorkersFailed):
         print(f"error: {exc} (see above; what was saved is in {run_dir})", file=sys.stderr, flush=True)
@@ -124,7 +125,7 @@ def main() -> None:
     # Let errors reach us unformatted, so that each becomes one line and exit code 2.
     os.environ["HYDRA_FULL_ERROR"] = "1"
     if under_torchrun():  # after a restart, every rank resumes (or none does), from the same place
-        from bsexp.distributed import agree_on_attempt
+        from bsexp.engine.distributed import agree_on_attempt
 
         agree_on_attempt()
     with exit_on_config_error():  # a resume continues the run's (or the sweep's) own config

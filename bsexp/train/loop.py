@@ -23,25 +23,25 @@ import torch
 from omegaconf import DictConfig, open_dict
 from tqdm import tqdm
 
-from bsexp.batch.batching import Batching
+from bsexp.batch.control import Batching
 from bsexp.batch.hparams import Rules, scaled
 from bsexp.batch.policies import Probe, policy_for, traits
 from bsexp.batch.scaling import ScaledHparams
-from bsexp.batches import train_batches
-from bsexp.build import build_data, build_model, make_step, sync_batchnorm, wrap_model
-from bsexp.checkpoint import Checkpointer
 from bsexp.config import schema
 from bsexp.config.checks import check
-from bsexp.data import Splits
-from bsexp.distributed import World
-from bsexp.evaluate import Evaluator
+from bsexp.engine.build import build_data, build_model, make_step, sync_batchnorm, wrap_model
+from bsexp.engine.datasets import Splits
+from bsexp.engine.distributed import World
+from bsexp.engine.evaluate import Evaluator
+from bsexp.engine.feed import train_batches
+from bsexp.engine.optim import Hyperparameters
+from bsexp.engine.regularisers import RegulariserRules, Regularisers
+from bsexp.engine.step import Step, train_step
 from bsexp.finder import server
 from bsexp.finder.find import find_plan
-from bsexp.metrics import Sinks
-from bsexp.optim import Hyperparameters
-from bsexp.regularisers import RegulariserRules, Regularisers
-from bsexp.runtime import compiled_graphs, preserved_rng, resolve_device, run_speed, seed_everything
-from bsexp.step import Step, train_step
+from bsexp.runs.checkpoint import Checkpointer
+from bsexp.system.metrics import Sinks
+from bsexp.system.runtime import compiled_graphs, preserved_rng, resolve_device, run_speed, seed_everything
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ class Watch:
     def __init__(self, every: int) -> None:
         self.every = every
         self.pending: list[tuple[torch.Tensor, int]] = []
-        self.stop_signal = 0  # set by a SIGTERM/SIGUSR1/SIGINT handler (bsexp.run)
+        self.stop_signal = 0  # set by a SIGTERM/SIGUSR1/SIGINT handler (bsexp.train.job)
 
     def add(self, loss_sum: torch.Tensor, samples: int) -> None:
         self.pending.append((loss_sum, samples))
@@ -149,7 +149,7 @@ class Loop:
     drop_last: bool
     evaluator: Evaluator
     watch: Watch
-    sinks: Sinks  # filled by the job (bsexp.run) on rank 0; empty elsewhere
+    sinks: Sinks  # filled by the job (bsexp.train.job) on rank 0; empty elsewhere
     sync_batchnorm: bool = False
     ghost_batch: int | None = None
     checkpointer: Checkpointer | None = None
@@ -183,7 +183,7 @@ def build_loop(
     finder measures here, leaving every random generator as it was), then the step's parts.
     Every rank builds the same model from the same seed. `run_dir`: checkpoints go there.
     `resumed`: a checkpoint's state, whose batch policy is taken instead of resolved afresh.
-    `trunk`: where a branch starts (bsexp.branch.find)."""
+    `trunk`: where a branch starts (bsexp.runs.trunk.find)."""
     check(cfg)
     world = world or World(device=resolve_device(str(cfg.device)))
     if cfg.trainer.threads:

@@ -12,12 +12,12 @@ import torch
 from omegaconf import DictConfig
 
 from bsexp.batch.scaling import cautions
-from bsexp.distributed import World
-from bsexp.noise import NoiseScale
-from bsexp.runtime import compiled_graphs, peak_memory_mb, provenance, run_speed
+from bsexp.engine.distributed import World
+from bsexp.engine.gradient_noise import NoiseScale
+from bsexp.system.runtime import compiled_graphs, peak_memory_mb, provenance, run_speed
 
 log = logging.getLogger(__name__)
-_FOLLOWED = ("dropout", "bn_momentum")  # the regularisers that follow the batch (bsexp.regularisers)
+_FOLLOWED = ("dropout", "bn_momentum")  # the regularisers that follow the batch (bsexp.engine.regularisers)
 
 
 def hyperparameters(cfg: DictConfig, loop) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from bsexp.memory import is_oom, release
+from bsexp.system.memory import is_oom, release
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +192,7 @@ class NoiseMeter:
     - `end`: the whole step's gradient against the small one (or, with one micro-batch a rank
       under DDP, this rank's share before the all-reduce, which the gradient sync kept).
 
-    `step` is the training step's parts (bsexp.step.Step): model, autocast, scaler, world."""
+    `step` is the training step's parts (bsexp.engine.step.Step): model, autocast, scaler, world."""
 
     def __init__(self, scale: NoiseScale, side_half: bool, grad_sync=None, whole_batch: bool = False) -> None:
         self.scale, self.side_half, self.grad_sync, self.whole_batch = scale, side_half, grad_sync, whole_batch

@@ -21,9 +21,9 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from bsexp.errors import one_line
-from bsexp.io import Unreadable, read_json_object
-from bsexp.metrics import read_jsonl
-from bsexp.tuning import tuned
+from bsexp.runs.quasi_random import tuned
+from bsexp.system.io import Unreadable, read_json_object
+from bsexp.system.metrics import read_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def output_subdir() -> str:
 def register_resolvers() -> None:
     OmegaConf.register_new_resolver("bsexp_job_dir", job_dirname, replace=True)
     OmegaConf.register_new_resolver("bsexp_output_subdir", output_subdir, replace=True, use_cache=True)
-    OmegaConf.register_new_resolver("bsexp_tuned", tuned, replace=True)  # a trial's LR (bsexp.tuning)
+    OmegaConf.register_new_resolver("bsexp_tuned", tuned, replace=True)  # a trial's LR (bsexp.runs.quasi_random)
     # In default output directories after the time: runs started in the same second on one
     # machine get directories of their own (the process id).
     OmegaConf.register_new_resolver("bsexp_pid", lambda: str(os.getpid()), replace=True, use_cache=True)

@@ -14,20 +14,22 @@ built run where a checkpoint left it.
 from __future__ import annotations
 
 import logging
+import pickle
 import re
 from dataclasses import asdict
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
 from omegaconf import DictConfig
 
 import bsexp
+from bsexp.engine.gradient_noise import NoiseScale
 from bsexp.errors import ConfigError, one_line
-from bsexp.io import atomic_write
-from bsexp.noise import NoiseScale
-from bsexp.resume import CHECKPOINTS, NO_SUCH_CHECKPOINT, pinned
-from bsexp.runtime import rng_state, set_rng_state
+from bsexp.runs.resume import CHECKPOINTS, NO_SUCH_CHECKPOINT, moved, pinned
+from bsexp.system.io import atomic_write
+from bsexp.system.runtime import rng_state, set_rng_state
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +37,7 @@ DIR = CHECKPOINTS
 # The format a checkpoint is written in, and those this version resumes from, bit-identically:
 #   2: the batch policy's state in one entry, and the LR scheduler's (main a76dc77 and before);
 #   3: no LR scheduler: the LR and weight decay are a function of the step and the batch policy's
-#      layout (bsexp.optim.Hyperparameters), so a format-2 checkpoint's scheduler state is not read.
+#      layout (bsexp.engine.optim.Hyperparameters), so a format-2 checkpoint's scheduler state is not read.
 # tests/fixtures/checkpoints/ keeps one of each, written by the code that wrote that format.
 FORMAT = 3
 READS = (2, 3)
@@ -81,8 +83,20 @@ class UnknownFormat(ConfigError):
         return ConfigError, (self.key, self.value, self.expected)
 
 
+class _Unpickler(pickle.Unpickler):
+    """A checkpoint's classes where they live now (an earlier release pickled `bsexp.models.CNN1d`)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        return super().find_class(moved(module), name)
+
+
+# torch.load's pickle_module: pickle, but for the Unpickler above
+_PICKLE = ModuleType("bsexp_checkpoint_pickle")
+_PICKLE.__dict__.update({k: v for k, v in vars(pickle).items() if not k.startswith("__")}, Unpickler=_Unpickler)
+
+
 def load(path: Path) -> dict[str, Any]:
-    state = torch.load(path, map_location="cpu", weights_only=False)
+    state = torch.load(path, map_location="cpu", weights_only=False, pickle_module=_PICKLE)
     if not isinstance(state, dict) or "format" not in state:
         raise ValueError("not a bsexp checkpoint")
     if state["format"] not in READS:
@@ -156,7 +170,9 @@ def identity(cfg: DictConfig, loop) -> dict[str, Any]:
 def mismatches(state: dict[str, Any], identity: dict[str, Any]) -> list[str]:
     """What differs between the run that wrote a checkpoint and this one, in the respects that make
     resuming meaningless: the model, its parameters' shapes, the global batch, the world size."""
-    theirs = state.get("identity", {})
+    theirs = dict(state.get("identity", {}))
+    if isinstance(theirs.get("model"), str):  # a model of bsexp's own named where it lived then
+        theirs["model"] = moved(theirs["model"])
     found = []
     for key, what in (
         ("model", "model"),
@@ -269,7 +285,7 @@ _STATE_KEYS = (
 def restore(cfg: DictConfig, loop, state, path: Path, saved: dict[str, Any], branch: bool = False) -> str | None:
     """Put a freshly built run (whose batch policy was resolved from `saved`) where the checkpoint
     left it; returns the W&B run id to continue. `branch`: a new run from another's checkpoint
-    (bsexp.branch), which keeps the model, optimizer, generators and place in the data but starts
+    (bsexp.runs.trunk), which keeps the model, optimizer, generators and place in the data but starts
     its own records, clock and W&B run."""
     different = mismatches(saved, identity(cfg, loop))
     if different and not cfg.checkpoint.allow_mismatch:

@@ -23,9 +23,9 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, r
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from bsexp.config.env import env_rank
-from bsexp.io import write_json
-from bsexp.run import run
-from bsexp.signals import stop_on_signals
+from bsexp.system.io import write_json
+from bsexp.system.signals import stop_on_signals
+from bsexp.train.job import run
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ batch size (Shallue et al. 2019), in three stages, each a Hydra multirun of `pyt
 hydra/launcher=slurm):
 
   1. TUNE_DIR/trials: experiment=steps_to_result over tune.trial=0..tune.trials-1 x the batch sizes
-     (the search: bsexp.tuning), each run ended once it reaches tune.target;
+     (the search: bsexp.runs.quasi_random), each run ended once it reaches tune.target;
   2. TUNE_DIR/best.json: each batch size's best trial (the fewest steps to the target);
   3. TUNE_DIR/seeds: the best of each batch rerun with seeds 1..tune.seeds;
 
@@ -23,8 +23,8 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from bsexp import resume
 from bsexp.errors import exit_on_config_error
+from bsexp.runs import resume
 
 BATCHES = (8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 

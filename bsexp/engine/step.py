@@ -4,7 +4,7 @@ training allocates.
 
 Every loss is summed per sample and divided by the samples of the whole optimizer step (all
 micro-steps; all ranks once there are several), so accumulation is exact even when the last
-step of an epoch is smaller. Two small hooks ride on it: the noise meter (bsexp.noise) and the
+step of an epoch is smaller. Two small hooks ride on it: the noise meter (bsexp.engine.gradient_noise) and the
 out-of-memory guard, which retries the same data in micro-batches half as large (every rank
 agreeing under DDP), through the batch policy (`Step.on_oom`).
 """
@@ -22,9 +22,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from bsexp.batch.plan import BatchPlan, micro_sizes
-from bsexp.distributed import GradSync, World
-from bsexp.memory import is_oom, release
-from bsexp.noise import NoiseMeter
+from bsexp.engine.distributed import GradSync, World
+from bsexp.engine.gradient_noise import NoiseMeter
+from bsexp.system.memory import is_oom, release
 
 # How gradients meet over the ranks: not at all (one process); in the last micro-step's backward
 # through DDP's communication hook; or, so that ranks can agree on an out-of-memory error first,
@@ -34,7 +34,7 @@ REDUCE = ("none", "hook", "flat")
 
 @dataclass(frozen=True, kw_only=True)
 class Step:
-    """What a training step works with. Built once (bsexp.build.make_step)."""
+    """What a training step works with. Built once (bsexp.engine.build.make_step)."""
 
     model: nn.Module  # as trained: DDP-wrapped when the run is distributed
     optimizer: torch.optim.Optimizer

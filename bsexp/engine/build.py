@@ -1,6 +1,6 @@
 """The parts of a run, each built once from the config: data, model (with SyncBatchNorm and the
 DDP wrapper where the run is distributed, decided here and nowhere else), the training step's
-parts, and the metrics sinks. The training loop (bsexp.loop) and the batch finder's trials
+parts, and the metrics sinks. The training loop (bsexp.train.loop) and the batch finder's trials
 (bsexp.finder) both build with these, so both train the same model the same way."""
 
 from __future__ import annotations
@@ -18,16 +18,16 @@ from torch.nn.parallel import DistributedDataParallel
 from bsexp.batch.scaling import ScaledHparams
 from bsexp.config.checks import call_target
 from bsexp.config.schema import NoiseMode
-from bsexp.data import Splits
-from bsexp.distributed import GradSync, World, sum_gradients_hook
+from bsexp.engine.datasets import Splits
+from bsexp.engine.distributed import GradSync, World, sum_gradients_hook
+from bsexp.engine.gradient_noise import NoiseMeter, NoiseScale
+from bsexp.engine.models import checkpoint_blocks, ghost_batchnorm
+from bsexp.engine.optim import build_optimizer
+from bsexp.engine.step import Step
+from bsexp.engine.syncbn import convert_sync_batchnorm
 from bsexp.errors import ConfigError, one_line
-from bsexp.metrics import JsonlSink, MlflowSink, Sinks, TensorBoardSink, WandbSink, check_packages, read_jsonl
-from bsexp.models import checkpoint_blocks, ghost_batchnorm
-from bsexp.noise import NoiseMeter, NoiseScale
-from bsexp.optim import build_optimizer
-from bsexp.runtime import autocast, grad_scaler, run_speed
-from bsexp.step import Step
-from bsexp.syncbn import convert_sync_batchnorm
+from bsexp.system.metrics import JsonlSink, MlflowSink, Sinks, TensorBoardSink, WandbSink, check_packages, read_jsonl
+from bsexp.system.runtime import autocast, grad_scaler, run_speed
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def build_data(cfg: DictConfig) -> Splits:
     splits = call_target("data", cfg.data)
     if not isinstance(splits, Splits):
         raise ConfigError(
-            "data._target_", cfg.data._target_, f"must return bsexp.data.Splits, got {type(splits).__name__}"
+            "data._target_", cfg.data._target_, f"must return bsexp.engine.datasets.Splits, got {type(splits).__name__}"
         )
     return splits
 

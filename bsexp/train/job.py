@@ -18,17 +18,19 @@ import torch
 from omegaconf import DictConfig
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from bsexp import branch, cores, memory, resume
-from bsexp import checkpoint as ckpt
-from bsexp.build import build_sinks
 from bsexp.config.env import restarted
-from bsexp.distributed import World, close_world, init_world
+from bsexp.engine.build import build_sinks
+from bsexp.engine.distributed import World, close_world, init_world
 from bsexp.errors import one_line
-from bsexp.io import write_json
-from bsexp.loop import TrainState, build_loop, train
-from bsexp.runtime import limit_memory, reset_peak_memory
-from bsexp.signals import stop_on_signals
-from bsexp.summary import announce, hyperparameters, make_summary, print_summary
+from bsexp.runs import checkpoint as ckpt
+from bsexp.runs import resume
+from bsexp.runs.trunk import find as find_trunk
+from bsexp.system import cores, memory
+from bsexp.system.io import write_json
+from bsexp.system.runtime import limit_memory, reset_peak_memory
+from bsexp.system.signals import stop_on_signals
+from bsexp.train.loop import TrainState, build_loop, train
+from bsexp.train.summary import announce, hyperparameters, make_summary, print_summary
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +79,7 @@ def _figures(loop, records: list[dict], run_dir: Path) -> None:
 
 def _share_cores(cfg: DictConfig, world: World) -> contextlib.AbstractContextManager:
     """Say where this run and others on the machine ask for more threads than it has cores, and
-    the share that would let each run near its speed alone (bsexp.cores): when it starts, or while
+    the share that would let each run near its speed alone (bsexp.system.cores): when it starts, or while
     it trains (the context this returns keeps looking, until the function it gives is called).
     Only where the threads are torch's default: a run told its threads (trainer.threads,
     OMP_NUM_THREADS, a sweep's joblib share, DDP's workers) is counted, not told. A run on a GPU
@@ -127,7 +129,7 @@ def _run_on(world: World, cfg: DictConfig, run_dir: Path, started: float) -> dic
             )
             print_summary(done, run_dir)
         return done
-    trunk = branch.find(cfg) if resumed is None and cfg.branch.trunk is not None else None
+    trunk = find_trunk(cfg) if resumed is None and cfg.branch.trunk is not None else None
     loop = build_loop(
         cfg, world, run_dir, None if resumed is None else resumed[1], trunk=None if trunk is None else trunk[2]
     )

@@ -180,7 +180,7 @@ def one_arena() -> None:
     refuses an allocation glibc retries it in another arena, inside that reserve: a capped
     process could hold up to 64 MiB more than its cap for every such arena (a 1.2 GB run held
     1.25 GB). Arenas taken already stay, so this runs before the threads that would take them:
-    where a run is to be capped (`bsexp.run`), and in the probe server's environment."""
+    where a run is to be capped (`bsexp.train.job`), and in the probe server's environment."""
     _libc().mallopt(M_ARENA_MAX, 1)
 
 

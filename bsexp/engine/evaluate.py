@@ -10,9 +10,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from bsexp.batches import eval_batches, shard
-from bsexp.data import Split
-from bsexp.distributed import World
+from bsexp.engine.datasets import Split
+from bsexp.engine.distributed import World
+from bsexp.engine.feed import eval_batches, shard
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import threading
 def stop_on_signals(watch):
     """SIGTERM (a scheduler's preemption, torchrun's shutdown), SIGUSR1 (SLURM's warning before
     the time limit) and SIGINT (Ctrl-C) ask the loop to save a checkpoint at the next step
-    boundary and stop: they set `watch.stop_signal` (bsexp.loop.Watch, or any holder of that
+    boundary and stop: they set `watch.stop_signal` (bsexp.train.loop.Watch, or any holder of that
     attribute). A second Ctrl-C stops at once (KeyboardInterrupt), without a checkpoint."""
     if threading.current_thread() is not threading.main_thread():
         yield

@@ -13,13 +13,14 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from bsexp import branch, resume
 from bsexp.batch.plan import BatchPlan
 from bsexp.batch.policies import policy_for, traits
 from bsexp.config.checks import check
 from bsexp.config.env import env_rank, launches_workers, restarted, under_torchrun, world_size
 from bsexp.errors import ConfigError, config_errors, exit_on_config_error, one_line
 from bsexp.finder import server
+from bsexp.runs import resume
+from bsexp.runs.trunk import check as check_trunk
 
 RESULTS = ("summary.json", "metrics.jsonl")
 LOCK = ".bsexp.lock"
@@ -99,7 +100,7 @@ def swept_keys(config: DictConfig) -> set[str]:
 
 
 def _searches_on_cpu(cfg: DictConfig) -> bool:
-    """Whether this process will likely run the CPU batch finder (bsexp.loop decides, and stops
+    """Whether this process will likely run the CPU batch finder (bsexp.train.loop decides, and stops
     the probe server whichever way it goes): a search not resumed, in a process that trains."""
     try:
         return (
@@ -129,7 +130,7 @@ class Preflight(Callback):
                 resume.check(config, config.hydra.run.dir)
             elif not restarted():
                 if config.branch.trunk is not None:  # the trunk's run with only the batch changed
-                    branch.check(config)
+                    check_trunk(config)
                 check_output_dir("hydra.run.dir", config.hydra.run.dir)
             claim("hydra.run.dir", config.hydra.run.dir)
 
@@ -185,7 +186,7 @@ def check_points(config: DictConfig, points: list[list[str]], continued: bool = 
     config). Exits with one line naming the point, its key and value (code 2)."""
     from hydra.core.global_hydra import GlobalHydra
 
-    from bsexp.sweep import point_dirname
+    from bsexp.runs.sweep import point_dirname
 
     loader = GlobalHydra.instance().config_loader()
     for num, overrides in enumerate(points):

@@ -33,6 +33,38 @@ RUN_ONLY = (
     "distributed.timeout_s",
     "logger",  # which loggers, and where: how the run is shown (a run of before #46 has logger.kind)
 )
+# Modules that moved when the package's floors became folders (issue 56), old name -> new: a run
+# started before names them in its saved config (`data._target_: bsexp.data.mnist1d`) and its
+# checkpoints (a pickled class), and is resumed as if it had named the new ones.
+MOVED = {
+    "bsexp.data": "bsexp.engine.datasets",
+    "bsexp.models": "bsexp.engine.models",
+    "bsexp.noise": "bsexp.engine.gradient_noise",
+    "bsexp.syncbn": "bsexp.engine.syncbn",
+    "bsexp.optim": "bsexp.engine.optim",
+    "bsexp.batches": "bsexp.engine.feed",
+    "bsexp.distributed": "bsexp.engine.distributed",
+    "bsexp.regularisers": "bsexp.engine.regularisers",
+    "bsexp.step": "bsexp.engine.step",
+    "bsexp.build": "bsexp.engine.build",
+    "bsexp.evaluate": "bsexp.engine.evaluate",
+    "bsexp.runtime": "bsexp.system.runtime",
+    "bsexp.memory": "bsexp.system.memory",
+    "bsexp.metrics": "bsexp.system.metrics",
+    "bsexp.checkpoint": "bsexp.runs.checkpoint",
+    "bsexp.sweep": "bsexp.runs.sweep",
+    "bsexp.preflight": "bsexp.train.preflight",
+    "bsexp.batch.batching": "bsexp.batch.control",
+    "bsexp.batch.adaptive": "bsexp.batch.closed_loop",
+}
+
+
+def moved(name: str) -> str:
+    """A dotted name (`bsexp.data.mnist1d`) as it is now, where its module moved."""
+    for old, new in MOVED.items():
+        if name == old or name.startswith(old + "."):
+            return new + name[len(old) :]
+    return name
 
 
 def pinned(run_dir: Path, samples: int) -> Path:
@@ -218,7 +250,10 @@ def saved_config(run_dir: Path, key: str = "resume", value: Any = None) -> dict[
     one that cannot be read is refused, naming `key`=`value` (what pointed at the run; the run
     by default)."""
     path = Path(run_dir) / ".hydra" / "config.yaml"
-    return _flat(read_yaml(path, key, str(run_dir) if value is None else value, dict)) if path.is_file() else {}
+    if not path.is_file():
+        return {}
+    flat = _flat(read_yaml(path, key, str(run_dir) if value is None else value, dict))
+    return {k: moved(v) if k.endswith("_target_") and isinstance(v, str) else v for k, v in flat.items()}
 
 
 def differences(

@@ -17,7 +17,7 @@ import math
 from pathlib import Path
 
 from bsexp.errors import ConfigError
-from bsexp.io import Unreadable, read_json_object
+from bsexp.system.io import Unreadable, read_json_object
 
 # Searched dimensions, in the order of the Sobol point's coordinates; the warmup's is drawn only
 # where it is searched, so that a search of the LR (and momentum) keeps its points.

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from bsexp.errors import ConfigError
-from bsexp.io import Unreadable, read_json_object
-from bsexp.metrics import read_jsonl
-from bsexp.resume import saved_config
-from bsexp.sweep import INDEX
+from bsexp.runs.resume import saved_config
+from bsexp.runs.sweep import INDEX
+from bsexp.system.io import Unreadable, read_json_object
+from bsexp.system.metrics import read_jsonl
 
 RUN_FILES = (".hydra/config.yaml", "summary.json", "metrics.jsonl")
 

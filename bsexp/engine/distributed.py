@@ -86,7 +86,7 @@ class World:
 
 def init_world(device_choice: str, backend: str, timeout_s: float) -> World:
     """The world of this process: a process group when started by torchrun, else one process."""
-    from bsexp.runtime import resolve_device
+    from bsexp.system.runtime import resolve_device
 
     if not under_torchrun():
         return World(device=resolve_device(device_choice))

@@ -21,10 +21,10 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from bsexp import resume
 from bsexp.errors import ConfigError
-from bsexp.resume import CHECKPOINTS as DIR
-from bsexp.resume import pinned
+from bsexp.runs import resume
+from bsexp.runs.resume import CHECKPOINTS as DIR
+from bsexp.runs.resume import pinned
 
 # Keys a branch may set to other values than its trunk: its batch, itself, its checkpoints and
 # logging, how often it evaluates, and what only says how a run is run or shown.
@@ -116,7 +116,7 @@ def check(cfg: DictConfig) -> Path:
 def find(cfg: DictConfig) -> tuple[Path, dict[str, Any], dict[str, Any]]:
     """(the trunk's checkpoint, its state, where the branch starts: the trunk's batch, step and
     samples seen there) for a run with branch.trunk set."""
-    from bsexp.checkpoint import load
+    from bsexp.runs.checkpoint import load
 
     path = check(cfg)
     try:

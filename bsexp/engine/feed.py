@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from bsexp.batch.plan import keep_final
-from bsexp.data import Augment, Split, Splits, TensorSplit
+from bsexp.engine.datasets import Augment, Split, Splits, TensorSplit
 
 
 def epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:

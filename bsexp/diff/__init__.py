@@ -1,0 +1,1 @@
+"""`python -m bsexp.diff RUN_A RUN_B`: what differs between two runs (the top floor)."""

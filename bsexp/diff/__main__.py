@@ -1,0 +1,7 @@
+"""`python -m bsexp.diff RUN_A RUN_B`."""
+
+import sys
+
+from bsexp.diff.cli import main
+
+sys.exit(main())

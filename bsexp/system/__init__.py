@@ -1,0 +1,2 @@
+"""The process and its machine: runtime (device, seeds, precision), memory, cores, signals, files
+written whole, and the metrics sinks."""

@@ -1,0 +1,1 @@
+"""`python -m bsexp.tune`: the tuning command (the top floor)."""

@@ -1,0 +1,5 @@
+"""`python -m bsexp.tune TUNE_DIR [key=value ...]`."""
+
+from bsexp.tune.cli import main
+
+main()
