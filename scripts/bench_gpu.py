@@ -107,7 +107,7 @@ def timed(step, device: torch.device, warmup: int, steps: int) -> float:
 
 def bsexp_rate(loop: Loop, warmup: int, steps: int) -> float:
     """Samples/s of bsexp's step, as the loop runs it (the LR written, then train_step)."""
-    run, device = loop.batching.layout.run, loop.world.device
+    run, device = loop.batch_control.layout.run, loop.world.device
     batches = iter(loop.batches.steps(0, run.epoch(0), drop_last=True))
 
     def step(index: int) -> None:
@@ -117,10 +117,10 @@ def bsexp_rate(loop: Loop, warmup: int, steps: int) -> float:
         except StopIteration:
             batches = iter(loop.batches.steps(index, run.epoch(0), drop_last=True))
             x, y, samples = next(batches)
-        loop.hyperparameters.apply(index % run.total, loop.batching.layout)
-        train_step(loop.step, x, y, samples, loop.batching.plan(0))
+        loop.hyperparameters.apply(index % run.total, loop.batch_control.layout)
+        train_step(loop.step, x, y, samples, loop.batch_control.plan(0))
 
-    return steps * loop.batching.current.size / timed(step, device, warmup, steps)
+    return steps * loop.batch_control.current.size / timed(step, device, warmup, steps)
 
 
 def hand_rate(loop: Loop, precision: str, mode: str | None, warmup: int, steps: int) -> tuple[float, float]:
@@ -135,7 +135,7 @@ def hand_rate(loop: Loop, precision: str, mode: str | None, warmup: int, steps: 
         model = model.to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4, fused=True)
     compiled = torch.compile(model, mode=mode) if mode else model
-    x_all, y_all, batch = loop.batches.split.x, loop.batches.split.y, loop.batching.current.size
+    x_all, y_all, batch = loop.batches.split.x, loop.batches.split.y, loop.batch_control.current.size
     dtype = DTYPES.get(precision)
     autocast = torch.autocast(device.type, dtype=dtype) if dtype else torch.autocast(device.type, enabled=False)
 
@@ -177,7 +177,7 @@ def measure(case: str, device: str, peak: float | None, warmup: int, steps: int)
     hand, flops = hand_rate(fast_loop, precision, mode, warmup, steps)
     # And eager, as bsexp's fast path runs: what is bsexp's own overhead, and what the compile's gain.
     hand_eager, _ = hand_rate(fast_loop, precision, None, warmup, steps)
-    achieved = flops / fast_loop.batching.current.size * rates["fast"] / 1e12
+    achieved = flops / fast_loop.batch_control.current.size * rates["fast"] / 1e12
     fraction = f"{100 * achieved / peak:.1f} %" if peak and device == "cuda" else "-"
     return (
         f"| {case} | {rates['reproducible']:,.0f} | {rates['fast']:,.0f} | {rates['compiled']:,.0f} | {hand:,.0f} | "

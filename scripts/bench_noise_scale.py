@@ -47,10 +47,10 @@ CASES = {
 
 def epoch_seconds(loop, epoch: int) -> float:
     seconds = 0.0
-    sizes = loop.batching.layout.run.epoch(epoch % len(loop.batching.layout.run.epoch_starts))
-    for index, (x, y, samples) in enumerate(loop.batches.steps(epoch, sizes, 0, 1, loop.drop_last)):
+    sizes = loop.batch_control.layout.run.epoch(epoch % len(loop.batch_control.layout.run.epoch_starts))
+    for index, (x, y, samples) in enumerate(loop.feed.steps(epoch, sizes, 0, 1, loop.drop_last)):
         started = time.perf_counter()
-        train_step(loop.step, x, y, samples, loop.batching.plan(index))
+        train_step(loop.step, x, y, samples, loop.batch_control.plan(index))
         seconds += time.perf_counter() - started
     return seconds
 

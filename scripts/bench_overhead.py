@@ -5,9 +5,9 @@ What is measured
     settings, the same in-memory training tensors and the same per-epoch batch order are
     trained two ways, interleaved in one process:
 
-    bsexp  `loop.batches.steps(epoch, sizes)` and `bsexp.engine.step.train_step(loop.step, x, y,
+    bsexp  `loop.feed.steps(epoch, sizes)` and `bsexp.engine.step.train_step(loop.step, x, y,
            samples, plan)` per optimizer step, with `loop` built by `bsexp.train.loop.build_loop` from the
-           real Hydra config. Includes bsexp's batching (the epoch's seeded shuffle, the step
+           real Hydra config. Includes bsexp's batch_control (the epoch's seeded shuffle, the step
            spans, one index gather per step), its micro-batch split and loss normalisation, the detached
            loss and correct count it returns, the GradScaler calls (pass-through in fp32) and
            the LR written for the step (bsexp.engine.optim.Hyperparameters).
@@ -92,24 +92,24 @@ def build(overrides: list[str], epochs: int) -> tuple[Loop, str]:
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
             cfg = compose("config", overrides=[*DEFAULTS, f"epochs={epochs}", *overrides])
         loop = build_loop(cfg)
-    if not isinstance(loop.batches, TensorBatches):
+    if not isinstance(loop.feed, TensorBatches):
         sys.exit("error: this benchmark needs in-memory data (the plain loop indexes tensors); set data.in_memory=true")
     return loop, str(cfg.precision)
 
 
 def bsexp_steps(loop: Loop, epoch: int) -> Iterator[None]:
     """One epoch of bsexp's own steps, pausing after each (the same `yield` as `Plain.steps`)."""
-    run = loop.batching.layout.run
-    steps = loop.batches.steps(epoch, run.epoch(epoch % len(run.epoch_starts)), drop_last=loop.drop_last)
+    run = loop.batch_control.layout.run
+    steps = loop.feed.steps(epoch, run.epoch(epoch % len(run.epoch_starts)), drop_last=loop.drop_last)
     first = epoch * len(run.epoch(0))  # the run's step count, as the loop's LR writer counts it
     for index, (x, y, samples) in enumerate(steps):
-        loop.hyperparameters.apply(first + index, loop.batching.layout)  # as the loop writes each step's LR
-        train_step(loop.step, x, y, samples, loop.batching.plan(index))
+        loop.hyperparameters.apply(first + index, loop.batch_control.layout)  # as the loop writes each step's LR
+        train_step(loop.step, x, y, samples, loop.batch_control.plan(index))
         yield
 
 
 class Plain:
-    """The hand-written baseline: its own model copy, optimizer, scheduler and batching."""
+    """The hand-written baseline: its own model copy, optimizer, scheduler and batch_control."""
 
     def __init__(self, loop: Loop, precision: str) -> None:
         self.model = copy.deepcopy(loop.step.model)  # before any step: the same initial weights
@@ -128,19 +128,19 @@ class Plain:
         accepted = inspect.signature(cls).parameters
         self.opt = cls(groups, **{k: v for k, v in loop.step.optimizer.defaults.items() if k in accepted})
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, loop.hyperparameters.factors)
-        split = loop.batches.split
+        split = loop.feed.split
         self.x, self.y, self.mean, self.std = split.x, split.y, split.mean, split.std
-        self.seed, self.augment, self.fill = loop.batches.seed, loop.batches.augment, split.black
+        self.seed, self.augment, self.fill = loop.feed.seed, loop.feed.augment, split.black
         self.size, self.micro, self.drop_last = (
-            loop.batching.current.size,
-            loop.batching.current.micro_size,
+            loop.batch_control.current.size,
+            loop.batch_control.current.micro_size,
             loop.drop_last,
         )
         self.clip = loop.step.clip_grad_norm
         dtype, device_type = DTYPES.get(precision), self.x.device.type
         self.autocast = (lambda: torch.autocast(device_type, dtype=dtype)) if dtype else contextlib.nullcontext
         self.scaler = torch.amp.GradScaler(device_type) if precision == "fp16" else None
-        self.simple = dtype is None and self.clip is None and loop.batching.current.accum_steps == 1
+        self.simple = dtype is None and self.clip is None and loop.batch_control.current.accum_steps == 1
 
     def steps(self, epoch: int) -> Iterator[None]:
         model, opt, sched, x_all, y_all = self.model, self.opt, self.sched, self.x, self.y
@@ -196,8 +196,8 @@ def main() -> None:
     loop.step.model.train()
     plain.model.train()
     sync = torch.cuda.synchronize if loop.world.device.type == "cuda" else (lambda: None)
-    n, plan = len(loop.batches), loop.batching.current
-    per_epoch = len(loop.batching.layout.run.epoch(0))
+    n, plan = len(loop.feed), loop.batch_control.current
+    per_epoch = len(loop.batch_control.layout.run.epoch(0))
 
     def round_times(epoch: int) -> tuple[float, float]:
         """One epoch per side, step by step in strict turns (so every step of either side runs

@@ -1,5 +1,5 @@
 """A run's batch as it trains: the policy's layout in force, the plan of every step, and the
-micro-batch cap after out-of-memory recoveries. The loop holds one `Batching` and asks it; a
+micro-batch cap after out-of-memory recoveries. The loop holds one `BatchControl` and asks it; a
 closed-loop policy's decisions arrive here (rank 0 decides, every rank applies), and the layout
 they give replaces the one in force. Its state goes into checkpoints."""
 
@@ -17,11 +17,11 @@ from bsexp.batch.scaling import ScaledHparams
 log = logging.getLogger(__name__)
 
 
-class Batching:
+class BatchControl:
     def __init__(self, policy, layout: Layout) -> None:
         self.policy, self.layout = policy, layout
         self.traits = traits(policy)
-        self.micro_cap = layout.micro_cap  # the largest micro-batch per rank known to fit (None: any)
+        self.micro_size_cap = layout.micro_size_cap  # the largest micro-batch per rank known to fit (None: any)
         self.oom_recoveries = 0
         self._plan = layout.first_plan  # in force
 
@@ -53,7 +53,7 @@ class Batching:
 
     def plan(self, step: int) -> BatchPlan:
         """The plan of optimizer step `step` (counted over the run)."""
-        self._plan = self.layout.plan(step, self._plan, self.micro_cap)
+        self._plan = self.layout.plan(step, self._plan, self.micro_size_cap)
         return self._plan
 
     def begin(self, step: int, lr: float, weight_decay: float) -> None:
@@ -64,8 +64,8 @@ class Batching:
 
     def after_oom(self, plan: BatchPlan) -> BatchPlan:
         """The same global batch in micro-batches half as large: the LR and weight decay stay."""
-        self.micro_cap = plan.micro_size // 2
-        self._plan = plan_for(plan.size, plan.world_size, self.micro_cap)
+        self.micro_size_cap = plan.micro_size // 2
+        self._plan = plan_for(plan.size, plan.world_size, self.micro_size_cap)
         self.oom_recoveries += 1
         log.warning(
             "out of memory at micro-batch %d: micro-batch %d x %d accumulation steps x %d ranks from now "
@@ -108,28 +108,28 @@ class Batching:
         policy = self.policy.state_dict() if hasattr(self.policy, "state_dict") else {}
         return {
             "plan": asdict(self._plan),
-            "micro_cap": self.micro_cap,
+            "micro_cap": self.micro_size_cap,
             "oom_recoveries": self.oom_recoveries,
             **policy,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._plan = BatchPlan(**state["plan"])
-        self.micro_cap, self.oom_recoveries = state["micro_cap"], state["oom_recoveries"]
+        self.micro_size_cap, self.oom_recoveries = state["micro_cap"], state["oom_recoveries"]
 
 
 class EpochSizes:
     """An epoch's steps, read step by step from the layout in force: the samples each takes."""
 
-    def __init__(self, batching: Batching, epoch: int) -> None:
-        self.batching, self.epoch = batching, epoch
+    def __init__(self, batch_control: BatchControl, epoch: int) -> None:
+        self.batch_control, self.epoch = batch_control, epoch
 
     def __len__(self) -> int:
-        run = self.batching.layout.run
+        run = self.batch_control.layout.run
         return len(run.epoch(self.epoch)) if self.epoch < len(run.epoch_starts) else 0
 
     def __iter__(self):
         index = 0
         while index < len(self):  # the samples each step takes (an epoch's or the run's last may take fewer)
-            yield self.batching.layout.run.epoch_taken(self.epoch)[index]
+            yield self.batch_control.layout.run.epoch_taken(self.epoch)[index]
             index += 1

@@ -58,7 +58,7 @@ def scaled(layout: Layout, rules: Rules) -> tuple[scaling.ScaledHparams, scaling
     every step. Lengths given in epochs or steps are the samples of the run they are counted
     against (`Layout.lr_run`)."""
     counted = layout.lr_run
-    k = scaling.scale_factor(layout.batch, rules.ref_batch)
+    k = scaling.scale_factor(layout.base_batch, rules.ref_batch)
     lr = scaling.scaled_lr(rules.lr, k, rules.lr_rule)
     wd = scaling.scaled_weight_decay(rules.weight_decay, k, rules.wd_rule)
     if rules.unit == "steps":
@@ -78,7 +78,7 @@ def scaled(layout: Layout, rules: Rules) -> tuple[scaling.ScaledHparams, scaling
         factor=rules.factor,
         final_factor=rules.final_factor,
     )
-    positions = layout.lr_positions
+    positions = layout.lr_samples
     factors = scaling.LRFactors(schedule, layout.lr_coupling, positions)
     peak = lr * max((factors(step) for step in range(layout.total)), default=1.0)
     warmup_steps = sum(1 for position in positions if position < warmup)

@@ -21,47 +21,47 @@ class Layout:
     world: int  # ranks the global batch is split over
     first_plan: BatchPlan  # the first step's split (a policy may give it: batch=accumulation's micro-batch)
     _: KW_ONLY
-    micro_cap: int | None = None  # the largest micro-batch per rank known to fit (None: any)
-    base_batch: int | None = None  # the batch the LR and weight decay are scaled for (None: the first step's)
-    counted: RunSteps | None = None  # the run the LR schedule's lengths are counted against (None: `run`)
-    positions: tuple[float, ...] | None = None  # where the LR schedule stands before each step (None: samples)
+    micro_size_cap: int | None = None  # the largest micro-batch per rank known to fit (None: any)
+    base_batch_given: int | None = None  # the batch the LR and weight decay are scaled for (None: the first step's)
+    lr_run_given: RunSteps | None = None  # the run the LR schedule's lengths are counted against (None: `run`)
+    lr_samples_given: tuple[float, ...] | None = None  # where the LR schedule stands before each step (None: samples)
     lr_coupling: tuple[float, ...] = ()  # the LR's multiplier at each step, relative to base_batch's (empty: 1)
-    wd_steps: tuple[float, ...] = ()  # the weight decay's multiplier at each step over the step before (empty: 1)
+    wd_step_ratios: tuple[float, ...] = ()  # the weight decay's multiplier at each step over the step before (empty: 1)
     eval_steps: tuple[int, ...] = ()  # steps after which the policy wants an evaluation
-    epochs_by_samples: bool = False  # epochs count the samples of `counted` (a branch ends within one)
+    epochs_by_samples: bool = False  # epochs count the samples of `lr_run` (a branch ends within one)
 
     @property
     def total(self) -> int:
         return self.run.total
 
     @property
-    def batch(self) -> int:
+    def base_batch(self) -> int:
         """The batch the LR and weight decay are scaled for, and the batch a checkpoint's run is known by."""
-        if self.base_batch is not None:
-            return self.base_batch
+        if self.base_batch_given is not None:
+            return self.base_batch_given
         return self.run.sizes[0] if self.run.sizes else self.first_plan.size
 
     @property
     def lr_run(self) -> RunSteps:
-        return self.counted if self.counted is not None else self.run
+        return self.lr_run_given if self.lr_run_given is not None else self.run
 
     @property
-    def lr_positions(self) -> tuple[float, ...]:
-        return self.positions if self.positions is not None else self.run.before
+    def lr_samples(self) -> tuple[float, ...]:
+        return self.lr_samples_given if self.lr_samples_given is not None else self.run.before
 
-    def plan(self, step: int, current: BatchPlan, micro_cap: int | None) -> BatchPlan:
+    def plan(self, step: int, current: BatchPlan, micro_size_cap: int | None) -> BatchPlan:
         """The plan of step `step`: `current` while the step's batch is its batch; else the step's
-        batch split under `micro_cap`."""
+        batch split under `micro_size_cap`."""
         size = self.run.sizes[step]
-        return current if current.size == size else plan_for(size, self.world, micro_cap)
+        return current if current.size == size else plan_for(size, self.world, micro_size_cap)
 
     def weight_decays(self, base: float) -> list[float]:
         """The weight decay at every step from `base`, each change applied to the step before's
         value (as an optimizer's decay is scaled in place where the batch changes)."""
-        if not self.wd_steps:
+        if not self.wd_step_ratios:
             return [base] * self.total
         values, value = [], base
-        for ratio in self.wd_steps:
+        for ratio in self.wd_step_ratios:
             value *= ratio
             values.append(value)
         return values
@@ -69,7 +69,7 @@ class Layout:
     def epochs_done(self, epoch: int, in_epoch: int, samples_seen: int) -> float:
         """Epochs trained after `in_epoch` steps of `epoch` (`samples_seen` in all): a partial
         epoch by its steps; one the run was cut within (max_steps, AdaScale's length) by the
-        steps it would have had. A branch counts samples against the epochs of `counted`."""
+        steps it would have had. A branch counts samples against the epochs of `lr_run`."""
         if self.epochs_by_samples:
             per_epoch = self.lr_run.epoch_samples()
             if self.lr_run.cut_epoch:

@@ -117,15 +117,15 @@ def keep_final(samples: int, world_size: int, drop_last: bool) -> bool:
     return not drop_last and samples // world_size >= MIN_MICRO
 
 
-def plan_for(size: int, world_size: int, micro_cap: int | None) -> BatchPlan:
-    """The plan for a global batch with micro-batches of at most `micro_cap` per rank: the
+def plan_for(size: int, world_size: int, micro_size_cap: int | None) -> BatchPlan:
+    """The plan for a global batch with micro-batches of at most `micro_size_cap` per rank: the
     largest micro-batch under the cap that divides the rank's share, accumulating the rest."""
     if size % world_size:
         raise PlanError("batch.size", size, f"must be divisible by the world size {world_size}")
     per_rank = size // world_size
-    if micro_cap is None or per_rank <= micro_cap:
+    if micro_size_cap is None or per_rank <= micro_size_cap:
         return make_plan(size, world_size)
-    micro = max(d for d in range(1, micro_cap + 1) if per_rank % d == 0)
+    micro = max(d for d in range(1, micro_size_cap + 1) if per_rank % d == 0)
     return make_plan(size, world_size, micro_size=micro)
 
 

@@ -76,7 +76,7 @@ class Evaluator:
         train_eval_loss, train_acc = self.split(loop, loop.splits.train_eval)
         val_loss, val_acc = self.split(loop, loop.splits.val)
         state.best_val_acc = max(state.best_val_acc, val_acc)
-        plan, noise = loop.batching.current, loop.step.noise
+        plan, noise = loop.batch_control.current, loop.step.noise
         return {
             "epoch": round(epoch, 4),
             "step": state.step,
@@ -93,10 +93,10 @@ class Evaluator:
             "micro_size": plan.micro_size,
             "accum_steps": plan.accum_steps,
             "norm_batch": loop.norm_batch,
-            "oom_recoveries": loop.batching.oom_recoveries,
+            "oom_recoveries": loop.batch_control.oom_recoveries,
             "samples_per_s": (state.samples_seen - state.samples_before) / max(state.train_time_s, 1e-9),
             **(noise.scale.record() if noise is not None else {}),
-            **loop.batching.record(),
+            **loop.batch_control.record(),
         }
 
     def log(self, loop, state, epoch: float) -> None:

@@ -1,4 +1,4 @@
-"""Batching: a split's samples one optimizer step at a time, as the batch policy lays the steps
+"""The feed: a split's samples one optimizer step at a time, as the batch policy lays the steps
 out (the batch may change between steps): an epoch's seeded order shared by every rank, each
 rank's share of a step, on-device crop and flip for image sets, and the evaluation's batches.
 Tensors held on the device are batched by index; a torch `Dataset` is read through a
@@ -133,7 +133,7 @@ class LoaderBatches:
             yield x.to(self.device, non_blocking=True), y.to(self.device), stop - start
 
 
-def train_batches(splits: Splits, seed: int, device: torch.device):
+def train_feed(splits: Splits, seed: int, device: torch.device):
     if isinstance(splits.train, TensorSplit):
         return TensorBatches(splits.train, seed, splits.augment)
     return LoaderBatches(splits.train, seed, device, splits.num_workers)

@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 from bsexp.batch.plan import MIN_MICRO, BatchPlan, make_plan
 from bsexp.engine.datasets import Splits
 from bsexp.engine.distributed import World
-from bsexp.engine.feed import train_batches
+from bsexp.engine.feed import train_feed
 from bsexp.errors import ConfigError
 from bsexp.finder.cache import cache_key, cache_load, cache_store
 from bsexp.finder.probe import ChildProber, InProcessProber
@@ -384,7 +384,7 @@ def _result(
 
 def _loader_rate(splits: Splits, cfg: DictConfig, plan: BatchPlan, world: World, seconds: float = 1.0) -> float | None:
     """Samples/s the training batches arrive at, with no training: the input pipeline's own rate."""
-    batches = train_batches(splits, cfg.seed, world.device)
+    batches = train_feed(splits, cfg.seed, world.device)
     count, started = 0, time.perf_counter()
     sizes = [plan.size] * -(-len(batches) // plan.size)
     for _, y, _ in batches.steps(0, sizes, world.rank, world.size, cfg.batch.drop_last):

@@ -161,7 +161,7 @@ def identity(cfg: DictConfig, loop) -> dict[str, Any]:
     """What a checkpoint must share with the run that resumes from it."""
     return {
         "model": cfg.model._target_,
-        "batch_size": loop.batching.layout.batch,
+        "batch_size": loop.batch_control.layout.base_batch,
         "world_size": loop.world.size,
         "shapes": {k: list(v.shape) for k, v in loop.step.net.state_dict().items()},
     }
@@ -257,7 +257,7 @@ class Checkpointer:
             "model": step.net.state_dict(),
             "optimizer": step.optimizer.state_dict(),
             "scaler": step.scaler.state_dict(),
-            "policy": loop.batching.state_dict(),
+            "policy": loop.batch_control.state_dict(),
             "noise": asdict(noise.scale) if noise is not None else None,
             "ranks": ranks,
             "identity": identity(self.cfg, loop),
@@ -319,8 +319,8 @@ def restore(cfg: DictConfig, loop, state, path: Path, saved: dict[str, Any], bra
             state.epoch,
             state.step,
             state.samples_seen,
-            loop.batching.layout.total - state.step,
+            loop.batch_control.layout.total - state.step,
         )
         return None
-    log.info("resumed from %s: epoch %d, step %d of %d", path, state.epoch, state.step, loop.batching.layout.total)
+    log.info("resumed from %s: epoch %d, step %d of %d", path, state.epoch, state.step, loop.batch_control.layout.total)
     return saved["wandb_id"]

@@ -67,7 +67,7 @@ def _completed(world: World, run_dir: Path, step: int) -> dict[str, Any] | None:
 def _figures(loop, records: list[dict], run_dir: Path) -> None:
     """A figure of the batch over training, where the batch policy moved it (batch=adaptive): the
     batch against its target and B_simple, in the run directory and to the sinks."""
-    key = loop.batching.traits.batch_figure
+    key = loop.batch_control.traits.batch_figure
     if key is None:
         return
     from bsexp.report.render import batch_figure
@@ -149,14 +149,14 @@ def _set_up_and_train(cfg: DictConfig, world: World, run_dir: Path, loop, resume
     wandb_id = None if resumed is None else ckpt.restore(cfg, loop, state, *resumed)
     if trunk is not None:  # a new run from the trunk's checkpoint, its batch (LR, weight decay) its own
         ckpt.restore(cfg, loop, state, trunk[0], trunk[1], branch=True)
-        loop.batching.begin(state.step, *loop.hyperparameters.values(state.step, loop.batching.layout))
+        loop.batch_control.begin(state.step, *loop.hyperparameters.values(state.step, loop.batch_control.layout))
     hparams = hyperparameters(cfg, loop)
     if world.is_main:
         for key, was, now in changed:  # taken with checkpoint.allow_mismatch=true, and recorded
             log.warning("resume: %s changed from %s to %s (checkpoint.allow_mismatch=true)", key, was, now)
         _start_outputs(cfg, loop, run_dir, hparams, len(state.records) if resumed else None, wandb_id)
     if trunk is not None:  # where the branch starts: the trunk's model, at the branch's batch
-        loop.evaluator.log(loop, state, loop.batching.epochs_done(state))
+        loop.evaluator.log(loop, state, loop.batch_control.epochs_done(state))
     with _share_cores(cfg, world) as trained:
         if cfg.trainer.memory_limit_gb is not None:  # after the cores' watcher has started: a thread is room
             limit_memory(world.device, int(cfg.trainer.memory_limit_gb * 2**30))
@@ -170,7 +170,7 @@ def _start_outputs(cfg: DictConfig, loop, run_dir: Path, hparams: dict, records:
     announce(cfg, loop, hparams)
     keep = records if records is not None else (0 if cfg.resume is not None else None)
     loop.sinks.attach(build_sinks(cfg, run_dir, hparams, keep_records=keep, wandb_id=wandb_id))
-    found = loop.batching.found
+    found = loop.batch_control.found
     if found is not None:
         log.info(found.table())
         write_json(run_dir / "finder.json", found.to_json())

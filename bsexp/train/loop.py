@@ -23,7 +23,7 @@ import torch
 from omegaconf import DictConfig, open_dict
 from tqdm import tqdm
 
-from bsexp.batch.control import Batching
+from bsexp.batch.control import BatchControl
 from bsexp.batch.hparams import Rules, scaled
 from bsexp.batch.policies import Probe, policy_for, traits
 from bsexp.batch.scaling import ScaledHparams
@@ -33,7 +33,7 @@ from bsexp.engine.build import build_data, build_model, make_step, sync_batchnor
 from bsexp.engine.datasets import Splits
 from bsexp.engine.distributed import World
 from bsexp.engine.evaluate import Evaluator
-from bsexp.engine.feed import train_batches
+from bsexp.engine.feed import train_feed
 from bsexp.engine.optim import Hyperparameters
 from bsexp.engine.regularisers import RegulariserRules, Regularisers
 from bsexp.engine.step import Step, train_step
@@ -140,11 +140,11 @@ class Loop:
     """A run's parts, built once by `build_loop`."""
 
     step: Step
-    batching: Batching  # the batch policy's layout in force, and the plan of every step
+    batch_control: BatchControl  # the batch policy's layout in force, and the plan of every step
     hyperparameters: Hyperparameters  # writes each step's LR and weight decay
     regularisers: Regularisers  # dropout rates and BatchNorm momenta, where a rule moves them with the batch
     splits: Splits
-    batches: Any  # TensorBatches or LoaderBatches
+    feed: Any  # TensorBatches or LoaderBatches: a split's samples, one step at a time
     hp: ScaledHparams
     drop_last: bool
     evaluator: Evaluator
@@ -165,7 +165,7 @@ class Loop:
     def norm_batch(self) -> int:
         """Samples a BatchNorm layer normalises over in one forward: the micro-batch, over all
         ranks with SyncBatchNorm; with ghost batches, the smallest of the micro-batch's chunks."""
-        plan = self.batching.current
+        plan = self.batch_control.current
         chunks = plan.micro_size // self.ghost_batch if self.ghost_batch else 1
         if chunks >= 2:
             return plan.micro_size // chunks
@@ -188,11 +188,11 @@ def build_loop(
     world = world or World(device=resolve_device(str(cfg.device)))
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
-    splits, model, batching = _lay_out(cfg, world, None if resumed is None else resumed["policy"], trunk)
+    splits, model, batch_control = _lay_out(cfg, world, None if resumed is None else resumed["policy"], trunk)
     model, grad_sync = wrap_model(cfg, model, world.device, world.distributed)
     rules = Rules.of(cfg)
-    hp, _ = scaled(batching.layout, rules)
-    on_oom = batching.after_oom if cfg.trainer.oom_recovery else None
+    hp, _ = scaled(batch_control.layout, rules)
+    on_oom = batch_control.after_oom if cfg.trainer.oom_recovery else None
     step = make_step(
         cfg,
         model,
@@ -201,24 +201,24 @@ def build_loop(
         hp,
         grad_sync,
         on_oom=on_oom,
-        measure_noise=batching.traits.measures_noise,
+        measure_noise=batch_control.traits.measures_noise,
         n_train=len(splits.train),
     )
     sinks = Sinks()
     return Loop(
         step=step,
-        batching=batching,
-        hyperparameters=Hyperparameters(step.optimizer, rules, batching.layout),
+        batch_control=batch_control,
+        hyperparameters=Hyperparameters(step.optimizer, rules, batch_control.layout),
         regularisers=Regularisers(step.net, RegulariserRules.of(cfg)),
         splits=splits,
-        batches=train_batches(splits, cfg.seed, world.device),
+        feed=train_feed(splits, cfg.seed, world.device),
         hp=hp,
         drop_last=cfg.batch.drop_last,
         evaluator=Evaluator(
             cfg.trainer.eval_every_steps,
             cfg.trainer.eval_batch_size,
             sinks,
-            batching.layout.eval_steps,
+            batch_control.layout.eval_steps,
             growth=cfg.trainer.get("eval_growth"),
         ),
         stop_at=cfg.trainer.get("stop_at"),
@@ -235,7 +235,7 @@ def build_loop(
 def _lay_out(cfg: DictConfig, world: World, state: dict | None, trunk: dict | None):
     """Seed, build the data and the model, and let the batch policy lay the run out, measuring
     with the finder and the noise scale where it asks (or, resuming, from its `state`). The data,
-    the unwrapped model and the run's Batching."""
+    the unwrapped model and the run's BatchControl."""
     policy = policy_for(cfg, world.size)
     policy.check()
     if trunk is not None:
@@ -255,10 +255,10 @@ def _lay_out(cfg: DictConfig, world: World, state: dict | None, trunk: dict | No
             find=lambda **bounds: find_plan(cfg, world, splits, model.to(world.device), **bounds),
             measure_noise=lambda batch, steps: _measure_noise(cfg, world, n_train, batch, steps),
         )
-        batching = Batching(policy, policy.lay_out(probe, state))
+        batch_control = BatchControl(policy, policy.lay_out(probe, state))
     if state is not None:
-        batching.load_state_dict(state)
-    return splits, model, batching
+        batch_control.load_state_dict(state)
+    return splits, model, batch_control
 
 
 def _measure_noise(cfg: DictConfig, world: World, n_train: int, batch: int, steps: int) -> float | None:
@@ -280,27 +280,27 @@ def train(loop: Loop, state: TrainState) -> str:
     """Train for the run's steps from where `state` stands (a resumed run continues mid-epoch);
     returns the status: completed, diverged (a non-finite loss) or preempted (a signal: a
     checkpoint is saved first)."""
-    world, batching = loop.world, loop.batching
+    world, batch_control = loop.world, loop.batch_control
     loop.step.model.train()
     if loop.checkpointer is not None:
         loop.checkpointer.start(loop, state)
     epoch = state.epoch
-    while epoch < len(batching.layout.run.epoch_starts):  # as laid out now: AdaScale's run grows or shrinks
-        sizes = batching.epoch_sizes(epoch)  # read step by step: a closed-loop policy changes the steps ahead
+    while epoch < len(batch_control.layout.run.epoch_starts):  # as laid out now: AdaScale's run grows or shrinks
+        sizes = batch_control.epoch_sizes(epoch)  # read step by step: a closed-loop policy changes the steps ahead
         if not len(sizes):
             break
         skip = state.in_epoch if epoch == state.epoch else 0
         bar = EpochBar.of(loop, epoch, len(sizes), skip)
         clock = _Clock(state)
-        batches = loop.batches.steps(epoch, sizes, world.rank, world.size, loop.drop_last, skip=skip)
+        batches = loop.feed.steps(epoch, sizes, world.rank, world.size, loop.drop_last, skip=skip)
         for in_epoch, (x, y, samples) in enumerate(batches, start=skip + 1):
-            state.lr = loop.hyperparameters.apply(state.step, batching.layout)
-            plan = batching.plan(state.step)
+            state.lr = loop.hyperparameters.apply(state.step, batch_control.layout)
+            plan = batch_control.plan(state.step)
             loop.regularisers.apply(plan.size)
             loss_sum, correct, _ = train_step(loop.step, x, y, samples, plan)
             state.add(loss_sum, correct, len(y))
             state.step, state.samples_seen = state.step + 1, state.samples_seen + samples
-            batching.adapt(state.step, world, loop.step.noise)
+            batch_control.adapt(state.step, world, loop.step.noise)
             at_epoch_end = in_epoch == len(sizes)
             state.epoch, state.in_epoch = (epoch + 1, 0) if at_epoch_end else (epoch, in_epoch)
             bar.total = len(sizes)
@@ -320,7 +320,7 @@ def train(loop: Loop, state: TrainState) -> str:
 def _after_step(loop: Loop, state: TrainState, at_epoch_end: bool, bar: tqdm, clock: _Clock) -> str | None:
     """What is due after a step: a look at the losses and signals, the progress bar, an evaluation,
     a checkpoint. The status where the run must stop (diverged, preempted), else None."""
-    total = loop.batching.layout.total
+    total = loop.batch_control.layout.total
     eval_due = loop.evaluator.due(state.step, at_epoch_end, total)
     save_due = loop.checkpointer is not None and loop.checkpointer.due(
         state.step, at_epoch_end, total, state.samples_seen
@@ -340,7 +340,7 @@ def _after_step(loop: Loop, state: TrainState, at_epoch_end: bool, bar: tqdm, cl
     reached = False
     if eval_due:
         with clock.paused():
-            loop.evaluator.log(loop, state, loop.batching.epochs_done(state))
+            loop.evaluator.log(loop, state, loop.batch_control.epochs_done(state))
         reached = loop.stop_at is not None and state.records[-1]["val_acc"] >= loop.stop_at
     if reached:  # steps to result: the run has what it was for (every rank saw the same record)
         state.stopped_at = state.step
@@ -376,7 +376,7 @@ class EpochBar(tqdm):
         return cls(
             total=steps,
             initial=done,
-            desc=f"epoch {epoch + 1}/{len(loop.batching.layout.run.epoch_starts)}",
+            desc=f"epoch {epoch + 1}/{len(loop.batch_control.layout.run.epoch_starts)}",
             unit="step",
             leave=False,
             dynamic_ncols=True,

@@ -23,7 +23,7 @@ _FOLLOWED = ("dropout", "bn_momentum")  # the regularisers that follow the batch
 def hyperparameters(cfg: DictConfig, loop) -> dict[str, Any]:
     """What the batch policy and the scaling rules made of the config: logged, and in summary.json
     (the plan the run starts with; `final_*` in the summary say where it ended)."""
-    plan, hp = loop.batching.current, loop.batching.described(loop.hp)
+    plan, hp = loop.batch_control.current, loop.batch_control.described(loop.hp)
     return {
         "batch_size": plan.size,
         "micro_size": plan.micro_size,
@@ -52,7 +52,7 @@ def announce(cfg: DictConfig, loop, hparams: dict[str, Any]) -> None:
     rules derived from it, and the cautions about that set-up."""
     _announce_setup(cfg, loop)
     _announce_batch(hparams)
-    if loop.batching.traits.own_setup:  # the trunk's set-up was cautioned about; a branch only continues it
+    if loop.batch_control.traits.own_setup:  # the trunk's set-up was cautioned about; a branch only continues it
         _caution(cfg, loop, hparams)
 
 
@@ -129,7 +129,7 @@ def _announce_batch(h: dict[str, Any]) -> None:
 
 
 def _caution(cfg: DictConfig, loop, h: dict[str, Any]) -> None:
-    run = loop.batching.layout.run
+    run = loop.batch_control.layout.run
     per_epoch = run.epoch_steps(0) if run.epoch_starts else run.total  # a whole epoch's, where max_steps cut it
     for key, what in cautions(
         h["lr"] / h["base_lr"],
@@ -154,7 +154,7 @@ def make_summary(
 ) -> dict[str, Any]:
     """summary.json: the run's final figures (docs: Outputs and logging), with what it used."""
     last = state.records[-1] if state.records else {}
-    plan, device, noise = loop.batching.current, loop.world.device, loop.step.noise
+    plan, device, noise = loop.batch_control.current, loop.world.device, loop.step.noise
     return {
         "status": status,
         **hparams,
@@ -165,7 +165,7 @@ def make_summary(
         "final_micro_size": plan.micro_size,  # after any OOM recovery
         # The dropout rate and BatchNorm momentum the last batch trained with (their rules follow it).
         **{f"final_{key}": value for key, value in loop.regularisers.values(plan.size).items() if key in _FOLLOWED},
-        "oom_recoveries": loop.batching.oom_recoveries,
+        "oom_recoveries": loop.batch_control.oom_recoveries,
         "epochs": last.get("epoch", 0),  # completed, as a fraction where the run stopped mid-epoch
         "steps": state.step,
         "samples_seen": state.samples_seen,
@@ -195,8 +195,8 @@ def make_summary(
         "threads": torch.get_num_threads(),
         "speed": run_speed_of(cfg, loop).summary(),
         "compiled_graphs": compiled_graphs() - loop.graphs_before,  # torch.compile's: 1 a graph, more on recompiles
-        "finder": loop.batching.found.summary() if loop.batching.found is not None else None,
-        **loop.batching.summary(state.samples_seen),
+        "finder": loop.batch_control.found.summary() if loop.batch_control.found is not None else None,
+        **loop.batch_control.summary(state.samples_seen),
         **(noise.scale if noise is not None else NoiseScale()).summary(),
         "provenance": provenance(),
     }

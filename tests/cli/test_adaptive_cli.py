@@ -45,7 +45,7 @@ def test_an_adaptive_run_stopped_after_a_change_of_batch_resumes_bit_identically
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["adaptive"]["sizes"] == [[0, 64], [15, 128]]
     loop, progress = uninterrupted(make_cfg, *ADAPTIVE, *STEPS_WARMUP)
-    assert loop.batching.policy.points == [(0, 64), (15, 128)]
+    assert loop.batch_control.policy.points == [(0, 64), (15, 128)]
     assert_ends_as(run_dir, loop)
     assert [r["val_loss"] for r in records(run_dir)] == [r["val_loss"] for r in progress.records]
     assert [r["batch_size"] for r in records(run_dir)] == [r["batch_size"] for r in progress.records]

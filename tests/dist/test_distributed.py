@@ -50,7 +50,7 @@ def test_two_ranks_equal_one_process_and_evaluate_identically(make_cfg, batch):
     results = dist_workers.launch(dist_workers.train_steps, cfg)
     ranks = results[0], results[1]
     assert [r["world_size"] for r in ranks] == [2, 2] and all(r["status"] == "completed" for r in ranks)
-    assert (loop.batching.current.micro_size, loop.batching.current.accum_steps) == (
+    assert (loop.batch_control.current.micro_size, loop.batch_control.current.accum_steps) == (
         (64, 1) if batch == ["batch.size=64"] else (16, 4)
     )
     for rank in ranks:  # 2 ranks x 32 (or 2 x 2 micro-steps x 16) against 1 x 64, after 5 steps

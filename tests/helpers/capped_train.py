@@ -42,8 +42,8 @@ def main(out: str, room_mb: str, *overrides: str) -> None:
         {
             "status": status,
             "params": loop.step.model.state_dict(),
-            "plan": loop.batching.current,
-            "oom_recoveries": loop.batching.oom_recoveries,
+            "plan": loop.batch_control.current,
+            "oom_recoveries": loop.batch_control.oom_recoveries,
             "records": progress.records,
         },
         out,

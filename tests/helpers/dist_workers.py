@@ -114,9 +114,9 @@ def find_and_train(cfg, limits_gb):
         status = train(loop, TrainState())
         return {
             "rank": world.rank,
-            "plan": loop.batching.current,
+            "plan": loop.batch_control.current,
             "status": status,
-            "tried": {t.size: t.ok for t in loop.batching.found.trials},
+            "tried": {t.size: t.ok for t in loop.batch_control.found.trials},
         }
     finally:
         close_world(world)
@@ -140,8 +140,8 @@ def train_with_room(cfg, rooms_mb):
         return {
             "rank": world.rank,
             "status": status,
-            "plan": loop.batching.current,
-            "oom_recoveries": loop.batching.oom_recoveries,
+            "plan": loop.batch_control.current,
+            "oom_recoveries": loop.batch_control.oom_recoveries,
             "params": {k: v.detach().clone() for k, v in loop.step.net.state_dict().items()},
         }
     finally:
@@ -160,9 +160,9 @@ def train_adaptive(cfg):
         status = train(loop, TrainState())
         return {
             "status": status,
-            "points": list(loop.batching.policy.points),
-            "decisions": list(loop.batching.policy.decisions),
-            "sizes": list(loop.batching.layout.run.sizes),
+            "points": list(loop.batch_control.policy.points),
+            "decisions": list(loop.batch_control.policy.decisions),
+            "sizes": list(loop.batch_control.layout.run.sizes),
             "params": {k: v.detach().clone() for k, v in loop.step.net.state_dict().items()},
         }
     finally:

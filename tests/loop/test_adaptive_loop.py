@@ -38,7 +38,7 @@ def test_the_lr_and_weight_decay_follow_the_batch_with_the_schedule_counted_in_s
     loop = build_loop(make_cfg(*ADAPTIVE))
     seen = observed(loop)
     assert train(loop, TrainState()) == "completed"
-    run, hp = loop.batching.layout.run, loop.hp
+    run, hp = loop.batch_control.layout.run, loop.hp
     sizes = run.sizes
     assert len(set(sizes)) >= 3 and sizes[-1] > sizes[0]  # the batch grew, more than once
     assert len(seen) == run.total
@@ -63,8 +63,8 @@ def test_the_lr_and_weight_decay_follow_the_batch_with_the_schedule_counted_in_s
 def test_the_batch_follows_the_measured_noise_scale(make_cfg):
     loop = build_loop(make_cfg(*ADAPTIVE))
     assert train(loop, TrainState()) == "completed"
-    decisions = loop.batching.policy.decisions
-    assert [d["step"] for d in decisions] == list(range(20, loop.batching.layout.run.total, 20))
+    decisions = loop.batch_control.policy.decisions
+    assert [d["step"] for d in decisions] == list(range(20, loop.batch_control.layout.run.total, 20))
     for d in decisions:  # c = 1: the target is B_simple itself, reached within a doubling
         if d["b_simple"] is not None:
             assert d["target"] == pytest.approx(d["b_simple"])
@@ -76,7 +76,7 @@ def test_the_batch_follows_the_measured_noise_scale(make_cfg):
 def test_power_half_aims_each_decision_of_a_run_at_c_times_the_root_of_the_first_batch_times_b_simple(make_cfg):
     loop = build_loop(make_cfg(*ADAPTIVE, "batch.adaptive.power=0.5", "batch.adaptive.c=2", "trainer.max_steps=100"))
     assert train(loop, TrainState()) == "completed"
-    known = [d for d in loop.batching.policy.decisions if d["b_simple"] is not None]
+    known = [d for d in loop.batch_control.policy.decisions if d["b_simple"] is not None]
     assert len(known) >= 2
     for d in known:
         assert d["target"] == pytest.approx(2 * math.sqrt(32 * d["b_simple"]))
@@ -120,8 +120,8 @@ def test_adascale_scales_the_lr_by_its_gain_and_advances_the_schedule_by_it(make
     loop = build_loop(make_cfg(*ADAPTIVE, "batch.adaptive.lr=adascale"))
     seen, state = observed(loop), TrainState()
     assert train(loop, state) == "completed"
-    run = loop.batching.layout.run
-    gains = dict(loop.batching.policy.gains)
+    run = loop.batch_control.layout.run
+    gains = dict(loop.batch_control.policy.gains)
     assert any(1.0 < g for g in gains.values())
     position, gain = 0.0, 1.0
     schedule = scaling.LRSchedule(
@@ -143,7 +143,7 @@ def test_adascale_scales_the_lr_by_its_gain_and_advances_the_schedule_by_it(make
     assert state.epoch > 4  # epochs past the config's 4: the loop trained them all
     # It ends within its last epoch, and says how much of that epoch it trained.
     assert 0.05 < state.samples_seen / run.n % 1 < 0.95
-    assert loop.batching.epochs_done(state) == pytest.approx(state.samples_seen / run.n, abs=0.02)
+    assert loop.batch_control.epochs_done(state) == pytest.approx(state.samples_seen / run.n, abs=0.02)
 
 
 def test_seesaw_multiplies_the_batch_by_alpha_and_the_lr_by_one_over_root_alpha_at_each_decay(make_cfg):
@@ -162,7 +162,7 @@ def test_seesaw_multiplies_the_batch_by_alpha_and_the_lr_by_one_over_root_alpha_
     loop = build_loop(cfg)
     seen = observed(loop)
     assert train(loop, TrainState()) == "completed"
-    run = loop.batching.layout.run
+    run = loop.batch_control.layout.run
     starts = run.epoch_starts
     assert [run.sizes[s] for s in starts] == [32, 32, 64, 128]
     lrs = [seen[s][0] for s in starts]
@@ -179,16 +179,16 @@ def test_a_batch_that_grows_at_an_epochs_last_step_waits_for_the_next_epoch(make
     )
     seen = observed(loop)
     assert train(loop, TrainState()) == "completed"
-    run, hp = loop.batching.layout.run, loop.hp
+    run, hp = loop.batch_control.layout.run, loop.hp
     assert run.n == 660 and run.epoch_starts[1] == 21
-    first = loop.batching.policy.decisions[0]
+    first = loop.batch_control.policy.decisions[0]
     assert first["step"] == 20 and first["size"] == 64 and first["from_step"] == 21
     assert run.sizes[20] == 32 and run.taken[20] == 20 and run.sizes[21] == 64
     for step, (size, taken) in enumerate(zip(run.sizes, run.taken)):  # no step of less than half its batch
         assert taken >= size / 2, (step, size, taken)
     for step, ((_lr, wd), size) in enumerate(zip(seen, run.sizes)):  # the LR and WD of the batch it takes
         assert wd == pytest.approx(hp.weight_decay * math.sqrt(size / 32), rel=1e-9), step
-    assert loop.batching.policy.points[:2] == [(0, 32), (21, 64)]
+    assert loop.batch_control.policy.points[:2] == [(0, 32), (21, 64)]
 
 
 def test_a_cap_in_steps_is_a_budget_of_the_first_batchs_samples_and_the_schedule_ends_with_the_run(make_cfg):
@@ -199,7 +199,7 @@ def test_a_cap_in_steps_is_a_budget_of_the_first_batchs_samples_and_the_schedule
     loop = build_loop(make_cfg(*ADAPTIVE, "batch.adaptive.c=100", "trainer.max_steps=60", "schedule.warmup=0"))
     seen = observed(loop)
     assert train(loop, TrainState()) == "completed"
-    run, hp = loop.batching.layout.run, loop.hp
+    run, hp = loop.batch_control.layout.run, loop.hp
     assert run.sizes[-1] > 32 and run.total < 60 and len(seen) == run.total
     assert sum(run.taken[:-1]) < 60 * 32 <= sum(run.taken)
     schedule = scaling.LRSchedule(total=60 * 32, warmup=0, warmup_shape="linear", start_factor=1.0, main="cosine")

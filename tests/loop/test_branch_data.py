@@ -11,8 +11,8 @@ def test_the_branchs_steps_take_the_samples_the_trunk_would_have_taken_next(make
     loop = build_loop(cfg, trunk={"batch": 64, "step": 10, "samples": 640})
     train = loop.splits.train
     order = epoch_order(len(train), cfg.seed, 0)
-    sizes = loop.batching.epoch_sizes(0)
-    steps = list(loop.batches.steps(0, sizes, skip=10))
+    sizes = loop.batch_control.epoch_sizes(0)
+    steps = list(loop.feed.steps(0, sizes, skip=10))
     # 640 + 256 x 11 = 3456 of the epoch's 3500; then a step of the 44 left (the epoch's end)
     assert [n for *_, n in steps] == [256] * 11 + [44]
     start = 640
@@ -20,4 +20,4 @@ def test_the_branchs_steps_take_the_samples_the_trunk_would_have_taken_next(make
         assert torch.equal(y, train.y[order[start : start + n]]) and torch.equal(x, train.x[order[start : start + n]])
         start += n
     # the next epoch: a fresh order, the rest of the branch's samples (3000 - 2860 = 140)
-    assert list(loop.batching.epoch_sizes(1)) == [140]
+    assert list(loop.batch_control.epoch_sizes(1)) == [140]

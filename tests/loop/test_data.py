@@ -13,7 +13,7 @@ from bsexp.batch.schedule import BatchSchedule
 from bsexp.config.schema import DigitsData, MNIST1DData, SyntheticData, TorchvisionData
 from bsexp.engine import datasets as data
 from bsexp.engine.datasets import Augment, TensorSplit
-from bsexp.engine.feed import LoaderBatches, TensorBatches, eval_batches, train_batches
+from bsexp.engine.feed import LoaderBatches, TensorBatches, eval_batches, train_feed
 from bsexp.errors import ConfigError
 from conftest import with_defaults
 from mnist_files import write_fake_mnist
@@ -241,14 +241,14 @@ def test_synthetic_datasets_hold_the_in_memory_samples():
         x, y = all_of(dataset)
         assert torch.equal(x, split.x) and torch.equal(y, split.y)
     assert datasets.input_shape == memory.input_shape == (3, 4, 4)
-    assert isinstance(train_batches(datasets, 0, CPU), LoaderBatches)
-    assert isinstance(train_batches(memory, 0, CPU), TensorBatches)
+    assert isinstance(train_feed(datasets, 0, CPU), LoaderBatches)
+    assert isinstance(train_feed(memory, 0, CPU), TensorBatches)
 
 
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_loader_batches_equal_tensor_batches(drop_last):
     memory, datasets = _synthetic_pair()  # 900 train samples
-    in_memory, loader = train_batches(memory, 4, CPU), train_batches(datasets, 4, CPU)
+    in_memory, loader = train_feed(memory, 4, CPU), train_feed(datasets, 4, CPU)
     # A partial last step (900 = 18 * 48 + 36), sizes changing within an epoch and between epochs.
     for epoch, sizes in ((0, every(48, 900)), (1, [16] * 10 + every(128, 900)), (2, every(128, 900))):
         expected = collect(in_memory, epoch, sizes, drop_last=drop_last)
@@ -258,7 +258,7 @@ def test_loader_batches_equal_tensor_batches(drop_last):
 
 def test_loader_batches_equal_tensor_batches_per_rank():
     memory, datasets = _synthetic_pair(num_samples=430)  # 330 train = 10 * 32 + 10
-    in_memory, loader = train_batches(memory, 2, CPU), train_batches(datasets, 2, CPU)
+    in_memory, loader = train_feed(memory, 2, CPU), train_feed(datasets, 2, CPU)
     for rank in (0, 1):
         assert_same_steps(collect(loader, 0, every(32, 330), rank, 2), collect(in_memory, 0, every(32, 330), rank, 2))
 
@@ -266,8 +266,8 @@ def test_loader_batches_equal_tensor_batches_per_rank():
 def test_a_last_step_too_small_to_give_every_rank_two_samples_is_dropped():
     memory, datasets = _synthetic_pair(num_samples=13, val_size=4, shape=[2])  # 9 train = 8 + 1
     for rank in (0, 1):
-        expected = collect(train_batches(memory, 0, CPU), 0, every(8, 9), rank, 2)
-        assert_same_steps(collect(train_batches(datasets, 0, CPU), 0, every(8, 9), rank, 2), expected)
+        expected = collect(train_feed(memory, 0, CPU), 0, every(8, 9), rank, 2)
+        assert_same_steps(collect(train_feed(datasets, 0, CPU), 0, every(8, 9), rank, 2), expected)
         assert len(expected) == 1  # one sample cannot be shared by two ranks
     assert BatchSchedule(8, world_size=2).run_steps(1, 9, False).total == 1
     assert BatchSchedule(8).run_steps(1, 10, False).total == 2  # 2 samples on one rank: kept
@@ -277,7 +277,7 @@ def test_loader_batches_with_persistent_workers_follow_size_changes():
     memory, _ = _synthetic_pair()
     _, datasets = _synthetic_pair()
     loader = LoaderBatches(datasets.train, seed=6, device=CPU, num_workers=2)
-    in_memory = train_batches(memory, 6, CPU)
+    in_memory = train_feed(memory, 6, CPU)
     for epoch, size in ((0, 100), (1, 64), (2, 30)):
         assert_same_steps(collect(loader, epoch, every(size, 900)), collect(in_memory, epoch, every(size, 900)))
 
@@ -325,7 +325,7 @@ def test_torchvision_mnist_dataloader_matches_in_memory(fake_mnist):
         x_ref, y_ref = all_of(getattr(memory, name))
         torch.testing.assert_close(x, x_ref, atol=1e-5, rtol=0)
         assert torch.equal(y, y_ref)
-    loader, in_memory = train_batches(datasets, 3, CPU), train_batches(memory, 3, CPU)
+    loader, in_memory = train_feed(datasets, 3, CPU), train_feed(memory, 3, CPU)
     assert isinstance(loader, LoaderBatches) and len(loader) == 500
     sizes = every(64, 500)  # 500 = 7 * 64 + 52: a partial last step
     assert_same_steps(collect(loader, 1, sizes), collect(in_memory, 1, sizes), atol=1e-5)

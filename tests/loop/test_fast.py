@@ -42,7 +42,7 @@ def test_the_fast_path_trains_as_the_reproducible_one_and_compiles_once_as_the_b
     fast, fast_state = trained(make_cfg, "trainer.speed=fast", "trainer.compile_mode=default")
     assert hasattr(fast.step.model, "_orig_mod") and not hasattr(slow.step.model, "_orig_mod")  # compiled
     assert fast.step.optimizer.defaults.get("fused") is True and not slow.step.optimizer.defaults.get("fused")
-    taken = set(fast.batching.layout.run.taken)
+    taken = set(fast.batch_control.layout.run.taken)
     assert len(taken) >= 4  # 32, 64, 128 and a shorter last step
     # One graph for them all: the batch dimension is marked dynamic (no recompile per shape).
     assert compiled_graphs() - fast.graphs_before == 1

@@ -68,13 +68,13 @@ print("alive", memory.is_oom(RuntimeError("shape mismatch")), memory.is_oom(torc
 def test_finding_leaves_the_run_exactly_as_a_fixed_run_at_that_size(make_cfg):
     finder_cfg = make_cfg(*WIDE, "model.hidden=[64]", "batch.finder.max_size=200", "trainer.max_steps=3")
     finder_loop = build_loop(finder_cfg)
-    size = finder_loop.batching.current.size
+    size = finder_loop.batch_control.current.size
     rng_after_finder = torch.get_rng_state()
     fixed_cfg = make_cfg(
         *[o for o in WIDE if o != "batch=finder"], "model.hidden=[64]", f"batch.size={size}", "trainer.max_steps=3"
     )
     fixed_loop = build_loop(fixed_cfg)
-    assert size == 190 and finder_loop.batching.found.trials  # 200 fits; 5 % below it
+    assert size == 190 and finder_loop.batch_control.found.trials  # 200 fits; 5 % below it
     assert torch.equal(torch.get_rng_state(), rng_after_finder)
     for loop in (finder_loop, fixed_loop):
         train(loop, TrainState())
@@ -100,7 +100,7 @@ def test_the_probes_fork_from_a_server_that_is_gone_once_the_batch_is_found(make
     finally:
         done.set()
         watcher.join()
-    assert loop.batching.found.trials and len(seen) == 1
+    assert loop.batch_control.found.trials and len(seen) == 1
     assert forkservers(parent=os.getpid()) == []
     train(loop, TrainState())  # the run trains without it
 

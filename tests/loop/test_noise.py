@@ -111,7 +111,7 @@ def test_accumulation_measures_the_exact_noise_scale(make_cfg):
     assert train(loop, TrainState()) == "completed"
     g2, tr = exact_noise(loop)
     found = loop.step.noise.scale.summary()
-    assert found["noise_measurements"] == loop.batching.layout.run.total > 1000
+    assert found["noise_measurements"] == loop.batch_control.layout.run.total > 1000
     assert found["noise_grad_sq_mean"] == pytest.approx(g2, rel=0.1)
     assert found["noise_trace_sigma_mean"] == pytest.approx(tr, rel=0.1)
     assert found["noise_b_simple_mean"] == pytest.approx(tr / g2, rel=0.1)

@@ -34,7 +34,7 @@ def seen(make_cfg, *overrides, base=GROWING):
     out = []
     loop.step.net.register_forward_pre_hook(
         lambda module, args: (
-            out.append((loop.batching.current.size, dropout.p, norm.momentum)) if module.training else None
+            out.append((loop.batch_control.current.size, dropout.p, norm.momentum)) if module.training else None
         )
     )
     assert train(loop, TrainState()) == "completed"

@@ -156,7 +156,7 @@ def phase_means(make_cfg, arm: str) -> list[float]:
         samples = [
             n
             for epoch in range(start, stop)
-            for _, _, n in loop.batches.steps(epoch, loop.batching.layout.run.epoch(epoch))
+            for _, _, n in loop.feed.steps(epoch, loop.batch_control.layout.run.epoch(epoch))
         ]
         means.append(sum(samples) / len(samples))
     return means

@@ -22,7 +22,7 @@ def trained(make_cfg, *overrides):
 def test_micro_8_times_4_equals_one_batch_of_32(make_cfg):
     big, _ = trained(make_cfg, "batch.size=32", "trainer.max_steps=3")
     accum, _ = trained(make_cfg, "batch=accumulation", "batch.size=32", "batch.micro_size=8", "trainer.max_steps=3")
-    assert accum.batching.current.accum_steps == 4 and big.batching.current.accum_steps == 1
+    assert accum.batch_control.current.accum_steps == 4 and big.batch_control.current.accum_steps == 1
     start = build_loop(make_cfg(*TINY, "batch.size=32"))
     moved = max((big.step.model.state_dict()[k] - v).abs().max() for k, v in start.step.model.state_dict().items())
     assert moved > 1e-3  # the three steps did change the parameters
@@ -45,7 +45,7 @@ def test_drop_last_skips_the_partial_step(make_cfg):
 
 def test_running_train_loss_is_the_mean_over_every_micro_batch(make_cfg):
     # With a vanishing LR the model stays put, so the epoch's running loss must equal the loss of
-    # the whole training set, whatever the micro-batching (the last micro-batch is smaller).
+    # the whole training set, whatever the micro-batch_control (the last micro-batch is smaller).
     loop, progress = trained(
         make_cfg,
         "batch=accumulation",
@@ -100,7 +100,7 @@ def test_a_run_cut_short_within_an_epoch_says_how_much_of_it_it_trained(make_cfg
     )
     assert [r["samples_seen"] for r in progress.records] == [32, 64, 84, 116]
     assert [r["epoch"] for r in progress.records] == pytest.approx([1 / 3, 2 / 3, 1, 4 / 3], abs=1e-4)
-    assert loop.batching.epochs_done(progress) == pytest.approx(4 / 3)
+    assert loop.batch_control.epochs_done(progress) == pytest.approx(4 / 3)
 
 
 def test_same_seed_same_parameters_other_seed_other_parameters(make_cfg):
@@ -127,10 +127,10 @@ def test_scaled_lr_warmup_and_weight_decay_reach_the_optimizer(make_cfg):
     assert decay["weight_decay"] == pytest.approx(1e-3) and no_decay["weight_decay"] == 0.0
     assert all(p.ndim == 1 for p in no_decay["params"]) and all(p.ndim > 1 for p in decay["params"])
     seen = []
-    for step, (x, y, samples) in enumerate(loop.batches.steps(0, loop.batching.layout.run.epoch(0))):
-        loop.hyperparameters.apply(step, loop.batching.layout)  # the loop writes each step's LR before it
+    for step, (x, y, samples) in enumerate(loop.feed.steps(0, loop.batch_control.layout.run.epoch(0))):
+        loop.hyperparameters.apply(step, loop.batch_control.layout)  # the loop writes each step's LR before it
         seen.append(loop.step.optimizer.param_groups[0]["lr"])
-        train_step(loop.step, x, y, samples, loop.batching.plan(step))
+        train_step(loop.step, x, y, samples, loop.batch_control.plan(step))
         if step == 5:
             break
     assert seen == pytest.approx([0.1, 0.175, 0.25, 0.325, 0.4, 0.4])
@@ -206,7 +206,7 @@ def test_warmup_starts_at_the_reference_batchs_lr_under_every_rule(make_cfg, rul
     warmup = loop.hp.warmup_steps
     last_warmup_lr = loop.hp.lr * loop.hyperparameters.factors(warmup - 1)
     # The ramp is counted in samples: 2 epochs of 3,500, the last warmup step starting after 6,572.
-    seen = loop.batching.layout.run.before[warmup - 1]
+    seen = loop.batch_control.layout.run.before[warmup - 1]
     assert (warmup, seen) == (8, 6572)
     assert last_warmup_lr == pytest.approx(0.1 if shape == "constant" else 0.1 + (target - 0.1) * seen / 7000)
     assert loop.hp.lr * loop.hyperparameters.factors(warmup) == pytest.approx(target)  # warmup reached the target

@@ -1,4 +1,4 @@
-"""Batching: epoch orders, steps of scheduled sizes over ranks, micro-batch splits, on-device augmentation."""
+"""BatchControl: epoch orders, steps of scheduled sizes over ranks, micro-batch splits, on-device augmentation."""
 
 from __future__ import annotations
 

@@ -119,7 +119,7 @@ def test_a_branch_from_the_initialisation_takes_its_batch_from_the_first_step(ma
     cfg, _, layout = laid_out(make_cfg, "batch.size=256", "branch.samples=1024", step=0, samples=0)
     assert layout.run.sizes == (256,) * 4
     hp, factors = hparams(cfg, layout)
-    assert layout.batch == 64  # known by the trunk's batch: its checkpoint's identity
+    assert layout.base_batch == 64  # known by the trunk's batch: its checkpoint's identity
     assert hp.lr == pytest.approx(scaling.scaled_lr(0.1, 64 / 128, "linear"))
     # the trunk's warmup start (the 0.1 of ref 128 over 0.05 at 64, capped at 1) times 256/64
     trunk_cfg, trunk = trunk_layout(make_cfg)

@@ -42,4 +42,6 @@ class Accumulation:
     def lay_out(self, probe, state: dict | None = None) -> Layout:
         self.check_data(probe.n_train, probe.data)
         plan = self.check()
-        return constant_layout(self.cfg, self.world, probe.n_train, plan.size, first=plan, micro_cap=plan.micro_size)
+        return constant_layout(
+            self.cfg, self.world, probe.n_train, plan.size, first=plan, micro_size_cap=plan.micro_size
+        )

@@ -62,7 +62,7 @@ class Adaptive:
     def __init__(self, cfg, world: int) -> None:
         self.cfg, self.world = cfg, world
         self.found = None
-        self.n_train, self.micro_cap = 0, cfg.batch.micro_size
+        self.n_train, self.micro_size_cap = 0, cfg.batch.micro_size
         self.points: list[tuple[int, int]] = [(0, cfg.batch.size)]  # (step, global batch from it on)
         self.gains: list[tuple[int, float]] = [(0, 1.0)]  # (step, LR gain from it on): AdaScale's r, or 1
         self.decisions: list[dict[str, Any]] = []
@@ -130,7 +130,7 @@ class Adaptive:
         elif self.cfg.batch.find_micro_size:
             self.found = probe.find(largest=self.controller().max_size // self.world)
             cap = self.found.micro_size
-            self.micro_cap = cap if self.micro_cap is None else min(self.micro_cap, cap)
+            self.micro_size_cap = cap if self.micro_size_cap is None else min(self.micro_size_cap, cap)
             self.rates = sorted((t.size, t.samples_per_s) for t in self.found.trials if t.ok and t.samples_per_s)
         return self._layout()
 
@@ -171,17 +171,17 @@ class Adaptive:
         positions, coupling = stepped.follow(
             run, b0, cfg.scaling.ref_batch, str(cfg.scaling.lr_rule), self._gains(run.total)
         )
-        first = plan_for(run.sizes[0] if run.sizes else b0, self.world, self.micro_cap)
+        first = plan_for(run.sizes[0] if run.sizes else b0, self.world, self.micro_size_cap)
         return Layout(
             run,
             self.world,
             first,
-            micro_cap=self.micro_cap,
-            base_batch=b0,
-            counted=budget,
-            positions=positions,
+            micro_size_cap=self.micro_size_cap,
+            base_batch_given=b0,
+            lr_run_given=budget,
+            lr_samples_given=positions,
             lr_coupling=coupling,
-            wd_steps=stepped.weight_decay_steps(run.sizes, str(cfg.scaling.wd_rule)),
+            wd_step_ratios=stepped.weight_decay_step_ratios(run.sizes, str(cfg.scaling.wd_rule)),
         )
 
     # ------------------------------------------------------------------ the closed loop
@@ -193,7 +193,7 @@ class Adaptive:
         """Rank 0's decision at `step` from its measured B_simple (and its throughput)."""
         current = layout.run.sizes[step]
         decision = self.controller().next_size(
-            current, b_simple, throughput(self.rates, self.micro_cap, self.world), step
+            current, b_simple, throughput(self.rates, self.micro_size_cap, self.world), step
         )
         gain = 1.0
         if self.adascale:
@@ -266,13 +266,13 @@ class Adaptive:
         }
 
 
-def throughput(rates: list[tuple[int, float]], micro_cap: int | None, world: int):
+def throughput(rates: list[tuple[int, float]], micro_size_cap: int | None, world: int):
     """objective=goodput: samples/s at a global batch, from the finder's trials (micro-batch,
     samples/s); a batch above the micro-batch cap runs at the cap's rate, accumulating. None
     where nothing was timed."""
     if not rates:
         return None
-    cap = micro_cap or rates[-1][0]
+    cap = micro_size_cap or rates[-1][0]
 
     def rate(batch: int) -> float:  # linear between the sizes tried, flat beyond them
         micro = min(batch / world, cap)

@@ -88,18 +88,18 @@ class Branch:
                 coupling[-1] * scaling.rule_multiplier(rule, self.run.taken[-1] / self.run.sizes[-1]),
             )
         ratio = scaling.rule_multiplier(str(cfg.scaling.wd_rule), cfg.batch.size / trunk["batch"])
-        wd_steps = tuple(ratio if step == trunk["step"] else 1.0 for step in range(self.run.total))
+        wd_step_ratios = tuple(ratio if step == trunk["step"] else 1.0 for step in range(self.run.total))
         first = given if trunk["batch"] == cfg.batch.size else plan_for(trunk["batch"], self.world, None)
         return Layout(
             self.run,
             self.world,
             first,
-            micro_cap=given.micro_size if given.accum_steps > 1 else None,
-            base_batch=trunk["batch"],
-            counted=counted,
-            positions=positions,
+            micro_size_cap=given.micro_size if given.accum_steps > 1 else None,
+            base_batch_given=trunk["batch"],
+            lr_run_given=counted,
+            lr_samples_given=positions,
             lr_coupling=coupling,
-            wd_steps=wd_steps,
+            wd_step_ratios=wd_step_ratios,
             eval_steps=self._eval_steps(),
             epochs_by_samples=True,
         )

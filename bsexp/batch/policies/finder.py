@@ -74,18 +74,23 @@ class Finder:
             fits_data([self.cfg.batch.size], n_train, data)
 
     def lay_out(self, probe, state: dict | None = None) -> Layout:
-        micro_cap = None
+        micro_size_cap = None
         if state is not None:  # the plan found before, not a new search
             self.found_plan = BatchPlan(**state["found_plan"])
         else:
             self.found = probe.find(keep_size=self.cfg.batch.size)
-            micro_cap = self.found.plan.micro_size
+            micro_size_cap = self.found.plan.micro_size
             self.found_plan = self.found.plan
             if str(self.cfg.batch.finder.objective) == "noise_scale":
                 self.found_plan = self._noise_scale_plan(probe)
         fits_data([self.found_plan.size], probe.n_train, probe.data)
         return constant_layout(
-            self.cfg, self.world, probe.n_train, self.found_plan.size, first=self.found_plan, micro_cap=micro_cap
+            self.cfg,
+            self.world,
+            probe.n_train,
+            self.found_plan.size,
+            first=self.found_plan,
+            micro_size_cap=micro_size_cap,
         )
 
     def state_dict(self) -> dict[str, Any]:

@@ -112,18 +112,20 @@ class Scheduled:
     def lay_out(self, probe, state: dict | None = None) -> Layout:
         cfg, start = self.cfg, self.cfg.batch.size
         self.check_data(probe.n_train, probe.data)
-        micro_cap = cfg.batch.micro_size
+        micro_size_cap = cfg.batch.micro_size
         if cfg.batch.find_micro_size and state is None:  # the largest micro-batch that fits bounds them all
             largest = max(self.schedule(start).sizes(cfg.epochs)) // self.world
             if largest * self.world <= probe.n_train:
                 self.found = probe.find(largest=largest)
-                micro_cap = self.found.micro_size if micro_cap is None else min(micro_cap, self.found.micro_size)
+                micro_size_cap = (
+                    self.found.micro_size if micro_size_cap is None else min(micro_size_cap, self.found.micro_size)
+                )
         run = run_steps(cfg, self.schedule(start), probe.n_train)
         return Layout(
             run,
             self.world,
-            plan_for(start, self.world, micro_cap),
-            micro_cap=micro_cap,
+            plan_for(start, self.world, micro_size_cap),
+            micro_size_cap=micro_size_cap,
             lr_coupling=tuple(self._coupling(run.sizes)),
         )
 

@@ -32,12 +32,12 @@ def run_steps(cfg, schedule: BatchSchedule, n_train: int) -> RunSteps:
 
 
 def constant_layout(
-    cfg, world: int, n_train: int, size: int, first: BatchPlan | None = None, micro_cap: int | None = None
+    cfg, world: int, n_train: int, size: int, first: BatchPlan | None = None, micro_size_cap: int | None = None
 ) -> Layout:
     """The run at one global batch `size` throughout: its first plan `first` (default: `size`
-    split under `micro_cap`)."""
+    split under `micro_size_cap`)."""
     run = run_steps(cfg, BatchSchedule(start=size, world_size=world), n_train)
-    return Layout(run, world, first or plan_for(size, world, micro_cap), micro_cap=micro_cap)
+    return Layout(run, world, first or plan_for(size, world, micro_size_cap), micro_size_cap=micro_size_cap)
 
 
 def fits_data(sizes: list[int] | tuple[int, ...], n_train: int, data: str, key: str | None = None) -> None:

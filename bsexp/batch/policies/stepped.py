@@ -48,7 +48,7 @@ def follow(
     return tuple(progress(run, b0, gains)[:-1]), tuple(coupling)
 
 
-def weight_decay_steps(sizes: tuple[int, ...], rule: str) -> tuple[float, ...]:
+def weight_decay_step_ratios(sizes: tuple[int, ...], rule: str) -> tuple[float, ...]:
     """Per step, the weight decay's multiplier over the step before: the rule's ratio of the two
     batches where the batch changes, 1 elsewhere."""
     return tuple(
