@@ -409,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{'':<28} tests: {selection(*pair)}")
         return 0
 
-    copy = Path(tempfile.mkdtemp(prefix="bsexp-mutate-"))
+    copy, began = Path(tempfile.mkdtemp(prefix="bsexp-mutate-")), time.monotonic()
     try:
         copy_checkout(copy)
         files = resolve(copy, sorted({m.module for m in mutants}))
@@ -441,7 +441,9 @@ def main(argv: list[str] | None = None) -> int:
     killed = sum(status == "killed" for _, status, _, _ in results)
     survived = [m.name for m, status, _, _ in results if status == "survived"]
     errors = [m.name for m, status, _, _ in results if status == "error"]
-    print(f"\n{killed} of {len(results)} killed" + (f"; survived: {', '.join(survived)}" if survived else ""))
+    minutes = (time.monotonic() - began) / 60
+    print(f"\n{killed} of {len(results)} killed" + (f"; survived: {', '.join(survived)}" if survived else ""), end="")
+    print(f" ({minutes:.1f} minutes in all)")
     if errors:
         print(f"errors (no verdict): {', '.join(errors)}")
     return 1 if survived or errors else 0
