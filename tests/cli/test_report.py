@@ -88,17 +88,17 @@ def test_each_point_is_a_wandb_run_grouped_under_the_sweep(sweep):
     sweep, _, _ = sweep
     runs = {}
     for run_file in sweep.glob("*/wandb/offline-run-*/run-*.wandb"):
-        [run] = [r.run for r in wandb_records.records(run_file) if r.WhichOneof("record_type") == "run"]
-        runs[run.display_name] = run
+        [run] = wandb_records.of_type(run_file, "run")
+        runs[run["display_name"]] = run
     assert sorted(runs) == sorted(f"bs{b}-seed{s}" for b in (32, 64, 128) for s in (0, 1))
-    assert {run.run_group for run in runs.values()} == {"digits/sizes"}  # the sweep, below multirun/
+    assert {run["run_group"] for run in runs.values()} == {"digits/sizes"}  # the sweep, below multirun/
     # The report is a run of the same group, holding the table and the figures.
     [report_file] = sweep.glob("wandb/offline-run-*/run-*.wandb")
-    [run] = [r.run for r in wandb_records.records(report_file) if r.WhichOneof("record_type") == "run"]
-    assert (run.display_name, run.run_group, run.job_type) == ("report", "digits/sizes", "report")
+    [run] = wandb_records.of_type(report_file, "run")
+    assert (run["display_name"], run["run_group"], run["job_type"]) == ("report", "digits/sizes", "report")
     logged = set().union(*(row.keys() for row in wandb_records.history(report_file)))
     for name in ("report/table", "report/accuracy", "report/val_loss", "report/throughput_memory"):
-        assert any(key == name or key.startswith(name + "/") for key in logged), name  # media: nested keys
+        assert any(key == name or key.startswith(name + ".") for key in logged), name  # media: nested keys
 
 
 def test_the_report_tables_mean_and_std_over_seeds_marks_the_best_and_names_the_breaking_point(sweep):

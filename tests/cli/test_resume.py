@@ -23,6 +23,10 @@ from resuming import (
     uninterrupted,
 )
 
+# Dropout draws from torch's generator at every step after the restore: without the generators
+# put back, a resumed run drops other units than the uninterrupted one and ends elsewhere.
+DRAWS = ["model.dropout=0.1"]
+
 
 # SIGKILL: a crash (resumed from the last periodic checkpoint); SIGTERM: a preemption; SIGUSR1:
 # SLURM's warning before the time limit (both checkpoint at the next step boundary).
@@ -33,7 +37,7 @@ def test_a_run_stopped_mid_epoch_resumes_bit_identically(make_cfg, data_root, tm
     run_dir = tmp_path / "run"
     # The preempted accumulation run logs to (offline) W&B, to see it resume under the same run id.
     logger = "logger=wandb" if policy == "accumulation" else "logger=none"
-    args = [*(o for o in SLOW if o != "logger=none"), logger, *POLICIES[policy], f"hydra.run.dir={run_dir}"]
+    args = [*(o for o in SLOW if o != "logger=none"), logger, *POLICIES[policy], *DRAWS, f"hydra.run.dir={run_dir}"]
     code, err = stop_mid_run(start(data_root, tmp_path, *args), run_dir, sig, seed=len(policy))
     stopped_at = newest_step(run_dir)
     if sig != signal.SIGKILL:  # a checkpoint at the next step boundary, then status preempted
@@ -58,7 +62,7 @@ def test_a_run_stopped_mid_epoch_resumes_bit_identically(make_cfg, data_root, tm
     # The clocks count both processes: the first's to its checkpoint, then the second's.
     assert 0 < left["train_time_s"] < left["wall_time_s"]
     assert summary["wall_time_s"] > left["wall_time_s"] + (summary["train_time_s"] - left["train_time_s"])
-    loop, progress = uninterrupted(make_cfg, *POLICIES[policy])
+    loop, progress = uninterrupted(make_cfg, *POLICIES[policy], *DRAWS)
     assert_ends_as(run_dir, loop)
     # metrics.jsonl goes on where the checkpoint left it: no record missing, none twice.
     logged = records(run_dir)
@@ -96,7 +100,7 @@ def test_a_diverging_run_stops_with_its_step_and_last_finite_loss_and_keeps_its_
 
 def test_a_corrupt_newest_checkpoint_is_skipped_for_the_one_before(make_cfg, data_root, run_cli, tmp_path):
     run_dir = tmp_path / "run"
-    args = [*SLOW, "batch.size=64", "epochs=1", f"hydra.run.dir={run_dir}"]
+    args = [*SLOW, "batch.size=64", "epochs=1", *DRAWS, f"hydra.run.dir={run_dir}"]
     first = run_cli(*args)
     assert first.returncode == 0, first.stderr[-2000:]
     newest = sorted((run_dir / "checkpoints").glob("step-*.pt"))[-1]
@@ -106,7 +110,7 @@ def test_a_corrupt_newest_checkpoint_is_skipped_for_the_one_before(make_cfg, dat
     assert "is unreadable" in again.stdout
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["resumed_from"].endswith("step-000000056.pt") and summary["status"] == "completed"
-    loop, _ = uninterrupted(make_cfg, "batch.size=64", "epochs=1")
+    loop, _ = uninterrupted(make_cfg, "batch.size=64", "epochs=1", *DRAWS)
     assert_same_state(final_state(run_dir)["model"], loop.step.net.state_dict())
 
 

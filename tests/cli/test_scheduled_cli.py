@@ -148,8 +148,8 @@ def test_the_increase_batch_experiment_runs_its_three_arms(run_cli, tmp_path):
             arms[arm] = summary, records
             # Its (offline) W&B run: named by arm, batch and seed, tagged with the experiment and arm.
             [run_file] = job.glob("wandb/offline-run-*/run-*.wandb")
-            [run] = [r.run for r in wandb_records.records(run_file) if r.WhichOneof("record_type") == "run"]
-            assert run.display_name == f"{arm}-bs32-seed0" and list(run.tags) == ["increase_batch", arm]
+            [run] = wandb_records.of_type(run_file, "run")
+            assert run["display_name"] == f"{arm}-bs32-seed0" and run["tags"] == ["increase_batch", arm]
     assert sorted(arms) == ["batch_growth", "hybrid", "lr_decay"]
     # batch: 32 throughout / x5 at epochs 8 and 14 / x5 at 8; LR 0.05: /5 at 8 and 14 / held / /5 at 14.
     expected = {

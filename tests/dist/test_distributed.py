@@ -143,6 +143,24 @@ def test_sync_batchnorm_is_the_default_with_several_ranks_and_can_be_turned_off(
     assert results[0]["norms"] == results[1]["norms"] == expected
 
 
+def test_two_ranks_with_batchnorm_per_rank_evaluate_with_rank_0s_statistics(make_cfg):
+    # SyncBatchNorm off: each rank's running statistics follow its own shard, and DDP leaves them
+    # apart (bsexp.build turns its buffer sync off). Evaluation gives every rank rank 0's, so the
+    # sharded, all-reduced figures are those of one process evaluating rank 0's model and buffers.
+    overrides = [*TINY, "model.norm=batch", "batch.size=64"]
+    cfg = make_cfg(*overrides, "distributed=ddp", "distributed.nproc_per_node=2", "distributed.sync_batchnorm=false")
+    ranks = dist_workers.launch(dist_workers.train_steps, cfg)
+    assert ranks[0]["norms"] == ["BatchNorm1d"] and ranks[0]["status"] == "completed"
+    loop = build_loop(make_cfg(*overrides))
+    loop.step.net.load_state_dict(ranks[0]["params"])
+    val_loss, val_acc = loop.evaluator.split(loop, loop.splits.val)
+    record = ranks[0]["records"][-1]
+    assert record["val_acc"] == val_acc and record["val_loss"] == pytest.approx(val_loss, rel=1e-6)
+    # Evaluating left rank 0's statistics on rank 1 too (and DDP kept the parameters equal).
+    for key, value in ranks[0]["params"].items():
+        assert torch.equal(ranks[1]["params"][key], value), key
+
+
 TINY_CLI = ["data.num_samples=600", "data.val_size=100", "epochs=1", "model.width=8"]
 
 

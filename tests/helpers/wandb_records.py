@@ -1,61 +1,61 @@
-"""Read the records of an offline W&B run file (`run-<id>.wandb`).
+"""Read an offline W&B run file (`run-<id>.wandb`) back through wandb's own reader.
 
-The file is W&B's LevelDB-style log: a 7-byte header (":W&B", magic 0xBEE1, version 0), then
-32 KiB blocks of chunks, each with a 7-byte header (CRC-32, length, type: 1 full, 2 first,
-3 middle, 4 last). Each assembled record is a `wandb_internal_pb2.Record` protobuf.
+`wandb leet inspect --json RUN_FILE` (wandb/cli/leet.py) prints every record of the run's
+transaction log, one JSON object a line ({"num", "type", "<type>": the record's fields}), and
+`--summary --json` the run as wandb sees it (state, exit code, config, the merged summary). The
+reader is wandb-core's, the program `wandb sync` uploads offline runs with; the CLI starts it
+with these arguments, so it is started here directly (without a second Python process starting
+wandb, which took 1.8 s a call against 0.1 s). Nested keys in history rows read `a.b`.
 """
 
 from __future__ import annotations
 
+import functools
 import json
-import struct
+import subprocess
 from pathlib import Path
 
-from wandb.proto import wandb_internal_pb2
-
-BLOCK = 32 * 1024
-HEADER = 7
+from wandb.util import get_core_path
 
 
-def records(path: Path) -> list:
-    data = Path(path).read_bytes()
-    ident, magic, version = struct.unpack("<4sHB", data[:HEADER])
-    assert ident == b":W&B" and magic == 0xBEE1, f"not a W&B run file: {path}"
-    out, pending, pos = [], b"", HEADER
-    while pos + HEADER <= len(data):
-        left_in_block = BLOCK - pos % BLOCK
-        if left_in_block < HEADER:  # the rest of a block too small for a header is padding
-            pos += left_in_block
-            continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + HEADER])
-        if length == 0 and kind == 0:
-            break
-        chunk = data[pos + HEADER : pos + HEADER + length]
-        pos += HEADER + length
-        pending = chunk if kind in (1, 2) else pending + chunk
-        if kind in (1, 4):
-            record = wandb_internal_pb2.Record()
-            record.ParseFromString(pending)
-            out.append(record)
-            pending = b""
-    return out
+def _inspect(path: Path, *flags: str) -> str:
+    path = Path(path).resolve()
+    # As `wandb leet inspect [FLAGS] RUN_FILE` runs it offline: the run file, and the wandb
+    # directory above its run directory.
+    args = [get_core_path(), "leet", "inspect", "--no-observability", "--json", *flags]
+    out = subprocess.run(
+        [*args, "--run-file", str(path), str(path.parent.parent)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, f"wandb could not read {path}: {out.stderr[-2000:]}"
+    return out.stdout
+
+
+@functools.lru_cache(maxsize=64)
+def _records(path: str, mtime_ns: int, size: int) -> tuple[dict, ...]:
+    return tuple(json.loads(line) for line in _inspect(Path(path)).splitlines() if line.strip())
+
+
+def records(path: Path) -> list[dict]:
+    """Every record, in order, as {"num": n, "type": kind, kind: {its fields}}."""
+    stat = Path(path).stat()
+    return list(_records(str(Path(path).resolve()), stat.st_mtime_ns, stat.st_size))
+
+
+def of_type(path: Path, kind: str) -> list[dict]:
+    """The fields of every record of one kind ("run", "history", "metric", "exit", ...)."""
+    return [record[kind] for record in records(path) if record["type"] == kind]
 
 
 def history(path: Path) -> list[dict]:
     """The logged rows, as {key: value} dicts."""
-    rows = []
-    for record in records(path):
-        if record.WhichOneof("record_type") == "history":
-            rows.append(
-                {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
-            )
-    return rows
+    return [record["item"] for record in of_type(path, "history")]
+
+
+def run_summary(path: Path) -> dict:
+    """The run as wandb sums it up: state, exit_code, name, tags, config, summary, ..."""
+    return json.loads(_inspect(path, "--summary"))
 
 
 def summary(path: Path) -> dict:
-    values = {}
-    for record in records(path):
-        if record.WhichOneof("record_type") == "summary":
-            for item in record.summary.update:
-                values[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
-    return values
+    """The run's final summary, every update merged."""
+    return run_summary(path)["summary"]

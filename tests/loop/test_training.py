@@ -147,6 +147,20 @@ def test_gradient_clipping_bounds_the_update(make_cfg):
     assert (after - before).norm().item() == pytest.approx(0.01, rel=1e-4)
 
 
+def test_gradient_clipping_under_fp16_clips_the_unscaled_gradient(make_cfg):
+    # With a live loss scaler the gradients stay multiplied by its scale (2^16 at the start) until
+    # unscale_: the clip must come after it, so that the update is lr x clip as in fp32 (clipping
+    # the scaled gradient leaves an update of lr x clip / 2^16 once the scaler's step unscales it).
+    overrides = ["optimizer.momentum=0", "optimizer.weight_decay=0", "optimizer.lr=1.0", "trainer.max_steps=1"]
+    cfg = make_cfg(*TINY, *overrides, "precision=fp16", "trainer.clip_grad_norm=0.01")
+    loop = build_loop(cfg)
+    assert loop.step.scaler.is_enabled() and loop.step.scaler.get_scale() == 2.0**16
+    before = torch.cat([p.detach().flatten().clone() for p in loop.step.model.parameters()])
+    train(loop, TrainState())
+    after = torch.cat([p.detach().flatten() for p in loop.step.model.parameters()])
+    assert (after - before).norm().item() == pytest.approx(0.01, rel=1e-4)
+
+
 def test_clipping_acts_on_the_accumulated_gradient_of_the_whole_step(make_cfg):
     clip = ["trainer.clip_grad_norm=0.05", "trainer.max_steps=3"]
     big, _ = trained(make_cfg, "batch.size=32", *clip)
@@ -223,3 +237,12 @@ def test_ghost_batches_of_16_train_as_micro_batches_of_16_accumulated(make_cfg):
     assert_close(params(ghost), params(accum), atol=1e-5)
     assert max((params(ghost)[k] - v).float().abs().max() for k, v in params(whole).items()) > 1e-3
     assert ghost.norm_batch == accum.norm_batch == 16 and whole.norm_batch == 64  # what a BatchNorm layer saw
+
+
+def test_best_val_acc_is_the_best_of_the_runs_records(make_cfg):
+    # An evaluation every step of a short run at a high LR: validation accuracy rises, then falls
+    # back, so the last record is not the best.
+    loop, progress = trained(make_cfg, "optimizer.lr=0.5", "trainer.max_steps=12", "trainer.eval_every_steps=1")
+    accuracies = [r["val_acc"] for r in progress.records]
+    assert len(accuracies) == 12 and accuracies[-1] < max(accuracies)
+    assert progress.best_val_acc == max(accuracies)  # what summary.json's best_val_acc holds

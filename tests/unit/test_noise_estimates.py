@@ -42,6 +42,53 @@ def test_the_estimates_are_unbiased_on_known_moments():
     assert noise.summary()["noise_b_simple_mean"] == pytest.approx(tr / g2)
 
 
+def test_the_estimates_of_steps_drawn_without_replacement_are_unbiased_on_known_moments():
+    # b of N samples drawn without replacement: |G_b|^2 has expectation |G|^2 + tr(Sigma)(1/b - 1/N).
+    # Read as independent draws, |G|^2 would come out short by tr(Sigma)/N (1.17 of 2 here).
+    g2, tr, n = 2.0, 300.0, 256
+    grad_sq, trace = estimates(g2 + tr * (1 / 16 - 1 / n), 16, g2 + tr * (1 / 64 - 1 / n), 64, population=n)
+    assert grad_sq == pytest.approx(g2) and trace == pytest.approx(tr)
+
+
+def measure(noise: NoiseScale, moments: list[tuple[float, float]]) -> None:
+    """One update per (|G|^2, tr(Sigma)): the expected squared norms at batches 16 and 64."""
+    for g2, tr in moments:
+        noise.update(torch.tensor(g2 + tr / 16), 16, torch.tensor(g2 + tr / 64), 64)
+
+
+def test_the_logged_averages_are_the_bias_corrected_moving_averages_of_the_estimates():
+    # Moments that change from update to update: after n updates the moving average weighs the
+    # i-th by (1 - d) d^(n-1-i), weights that sum to 1 - d^n; corrected (as Adam's moments are),
+    # it is the weighted mean. Uncorrected, |G|^2 and tr(Sigma) would both read 1 - 0.9^4 = 34 %
+    # of it, which their ratio B_simple cannot show: the critical-batch report reads them apart.
+    d, moments = 0.9, [(2.0, 300.0), (3.0, 240.0), (1.5, 420.0), (2.5, 330.0)]
+    noise = NoiseScale(decay=d)
+    measure(noise, moments)
+    n = len(moments)
+    weights = [(1 - d) * d ** (n - 1 - i) for i in range(n)]
+    g2 = sum(w * m[0] for w, m in zip(weights, moments)) / (1 - d**n)
+    tr = sum(w * m[1] for w, m in zip(weights, moments)) / (1 - d**n)
+    assert noise.averaged() == pytest.approx((g2, tr), rel=1e-12)
+    record = noise.record()
+    assert record["noise/grad_sq"] == pytest.approx(g2, rel=1e-12)
+    assert record["noise/trace_sigma"] == pytest.approx(tr, rel=1e-12)
+    assert record["noise/b_simple"] == pytest.approx(tr / g2, rel=1e-12)
+
+
+def test_the_raw_estimates_of_a_record_are_the_mean_over_its_own_window():
+    # The windowed B_simple of the critical-batch report is built from these: each record's raw
+    # figures are the plain mean of the estimates since the record before, not since the start.
+    noise = NoiseScale(decay=0.9)
+    first, second = [(2.0, 300.0), (4.0, 100.0)], [(1.0, 500.0), (2.0, 200.0), (3.0, 50.0)]
+    measure(noise, first)
+    one = noise.record()
+    measure(noise, second)
+    two = noise.record()
+    assert one["noise/grad_sq_raw"] == pytest.approx(3.0) and one["noise/trace_sigma_raw"] == pytest.approx(200.0)
+    # Over both windows the means would be 2.4 and 230.
+    assert two["noise/grad_sq_raw"] == pytest.approx(2.0) and two["noise/trace_sigma_raw"] == pytest.approx(250.0)
+
+
 def test_a_measurement_that_is_not_finite_is_left_out_and_the_next_ones_count():
     g2, tr = 2.0, 300.0
     clean, hit = NoiseScale(decay=0.9), NoiseScale(decay=0.9)
