@@ -90,10 +90,10 @@ MUTANTS = [
         tests(("tests/unit/test_scaling.py", "")),
         "the warmup starts at the scaled LR, not the reference batch's",
     ),
-    # The gradient noise estimator (bsexp.noise).
+    # The gradient noise estimator (bsexp.engine.gradient_noise).
     Mutant(
         "noise-trace-estimate",
-        "bsexp.noise",
+        "bsexp.engine.gradient_noise",
         "trace = (small_sq - big_sq) / (1.0 / b_small - 1.0 / b_big)",
         "trace = (small_sq - big_sq) / (1.0 / b_small)",
         tests((NOISE_UNIT, "")),
@@ -101,7 +101,7 @@ MUTANTS = [
     ),
     Mutant(
         "noise-finite-population",
-        "bsexp.noise",
+        "bsexp.engine.gradient_noise",
         "grad_sq = grad_sq + trace / population",
         "grad_sq = grad_sq",
         # tests/loop/test_noise.py -k drawing_without_replacement catches it too, in minutes.
@@ -110,7 +110,7 @@ MUTANTS = [
     ),
     Mutant(
         "noise-bias-correction",
-        "bsexp.noise",
+        "bsexp.engine.gradient_noise",
         "correction = 1 - self.decay**count",
         "correction = 1.0",
         tests((NOISE_UNIT, "bias_corrected")),
@@ -118,7 +118,7 @@ MUTANTS = [
     ),
     Mutant(
         "noise-raw-window",
-        "bsexp.noise",
+        "bsexp.engine.gradient_noise",
         "self._recent = [0.0, 0.0, 0]",
         "pass",
         tests((NOISE_UNIT, "own_window")),
@@ -126,16 +126,16 @@ MUTANTS = [
     ),
     Mutant(
         "noise-micro-rescale",
-        "bsexp.noise",
+        "bsexp.engine.gradient_noise",
         "grad_sq(step.model, step.scaler) * (step_samples / micro_samples) ** 2",
         "grad_sq(step.model, step.scaler) * (step_samples / micro_samples)",
         tests((NOISE_LOOP, "accumulation_measures_the_exact")),
         "the first micro-batch's gradient not rescaled to its own mean",
     ),
-    # Accumulation and clipping (bsexp.step), evaluation (bsexp.evaluate).
+    # Accumulation and clipping (bsexp.engine.step), evaluation (bsexp.engine.evaluate).
     Mutant(
         "accumulation-normalisation",
-        "bsexp.step",
+        "bsexp.engine.step",
         'loss = F.cross_entropy(logits, ym, reduction="sum") / step_samples',
         "loss = F.cross_entropy(logits, ym)",
         tests((TRAINING, "micro_8_times_4 or smaller_last_step")),
@@ -143,7 +143,7 @@ MUTANTS = [
     ),
     Mutant(
         "clip-before-unscale",
-        "bsexp.step",
+        "bsexp.engine.step",
         "step.scaler.unscale_(step.optimizer)",
         "pass",
         tests((TRAINING, "fp16_clips")),
@@ -151,16 +151,16 @@ MUTANTS = [
     ),
     Mutant(
         "best-val-acc",
-        "bsexp.evaluate",
+        "bsexp.engine.evaluate",
         "state.best_val_acc = max(state.best_val_acc, val_acc)",
         "state.best_val_acc = val_acc",
         tests((TRAINING, "best_val_acc")),
         "best_val_acc is the last val_acc",
     ),
-    # The DDP reduction (bsexp.distributed, bsexp.evaluate).
+    # The DDP reduction (bsexp.engine.distributed, bsexp.engine.evaluate).
     Mutant(
         "ddp-hook-sum",
-        "bsexp.distributed",
+        "bsexp.engine.distributed",
         "return work.get_future().then(lambda fut: fut.value()[0])",
         "return work.get_future().then(lambda fut: fut.value()[0] / dist.get_world_size())",
         tests((DIST, "two_ranks_equal_one_process_and_evaluate_identically")),
@@ -168,7 +168,7 @@ MUTANTS = [
     ),
     Mutant(
         "ddp-flat-sum",
-        "bsexp.distributed",
+        "bsexp.engine.distributed",
         "dist.all_reduce(flat)",
         "dist.all_reduce(flat); flat /= self.size",
         tests((DIST, "two_ranks_equal_one_process_and_evaluate_identically")),
@@ -176,16 +176,16 @@ MUTANTS = [
     ),
     Mutant(
         "eval-buffer-sync",
-        "bsexp.evaluate",
+        "bsexp.engine.evaluate",
         "world.sync_buffers(net)",
         "pass",
         tests((DIST, "batchnorm_per_rank")),
         "each rank evaluates with its own BatchNorm statistics",
     ),
-    # Resume (bsexp.checkpoint).
+    # Resume (bsexp.runs.checkpoint).
     Mutant(
         "resume-rng",
-        "bsexp.checkpoint",
+        "bsexp.runs.checkpoint",
         'set_rng_state(mine["rng"])',
         "pass",
         tests((RESUME, "bit_identically and fixed")),
@@ -193,7 +193,7 @@ MUTANTS = [
     ),
     Mutant(
         "resume-optimizer",
-        "bsexp.checkpoint",
+        "bsexp.runs.checkpoint",
         'step.optimizer.load_state_dict(saved["optimizer"])',
         "pass",
         tests((RESUME, "bit_identically and fixed")),
@@ -201,7 +201,7 @@ MUTANTS = [
     ),
     Mutant(
         "resume-running-sums",
-        "bsexp.checkpoint",
+        "bsexp.runs.checkpoint",
         'state.loss_sum, state.correct, state.running_samples = mine["running"]',
         "pass",
         tests((RESUME, "bit_identically and fixed")),

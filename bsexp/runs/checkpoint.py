@@ -84,7 +84,8 @@ class UnknownFormat(ConfigError):
 
 
 class _Unpickler(pickle.Unpickler):
-    """A checkpoint's classes where they live now (an earlier release pickled `bsexp.models.CNN1d`)."""
+    """A checkpoint's classes where they live now: a release before the floors were folders (issue 56)
+    pickled its model's class under the module's old name."""
 
     def find_class(self, module: str, name: str) -> Any:
         return super().find_class(moved(module), name)

@@ -54,7 +54,7 @@ MOVED = {
     "bsexp.checkpoint": "bsexp.runs.checkpoint",
     "bsexp.sweep": "bsexp.runs.sweep",
     "bsexp.preflight": "bsexp.train.preflight",
-    "bsexp.batch.batch_control": "bsexp.batch.control",
+    "bsexp.batch.batching": "bsexp.batch.control",
     "bsexp.batch.adaptive": "bsexp.batch.closed_loop",
 }
 

@@ -145,7 +145,7 @@ def test_sync_batchnorm_is_the_default_with_several_ranks_and_can_be_turned_off(
 
 def test_two_ranks_with_batchnorm_per_rank_evaluate_with_rank_0s_statistics(make_cfg):
     # SyncBatchNorm off: each rank's running statistics follow its own shard, and DDP leaves them
-    # apart (bsexp.build turns its buffer sync off). Evaluation gives every rank rank 0's, so the
+    # apart (bsexp.engine.build turns its buffer sync off). Evaluation gives every rank rank 0's, so the
     # sharded, all-reduced figures are those of one process evaluating rank 0's model and buffers.
     overrides = [*TINY, "model.norm=batch", "batch.size=64"]
     cfg = make_cfg(*overrides, "distributed=ddp", "distributed.nproc_per_node=2", "distributed.sync_batchnorm=false")
