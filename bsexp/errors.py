@@ -120,11 +120,27 @@ def config_errors() -> tuple[type[Exception], ...]:
     return ConfigError, HydraException, OmegaConfBaseException
 
 
+def to_log_file(line: str, exc: BaseException | None = None) -> None:
+    """Write `line` (with `exc`'s traceback, where given) to the run's log file, `train.log` (the
+    log's file handlers alone: the console has it already), so that a failed run's log says why.
+    Nothing where no log file is open (an error before the job's logging is set up)."""
+    import logging
+
+    root = logging.getLogger()
+    exc_info = (type(exc), exc, exc.__traceback__) if exc is not None else None
+    record = root.makeRecord("bsexp", logging.ERROR, __file__, 0, line, (), exc_info)
+    for handler in root.handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
+
+
 @contextlib.contextmanager
 def exit_on_config_error():
-    """Turn a configuration error into its one line on stderr and exit code 2."""
+    """Turn a configuration error into its one line on stderr (and in the run's log file) and exit
+    code 2."""
     try:
         yield
     except config_errors() as exc:
         print(f"error: {one_line(exc)}", file=sys.stderr, flush=True)
+        to_log_file(f"error: {one_line(exc)}")
         sys.exit(2)

@@ -229,8 +229,8 @@ class TensorboardConfig:
 @dataclass
 class MlflowConfig:
     enabled: bool = False  # logger=mlflow sets it
-    # null: $MLFLOW_TRACKING_URI if set, else a local file store in <run dir>/mlruns; or any URI
-    # MLflow takes (file:/abs/mlruns shared by a sweep, sqlite:///abs/mlflow.db, http://host:5000)
+    # null: $MLFLOW_TRACKING_URI if set, else MLflow's SQLite store <run dir>/mlflow.db (a sweep's
+    # points: <sweep dir>/mlflow.db); or any URI MLflow takes (sqlite:////abs/mlflow.db, http://host:5000)
     tracking_uri: Optional[str] = None
     experiment: str = "bsexp"
     run_name: Optional[str] = None  # null: the run directory's name

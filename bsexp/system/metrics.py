@@ -9,6 +9,7 @@ the training loop.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -19,6 +20,7 @@ from typing import Any, Protocol
 from urllib.parse import urlparse
 
 from bsexp.errors import ConfigError, one_line
+from bsexp.system import mlflow_store
 from bsexp.system.io import atomic_write_text
 
 log = logging.getLogger(__name__)
@@ -101,7 +103,7 @@ def _text(value: Any) -> str:
 # The packages of the optional loggers: logger option -> (module, what to install).
 PACKAGES = {
     "tensorboard": ("tensorboard", "pip install 'bsexp[tensorboard]' (or tensorboard)"),
-    "mlflow": ("mlflow", "pip install 'bsexp[mlflow]' (or mlflow-skinny, or mlflow)"),
+    "mlflow": ("mlflow", "pip install 'bsexp[mlflow]' (or mlflow)"),
 }
 
 
@@ -283,10 +285,13 @@ _MLFLOW_STATUS = {"completed": "FINISHED", "preempted": "KILLED"}
 
 
 def mlflow_tracking_uri(mlflow_cfg, run_dir: Path) -> str:
-    """logger.mlflow.tracking_uri; else $MLFLOW_TRACKING_URI; else a file store in the run."""
+    """logger.mlflow.tracking_uri; else $MLFLOW_TRACKING_URI; else MLflow's SQLite store,
+    `mlflow.db` in `mlflow_store.store_dir` (what `mlflow ui` and MlflowClient read without options)."""
     if mlflow_cfg.tracking_uri:
         return str(mlflow_cfg.tracking_uri)
-    return os.environ.get("MLFLOW_TRACKING_URI") or (Path(run_dir).resolve() / "mlruns").as_uri()
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"]
+    return f"sqlite:///{mlflow_store.store_dir(run_dir) / mlflow_store.DATABASE}"
 
 
 class MlflowSink:
@@ -307,9 +312,12 @@ class MlflowSink:
         uri = mlflow_tracking_uri(mlflow_cfg, run_dir)
         if urlparse(uri).scheme in ("", "file"):  # MLflow 3 keeps its file store behind this opt-in
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-        self.client = MlflowClient(tracking_uri=uri)
-        self.uri = uri
-        experiment_id = self._experiment(str(mlflow_cfg.experiment))
+        self.uri, database = uri, mlflow_store.sqlite_file(uri)
+        with mlflow_store.one_at_a_time(database.parent) if database else contextlib.nullcontext():
+            self.client = MlflowClient(tracking_uri=uri)
+            # A SQLite store's artifacts beside it, not in MLflow's default ./mlruns of the working directory.
+            artifacts = (database.parent / mlflow_store.ARTIFACTS).as_uri() if database else None
+            self.experiment_id = experiment_id = self._experiment(str(mlflow_cfg.experiment), artifacts)
         run_dir = Path(run_dir).resolve()
         self.logged: dict[tuple[str, int], float] = {}  # (key, step) -> the value MLflow holds
         found = self._run_of(experiment_id, run_dir) if resuming else None
@@ -327,14 +335,14 @@ class MlflowSink:
             self.client.log_batch(self.run_id, params=params[start : start + 100])
         self.client.log_dict(self.run_id, config, "config.yaml")
 
-    def _experiment(self, name: str) -> str:
+    def _experiment(self, name: str, artifacts: str | None) -> str:
         from mlflow.exceptions import MlflowException
 
         found = self.client.get_experiment_by_name(name)
         if found is not None:
             return found.experiment_id
         try:
-            return self.client.create_experiment(name)
+            return self.client.create_experiment(name, artifact_location=artifacts)
         except MlflowException:  # another point of a sweep created it meanwhile
             found = self.client.get_experiment_by_name(name)
             if found is None:
@@ -385,7 +393,12 @@ class MlflowSink:
 
     def close(self, status: str) -> None:
         self.client.set_terminated(self.run_id, status=_MLFLOW_STATUS.get(status, "FAILED"))
-        log.info("MLflow run %s in %s", self.run_id, self.uri)
+        log.info(
+            "MLflow run %s in %s (%s)",
+            self.run_id,
+            self.uri,
+            mlflow_store.open_line(self.uri, self.experiment_id, self.run_id),
+        )
 
     def wandb_id(self) -> str | None:
         return None

@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 
 from bsexp.config.env import env_rank, launches_workers, remember_torchrun_dir, torchrun_first_dir, under_torchrun
 from bsexp.config.schema import register_configs
-from bsexp.errors import ConfigError, config_errors, exit_on_config_error, one_line
+from bsexp.errors import ConfigError, config_errors, exit_on_config_error, one_line, to_log_file
 from bsexp.runs import resume
 from bsexp.runs.sweep import INDEX, apply_wandb_identity, outcomes, register_resolvers, started_sweep
 
@@ -90,21 +90,22 @@ def _stop(summary: dict, what: str) -> None:
 
 def _runtime_error(exc: Exception, run_dir: Path) -> None:
     """A run that failed while training: one line for a failed worker or an out-of-memory error
-    (exit code 1); anything else is raised as it came."""
+    (exit code 1); anything else is raised as it came. Either way the run's train.log holds it."""
     from bsexp.system.memory import is_oom
     from bsexp.train.workers import WorkersFailed
 
     if isinstance(exc, WorkersFailed):
-        print(f"error: {exc} (see above; what was saved is in {run_dir})", file=sys.stderr, flush=True)
+        message = f"error: {exc} (see above; what was saved is in {run_dir})"
     elif is_oom(exc):
-        print(
+        message = (
             f"error: out of memory ({' '.join(str(exc).split())[:200]}); try batch=finder, a smaller batch.micro_size "
-            f"with batch=accumulation, or precision=bf16. What was measured is in {run_dir}",
-            file=sys.stderr,
-            flush=True,
+            f"with batch=accumulation, or precision=bf16. What was measured is in {run_dir}"
         )
     else:
+        to_log_file(f"error: {type(exc).__name__}: {one_line(exc)}", exc)  # the console gets Python's traceback
         raise exc
+    print(message, file=sys.stderr, flush=True)
+    to_log_file(message)
     sys.exit(1)
 
 

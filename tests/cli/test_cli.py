@@ -282,6 +282,8 @@ def test_bad_input_found_with_the_data_is_one_line_exit_2(run_cli, tmp_path, ove
     out = run_cli(*overrides, f"data.root={tmp_path / 'empty'}" if "data=cifar10" in overrides else "logger=none")
     _assert_one_clear_line(out, key, fragment)
     assert not list(tmp_path.glob("outputs/*/*/summary.json")) and not list(tmp_path.glob("outputs/*/*/wandb"))
+    [log] = tmp_path.glob("outputs/*/*/train.log")  # the run's log says why it ended
+    assert log.read_text().splitlines()[-1].endswith(f"[ERROR] {out.stderr.strip()}"), log.read_text()
 
 
 def test_an_unwritable_output_dir_is_refused(run_cli, tmp_path):
@@ -366,6 +368,9 @@ def test_a_failure_mid_run_keeps_the_metrics_and_finishes_the_wandb_run(run_cli,
     )
     assert out.returncode == 1
     assert "TinyNet failed on purpose at training step 7" in out.stderr
+    log = (run_dir / "train.log").read_text()  # the error and its traceback, as the console had them
+    assert "[ERROR] error: RuntimeError: TinyNet failed on purpose at training step 7" in log
+    assert "Traceback (most recent call last)" in log and 'in forward\n    raise RuntimeError(f"TinyNet failed' in log
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["steps"] == 6
     assert "TinyNet failed on purpose at training step 7" in summary["error"]  # what failed

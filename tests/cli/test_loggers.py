@@ -1,18 +1,27 @@
 """logger=tensorboard, logger=mlflow and several loggers at once, through the CLI: what each wrote,
 read back with TensorBoard's and MLflow's own readers, holds the records of metrics.jsonl at their
 samples_seen, the resolved config and the summary; a resumed run continues the same TensorBoard
-log and MLflow run, with no point twice."""
+log and MLflow run, with no point twice. MLflow's store is read as a user reads it: by MLflow's
+client in a process of its own with no MLFLOW_ variable (tests/helpers/mlflow_reader.py), and by
+MLflow's UI server."""
 
+import hashlib
 import io
 import json
 import math
+import os
+import shlex
+import signal
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
-from logger_records import TensorBoardLog, mlflow_client, mlflow_history, mlflow_runs
+from logger_records import TensorBoardLog
 from PIL import Image
 from tensorboard.util import tensor_util
 
@@ -88,30 +97,52 @@ def assert_tensorboard_holds_the_run(log_dir: Path, run_dir: Path) -> None:
     assert status == "STATUS_SUCCESS"
 
 
-def assert_mlflow_holds_the_run(tracking_uri: str, run_dir: Path, experiment: str = "bsexp") -> None:
-    client = mlflow_client(tracking_uri)
-    [run] = mlflow_runs(client, experiment)
+def reader_env(data_root) -> dict[str, str]:
+    """The CLI's environment with no MLflow variable: none of what bsexp might set for itself."""
+    return {k: v for k, v in cli_env(data_root).items() if not k.startswith("MLFLOW_")}
+
+
+def read_mlflow(data_root, cwd: Path, uri: str | None = None) -> dict:
+    """The store MLflow's client finds from `cwd` (its default, ./mlflow.db) or at `uri`, read in a
+    process of its own (tests/helpers/mlflow_reader.py)."""
+    out = cwd.parent / f"read-{cwd.name}.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "mlflow_reader", str(out), *([uri] if uri else [])],
+        cwd=cwd,
+        env=reader_env(data_root),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def history(run: dict, key: str) -> list[tuple[int, float]]:
+    """(step, value) of a metric, in the order logged."""
+    return [tuple(point) for point in run["history"].get(key, [])]
+
+
+def assert_mlflow_holds_the_run(store: dict, run_dir: Path, experiment: str = "bsexp") -> dict:
+    [run] = store["experiments"][experiment]
     logged, final = records(run_dir), summary(run_dir)
-    run_id = run.info.run_id
-    assert run.info.status == "FINISHED" and run.data.tags["bsexp.run_dir"] == str(run_dir.resolve())
+    assert run["status"] == "FINISHED" and run["tags"]["bsexp.run_dir"] == str(run_dir.resolve())
     for key in metric_keys(run_dir):
-        assert mlflow_history(client, run_id, key) == [(r["samples_seen"], r[key]) for r in logged], key
+        assert history(run, key) == [(r["samples_seen"], r[key]) for r in logged], key
     config = flat(yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text()))
-    params = run.data.params
+    params = run["params"]
     assert config.keys() <= params.keys()
     assert params["batch.size"] == "64" and params["optimizer.lr"] == str(config["optimizer.lr"])
     assert params["data._target_"] == config["data._target_"] and params["schedule.milestones"] == "[]"
     assert params["trainer.max_steps"] == "null" and params["logger.mlflow.enabled"] == "true"
     assert float(params["derived.lr"]) == final["lr"] and float(params["derived.weight_decay"]) == final["weight_decay"]
     for key in ("val_acc", "best_val_acc", "test_acc", "gen_gap", "wall_time_s", "samples_per_s", "peak_memory_mb"):
-        assert mlflow_history(client, run_id, f"summary/{key}") == [(final["samples_seen"], final[key])], key
-    assert run.data.tags["summary/status"] == "completed" and run.data.tags["summary/data"] == final["data"]
-    artifacts = {a.path for a in client.list_artifacts(run_id)}
-    assert {"config.yaml", "summary.json"} <= artifacts
-    fetched = str(run_dir / "fetched")
-    assert json.loads(Path(client.download_artifacts(run_id, "summary.json", fetched)).read_text()) == final
-    composed = yaml.safe_load(Path(client.download_artifacts(run_id, "config.yaml", fetched)).read_text())
+        assert history(run, f"summary/{key}") == [(final["samples_seen"], final[key])], key
+    assert run["tags"]["summary/status"] == "completed" and run["tags"]["summary/data"] == final["data"]
+    assert json.loads(run["artifacts"]["summary.json"]) == final
+    composed = yaml.safe_load(run["artifacts"]["config.yaml"])
     assert composed["batch"]["size"] == 64 and composed["derived"]["lr"] == final["lr"]
+    return run
 
 
 @pytest.fixture(scope="module")
@@ -126,38 +157,127 @@ def test_logger_tensorboard_writes_every_record_the_config_and_the_summary(data_
     assert not (run_dir / "wandb").exists() and not (run_dir / "mlruns").exists()
 
 
-def test_logger_mlflow_writes_a_local_file_store_in_the_run(data_root, out):
+def test_logger_mlflow_writes_a_store_mlflows_client_reads_without_options(data_root, out):
+    """The run's mlflow.db, read by MlflowClient() in the run directory as a user would: no tracking
+    URI (MLflow's default store, ./mlflow.db), no MLFLOW_ variable; its artifacts beside it, none in
+    the working directory; the run's log says how to open it in MLflow's UI."""
     run_dir = out / "mlflow"
-    train(data_root, out, "logger=mlflow", f"hydra.run.dir={run_dir}")
-    assert_mlflow_holds_the_run((run_dir / "mlruns").as_uri(), run_dir)
-    [run] = mlflow_runs(mlflow_client((run_dir / "mlruns").as_uri()))
-    assert run.info.run_name == "mlflow"  # the run directory's name
+    done = train(data_root, out, "logger=mlflow", f"hydra.run.dir={run_dir}")
+    store = read_mlflow(data_root, run_dir)
+    uri = f"sqlite:///{run_dir.resolve() / 'mlflow.db'}"
+    assert store["tracking_uri"] == uri  # MLflow's default store, ./mlflow.db, found as it is
+    run = assert_mlflow_holds_the_run(store, run_dir)
+    assert run["name"] == "mlflow"  # the run directory's name
+    assert (run_dir / "mlartifacts" / run["run_id"] / "artifacts" / "summary.json").is_file()
+    assert f"(see it with `mlflow ui --backend-store-uri {uri}`)" in done.stdout
     assert not (run_dir / "wandb").exists() and not (run_dir / "tensorboard").exists()
+    assert not (run_dir / "mlruns").exists() and not (out / "mlruns").exists() and not (out / "mlflow.db").exists()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def get(url: str, body: dict | None = None) -> bytes:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return response.read()
+
+
+@pytest.mark.slow  # MLflow's UI server takes 10-60 s to start on 2 cores: scripts/test_slow.sh runs it
+def test_the_command_a_mlflow_run_prints_opens_it_in_mlflows_ui(data_root, out):
+    """The `mlflow ui ...` command the run printed, run as it reads (a port of its own added), with
+    no MLFLOW_ variable: its server lists the run, its metrics and its artifacts, and serves the UI."""
+    run_dir = out / "ui"
+    done = train(data_root, out, "logger=mlflow", f"hydra.run.dir={run_dir}")
+    command = done.stdout.split("(see it with `", 1)[1].split("`)", 1)[0]
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", *shlex.split(command)[1:], "--host", "127.0.0.1", "--port", str(port)],
+        cwd=out,
+        env=reader_env(data_root),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # its workers in its own group, ended with it
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(240):
+            try:
+                get(f"{base}/health")
+                break
+            except OSError:
+                assert server.poll() is None, f"mlflow ui ended with {server.returncode}"
+                time.sleep(1)
+        assert b"<title>MLflow</title>" in get(f"{base}/")
+        found = json.loads(get(f"{base}/ajax-api/2.0/mlflow/experiments/get-by-name?experiment_name=bsexp"))
+        [run] = json.loads(
+            get(f"{base}/ajax-api/2.0/mlflow/runs/search", {"experiment_ids": [found["experiment"]["experiment_id"]]})
+        )["runs"]
+        run_id = run["info"]["run_id"]
+        assert run["info"]["status"] == "FINISHED" and run["info"]["run_name"] == "ui"
+        shown = json.loads(get(f"{base}/ajax-api/2.0/mlflow/metrics/get-history?run_uuid={run_id}&metric_key=val_acc"))
+        assert [(m["step"], m["value"]) for m in shown["metrics"]] == [
+            (r["samples_seen"], r["val_acc"]) for r in records(run_dir)
+        ]
+        assert json.loads(get(f"{base}/get-artifact?path=summary.json&run_uuid={run_id}")) == summary(run_dir)
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=60)
 
 
 def test_three_loggers_at_once_each_where_the_config_says(data_root, out):
     """logger=[wandb,tensorboard,mlflow], the TensorBoard log and the MLflow store moved by config."""
-    run_dir, tb_dir, store = out / "all", out / "tb-elsewhere", out / "shared-mlruns"
+    run_dir, tb_dir, store = out / "all", out / "tb-elsewhere", out / "shared" / "mlflow.db"
     train(
         data_root,
         out,
         "logger=[wandb,tensorboard,mlflow]",
         f"logger.tensorboard.dir={tb_dir}",
-        f"logger.mlflow.tracking_uri={store.as_uri()}",
+        f"logger.mlflow.tracking_uri=sqlite:///{store}",
         "logger.mlflow.experiment=tiny",
         "logger.mlflow.run_name=three",
         f"hydra.run.dir={run_dir}",
     )
     assert_tensorboard_holds_the_run(tb_dir, run_dir)
-    assert_mlflow_holds_the_run(store.as_uri(), run_dir, experiment="tiny")
-    [run] = mlflow_runs(mlflow_client(store.as_uri()), "tiny")
-    assert run.info.run_name == "three"
+    run = assert_mlflow_holds_the_run(read_mlflow(data_root, out, f"sqlite:///{store}"), run_dir, experiment="tiny")
+    assert run["name"] == "three" and (store.parent / "mlartifacts" / run["run_id"]).is_dir()
     [run_file] = run_dir.glob("wandb/offline-run-*/run-*.wandb")  # W&B as with logger=wandb alone
     rows = wandb_records.history(run_file)
     assert [row["samples_seen"] for row in rows] == [r["samples_seen"] for r in records(run_dir)]
     assert [row["val_acc"] for row in rows] == [r["val_acc"] for r in records(run_dir)]
     assert wandb_records.summary(run_file)["test_acc"] == pytest.approx(summary(run_dir)["test_acc"])
-    assert not (run_dir / "tensorboard").exists() and not (run_dir / "mlruns").exists()
+    assert not (run_dir / "tensorboard").exists() and not (run_dir / "mlflow.db").exists()
+
+
+@pytest.mark.slow  # 20-90 s on 2 cores (a joblib sweep): scripts/test_slow.sh runs it
+def test_a_sweeps_points_side_by_side_share_one_mlflow_store(data_root, out):
+    """Two points started together (joblib) on a store that does not exist yet: MLflow creates its
+    tables once (the points take turns), and <sweep dir>/mlflow.db holds both runs, each named by its
+    point, so that MLflow's UI compares them."""
+    sweep = out / "sweep"
+    done = subprocess.run(
+        [sys.executable, "-m", "bsexp.train", "-m", *TINY, "logger=mlflow", "seed=0,1", "hydra/launcher=joblib"]
+        + ["hydra.launcher.n_jobs=2", f"hydra.sweep.dir={sweep}"],
+        cwd=out,
+        env=cli_env(data_root),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = {run["name"]: run for run in read_mlflow(data_root, sweep)["experiments"]["bsexp"]}
+    points = sorted(point.name for point in sweep.iterdir() if (point / ".hydra").is_dir())
+    assert sorted(runs) == points and len(points) == 2
+    for name, run in runs.items():
+        point = sweep / name
+        assert run["status"] == "FINISHED" and run["tags"]["bsexp.run_dir"] == str(point.resolve())
+        assert history(run, "val_acc") == [(r["samples_seen"], r["val_acc"]) for r in records(point)]
+        assert "could not start" not in (point / "train.log").read_text()
+        assert not (point / "mlflow.db").exists()
 
 
 def test_a_resumed_run_continues_its_tensorboard_log_and_mlflow_run_without_doubles(data_root, out):
@@ -175,25 +295,24 @@ def test_a_resumed_run_continues_its_tensorboard_log_and_mlflow_run_without_doub
     assert len(logged) == len(first) == 6 and [r["val_loss"] for r in logged] == [r["val_loss"] for r in first]
     assert len(list((run_dir / "tensorboard").glob("events.out.tfevents.*"))) == 2  # one writer each
     assert_tensorboard_holds_the_run(run_dir / "tensorboard", run_dir)
-    assert_mlflow_holds_the_run_resumed(run_dir, wall_first)
+    assert_mlflow_holds_the_run_resumed(read_mlflow(data_root, run_dir), run_dir, wall_first)
 
 
-def assert_mlflow_holds_the_run_resumed(run_dir: Path, wall_first: float) -> None:
+def assert_mlflow_holds_the_run_resumed(store: dict, run_dir: Path, wall_first: float) -> None:
     """One MLflow run, each record once; a figure measured again with another value (a time, a
     throughput) logged anew at the same step, and the latest shown."""
-    client = mlflow_client((run_dir / "mlruns").as_uri())
-    [run] = mlflow_runs(client)
+    [run] = store["experiments"]["bsexp"]
     final, logged = summary(run_dir), records(run_dir)
     for key in metric_keys(run_dir):
-        history = mlflow_history(client, run.info.run_id, key)
-        latest = {step: value for step, value in history}
+        logged_to_mlflow = history(run, key)
+        latest = {step: value for step, value in logged_to_mlflow}
         assert latest == {r["samples_seen"]: r[key] for r in logged}, key
         if key != "samples_per_s":  # the same values, as the resume is exact: each once
-            assert history == [(r["samples_seen"], r[key]) for r in logged], key
-    wall = mlflow_history(client, run.info.run_id, "summary/wall_time_s")
+            assert logged_to_mlflow == [(r["samples_seen"], r[key]) for r in logged], key
+    wall = history(run, "summary/wall_time_s")
     assert wall == [(final["samples_seen"], wall_first), (final["samples_seen"], final["wall_time_s"])]
-    assert run.data.metrics["summary/wall_time_s"] == final["wall_time_s"] and not math.isclose(wall_first, wall[-1][1])
-    assert run.data.tags["summary/resumed_from"] == final["resumed_from"] and run.info.status == "FINISHED"
+    assert run["metrics"]["summary/wall_time_s"] == final["wall_time_s"] and not math.isclose(wall_first, wall[-1][1])
+    assert run["tags"]["summary/resumed_from"] == final["resumed_from"] and run["status"] == "FINISHED"
 
 
 @pytest.mark.slow  # 20-70 s on 2 cores: scripts/test_slow.sh (and .ci/run) runs it
@@ -210,9 +329,8 @@ def test_a_policys_figure_and_the_finders_table_reach_both(data_root, out):
         assert (int(width), int(height)) == drawn.size
     with Image.open(io.BytesIO(encoded)) as shown:
         assert shown.size == drawn.size and image.step == summary(adaptive)["samples_seen"]
-    client = mlflow_client((adaptive / "mlruns").as_uri())
-    [run] = mlflow_runs(client)
-    assert Path(client.download_artifacts(run.info.run_id, "figures/batch.png", str(out / "got"))).read_bytes() == png
+    [run] = read_mlflow(data_root, adaptive)["experiments"]["bsexp"]
+    assert run["artifacts"]["figures/batch.png"] == "sha256:" + hashlib.sha256(png).hexdigest()
 
     finder = out / "finder"
     train(data_root, out, "batch=finder", both, f"hydra.run.dir={finder}")
@@ -221,9 +339,7 @@ def test_a_policys_figure_and_the_finders_table_reach_both(data_root, out):
     header, _, *rows = table.splitlines()
     assert header == "| " + " | ".join(trials[0]) + " |" and len(rows) == len(trials) >= 2
     assert [row.split(" | ")[0].lstrip("| ") for row in rows] == [str(t["size"]) for t in trials]
-    client = mlflow_client((finder / "mlruns").as_uri())
-    [run] = mlflow_runs(client)
-    got = Path(client.download_artifacts(run.info.run_id, "finder/trials.json", str(out / "got")))
-    assert json.loads(got.read_text()) == trials
+    [run] = read_mlflow(data_root, finder)["experiments"]["bsexp"]
+    assert json.loads(run["artifacts"]["finder/trials.json"]) == trials
     micro = json.loads((finder / "summary.json").read_text())["finder"]["micro_size"]
-    assert run.data.metrics["summary/finder/micro_size"] == micro
+    assert run["metrics"]["summary/finder/micro_size"] == micro

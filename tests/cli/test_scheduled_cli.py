@@ -72,6 +72,7 @@ def test_out_of_memory_at_a_micro_batch_of_one_is_a_clear_error(run_cli, tmp_pat
     assert out.stdout.count("out of memory at micro-batch") == 2  # 4 -> 2 -> 1 (the log's warnings)
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith("error: out of memory (even a micro-batch of 1 sample per rank does not fit")
+    assert (tmp_path / "run" / "train.log").read_text().splitlines()[-1].endswith(f"[ERROR] {last}")
     assert "Traceback" not in out.stderr
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["oom_recoveries"] == 2
 

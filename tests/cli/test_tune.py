@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from bsexp import api
 from conftest import cli_env
 
 # Two batch sizes, three trials each (the LR and a linear warmup of up to an epoch searched), a
@@ -65,6 +66,13 @@ def test_the_lr_tuned_at_each_batch_size_and_the_best_rerun_over_seeds(data_root
     assert [(r["batch_size"], r["seed"], r["lr"], r["warmup"]) for r in reruns] == [
         (32, 1, best["32"]["lr"], best["32"]["warmup"])
     ]
+    # The same tuning from Python (bsexp.api): its trials and reruns, one row each, by stage.
+    rows = api.points(out)
+    searched = rows[:6]
+    assert [row["stage"] for row in rows] == ["trials"] * 6 + ["seeds"]
+    assert sorted((r["batch.size"], r["lr"]) for r in searched) == sorted((t["batch_size"], t["lr"]) for t in trials)
+    assert sorted((r["batch.size"], r["tune.trial"]) for r in searched) == [(b, n) for b in (32, 128) for n in range(3)]
+    assert (rows[6]["batch_size"], rows[6]["seed"], rows[6]["lr"]) == (32, 1, best["32"]["lr"])
     table = (out / "steps_to_result.md").read_text()
     assert "| 32 | " in table and "**Not reached**: no trial of batch 128" in table
     figures = ("steps_to_result.png", "tuned_lr.png", "samples_steps.png", "steps_to_result.csv")

@@ -1,10 +1,9 @@
-"""What a run logged to TensorBoard and MLflow, read back with each library's own reader:
-TensorBoard's plugin event accumulator (the one its backend serves the dashboards from, purging
-what a restarted writer replaced) and MLflow's tracking client."""
+"""What a run logged to TensorBoard, read back with TensorBoard's plugin event accumulator (the one
+its backend serves the dashboards from, purging what a restarted writer replaced). MLflow's store
+is read by tests/helpers/mlflow_reader.py, in a process of its own."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
@@ -42,25 +41,3 @@ class TensorBoardLog:
         metrics = [m.name.tag for m in content["_hparams_/experiment"].experiment.metric_infos]
         status = api_pb2.Status.Name(content["_hparams_/session_end_info"].session_end_info.status)
         return values, metrics, status
-
-
-def mlflow_client(tracking_uri: str):
-    """MLflow's client on a store; a file store needs MLflow 3's opt-in, as bsexp sets it."""
-    from mlflow.tracking import MlflowClient
-
-    if tracking_uri.startswith("file:"):
-        os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"
-    return MlflowClient(tracking_uri=tracking_uri)
-
-
-def mlflow_runs(client, experiment: str = "bsexp") -> list:
-    found = client.get_experiment_by_name(experiment)
-    assert found is not None, f"no MLflow experiment {experiment!r}"
-    return list(client.search_runs([found.experiment_id]))
-
-
-def mlflow_history(client, run_id: str, key: str) -> list[tuple[int, float]]:
-    """(step, value) of a metric, in the order logged."""
-    return [
-        (m.step, m.value) for m in sorted(client.get_metric_history(run_id, key), key=lambda m: (m.timestamp, m.step))
-    ]
