@@ -31,3 +31,23 @@ def test_a_plain_value_a_later_release_made_an_interpolation_counts_only_where_i
         "schedule.warmup",
         "schedule.warmup_shape",
     ]
+
+
+def test_a_run_saved_before_the_floors_were_folders_names_its_targets_where_they_are_now(make_cfg, tmp_path):
+    # A run of an earlier release saved `data._target_: bsexp.data.mnist1d` (now
+    # bsexp.engine.datasets.mnist1d): resumed, its config is the same as this release composes.
+    import yaml
+
+    from bsexp.runs.resume import _flat, moved, saved_config
+
+    cfg = make_cfg()
+    container = OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)
+    container.pop("hydra", None)
+    old = yaml.safe_load(yaml.safe_dump(container))
+    old["data"]["_target_"] = "bsexp.data.mnist1d"
+    old["model"]["_target_"] = "bsexp.models.CNN1d"
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "config.yaml").write_text(yaml.safe_dump(old))
+    assert _flat(old)["data._target_"] != cfg.data._target_  # as saved, a difference
+    assert differences(cfg, saved_config(tmp_path), free=()) == []
+    assert moved("bsexp.models.CNN1d") == "bsexp.engine.models.CNN1d" and moved("torch.optim.SGD") == "torch.optim.SGD"
