@@ -6,6 +6,12 @@ import contextlib
 import difflib
 import sys
 
+# The exit codes of `python -m bsexp.train` (docs: Outputs and logging, "Exit codes"): 0 a run
+# (or every point of a sweep) completed; a signal's stop 128 + its number (130 for Ctrl-C).
+FAILED = 1  # a runtime failure: a crash, an out-of-memory error, a full disk, a failed sweep point
+CONFIG = 2  # a configuration the user can fix, or a directory that cannot be used
+DIVERGED = 3  # the training loss went non-finite (status diverged): no crash, no result
+
 
 class ConfigError(Exception):
     """A configuration the user can fix. Printed as one line; the process exits with code 2."""

@@ -26,7 +26,7 @@ from bsexp.engine.optim import build_optimizer
 from bsexp.engine.step import Step
 from bsexp.engine.syncbn import convert_sync_batchnorm
 from bsexp.errors import ConfigError, one_line
-from bsexp.system.metrics import JsonlSink, MlflowSink, Sinks, TensorBoardSink, WandbSink, check_packages, read_jsonl
+from bsexp.system.metrics import JsonlSink, MlflowSink, Sinks, TensorBoardSink, WandbSink, check_packages
 from bsexp.system.runtime import autocast, grad_scaler, run_speed
 
 log = logging.getLogger(__name__)
@@ -189,15 +189,16 @@ def build_sinks(
     cfg: DictConfig,
     run_dir: Path,
     hparams: dict[str, Any],
-    keep_records: int | None = None,
+    keep_records: list[dict[str, Any]] | None = None,
     wandb_id: str | None = None,
 ) -> Sinks:
-    """metrics.jsonl (continued after its first `keep_records` lines when resuming) and the loggers
-    chosen (logger=wandb, tensorboard, mlflow, or a list of them): W&B continuing run `wandb_id`,
-    TensorBoard its log directory from the last record kept, MLflow the run of this directory."""
+    """metrics.jsonl (resuming: the checkpoint's records, `keep_records`, then continued) and the
+    loggers chosen (logger=wandb, tensorboard, mlflow, or a list of them): W&B continuing run
+    `wandb_id`, TensorBoard its log directory from the last record kept, MLflow the run of this
+    directory."""
     check_packages(cfg.logger)
     try:
-        sinks: list = [JsonlSink(run_dir / "metrics.jsonl", keep=keep_records)]
+        sinks: list = [JsonlSink(run_dir / "metrics.jsonl", records=keep_records)]
     except FileExistsError:
         raise ConfigError(
             "hydra.run.dir", str(run_dir), "already holds metrics.jsonl; choose a new directory"
@@ -207,7 +208,7 @@ def build_sinks(
     resuming = keep_records is not None
     # Resuming: TensorBoard hides what was logged past the records kept (a point the run logged
     # after its checkpoint, before it stopped), as they are logged again.
-    kept = read_jsonl(run_dir / "metrics.jsonl") if keep_records else []
+    kept = keep_records or []
     purge_step = (int(kept[-1]["samples_seen"]) + 1 if kept else 0) if resuming else None
     loggers = cfg.logger
     starts = {

@@ -5,7 +5,10 @@ every rank's random generators and running sums; where the run is (epoch, the st
 samples seen, the records logged so far); the batch policy's state (the plan in force after a
 schedule change or an OOM recovery, what the finder chose); the noise-scale averages; the W&B
 run id; and its format (`FORMAT`). It is written to a temporary file, flushed to disk and
-renamed, so a crash leaves the previous one intact; the newest `checkpoint.keep` are kept.
+renamed, so a crash leaves the previous one intact; the newest `checkpoint.keep` are kept. It
+carries the SHA-256 digest of its bytes as written by torch.save, in the zip file's comment (so it
+stays a file torch.load reads), checked on load: a checkpoint whose bytes changed on disk is
+corrupt, never loaded.
 
 `Checkpointer` is the loop's component (it decides its own interval); `restore` puts a freshly
 built run where a checkpoint left it.
@@ -13,13 +16,17 @@ built run where a checkpoint left it.
 
 from __future__ import annotations
 
+import hashlib
+import io
 import logging
+import os
 import pickle
 import re
+import struct
 from dataclasses import asdict
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 from omegaconf import DictConfig
@@ -38,10 +45,18 @@ DIR = CHECKPOINTS
 #   2: the batch policy's state in one entry, and the LR scheduler's (main a76dc77 and before);
 #   3: no LR scheduler: the LR and weight decay are a function of the step and the batch policy's
 #      layout (bsexp.engine.optim.Hyperparameters), so a format-2 checkpoint's scheduler state is not read.
+#   4: the digest of its bytes in the zip's comment (formats 2 and 3 carry none: read with a warning).
 # tests/fixtures/checkpoints/ keeps one of each, written by the code that wrote that format.
-FORMAT = 3
-READS = (2, 3)
+FORMAT = 4
+READS = (2, 3, 4)
+DIGESTED = 4  # the first format that carries its digest
 _NAME = re.compile(r"step-(\d+)\.pt$")
+# The zip comment that carries the digest: this prefix, then the SHA-256 in hex. A zip ends with its
+# end-of-central-directory record (22 bytes, the signature first), whose last 2 bytes give the
+# comment's length; torch.save writes no comment.
+_DIGEST = b"bsexp-sha256:"
+_COMMENT = len(_DIGEST) + 64
+_END = b"PK\x05\x06"
 
 
 # ---------------------------------------------------------------------------- files
@@ -56,10 +71,56 @@ def checkpoints(run_dir: Path) -> list[Path]:
     return [p for _, p in sorted(found, reverse=True)]
 
 
+class _Digesting:
+    """The file torch.save writes through: what it writes is hashed on the way, and its last 22
+    bytes (the zip's end record) kept."""
+
+    def __init__(self, out: BinaryIO) -> None:
+        self.out, self.hash, self.tail = out, hashlib.sha256(), b""
+
+    def write(self, data) -> int:
+        self.hash.update(data)
+        self.tail = (self.tail + bytes(data[-22:]))[-22:]
+        return self.out.write(data)
+
+    def flush(self) -> None:
+        self.out.flush()
+
+
+def write_digested(state: dict[str, Any], out: BinaryIO) -> None:
+    """torch.save's zip of `state`, with the digest of its bytes as the zip's comment."""
+    digesting = _Digesting(out)
+    torch.save(state, digesting)
+    if digesting.tail[:4] != _END or digesting.tail[-2:] != b"\0\0":
+        raise ValueError("torch.save wrote no zip file without a comment: nowhere to put the digest")
+    out.seek(-2, os.SEEK_END)
+    out.write(struct.pack("<H", _COMMENT) + _DIGEST + digesting.hash.hexdigest().encode())
+
+
+class Corrupt(ValueError):
+    """A checkpoint whose bytes are not those written (the digest written with it disagrees)."""
+
+
+def digest_of(data: bytes) -> str | None:
+    """The digest a checkpoint's bytes carry (None where they carry none); Corrupt where it
+    disagrees with them."""
+    comment = data[-_COMMENT:]
+    end = data[-_COMMENT - 22 : -_COMMENT]
+    if not comment.startswith(_DIGEST) or end[:4] != _END or end[-2:] != struct.pack("<H", _COMMENT):
+        return None
+    written = comment[len(_DIGEST) :].decode("ascii", "replace")
+    # The bytes as torch wrote them: the comment's length back to 0.
+    found = hashlib.sha256(memoryview(data)[: -_COMMENT - 2])
+    found.update(b"\0\0")
+    if found.hexdigest() != written:
+        raise Corrupt("its bytes differ from those written (the SHA-256 digest written with it does not match)")
+    return written
+
+
 def save(run_dir: Path, state: dict[str, Any], keep: int) -> Path:
     path = atomic_write(
         Path(run_dir) / DIR / f"step-{state['step']:09d}.pt",
-        lambda out: torch.save({"format": FORMAT, **state}, out),
+        lambda out: write_digested({"format": FORMAT, **state}, out),
         durable=True,
     )
     for old in checkpoints(run_dir)[keep:]:
@@ -97,11 +158,24 @@ _PICKLE.__dict__.update({k: v for k, v in vars(pickle).items() if not k.startswi
 
 
 def load(path: Path) -> dict[str, Any]:
-    state = torch.load(path, map_location="cpu", weights_only=False, pickle_module=_PICKLE)
+    """A checkpoint's state: its digest checked first (Corrupt where its bytes changed), then its
+    format (UnknownFormat where this version does not read it). A format before digests is read
+    with a warning that nothing could be checked."""
+    data = Path(path).read_bytes()
+    digest = digest_of(data)
+    state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False, pickle_module=_PICKLE)
     if not isinstance(state, dict) or "format" not in state:
         raise ValueError("not a bsexp checkpoint")
     if state["format"] not in READS:
         raise UnknownFormat(path, state["format"])
+    if digest is None and state["format"] >= DIGESTED:
+        raise Corrupt(f"it carries no digest, which every checkpoint of format {state['format']} is written with")
+    if digest is None:
+        log.warning(
+            "checkpoint %s is of format %d, written before checkpoints carried a digest: its bytes cannot be checked",
+            path,
+            state["format"],
+        )
     return state
 
 
@@ -114,11 +188,45 @@ def newest_readable(run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
             raise
         except Exception as exc:  # noqa: BLE001 - whatever broke the file, the previous one may do
             log.warning(
-                "checkpoint %s is unreadable (%s); trying the one before it",
+                "checkpoint %s is %s (%s); trying the one before it",
                 path,
+                "corrupt" if isinstance(exc, Corrupt) else "unreadable",
                 one_line(exc)[:160] or type(exc).__name__,
             )
     return None
+
+
+# What find_early found, by (resume, run directory): the checkpoint and the warnings it gave.
+_EARLY: dict[tuple[str, str], tuple[Any, list[logging.LogRecord]]] = {}
+
+
+class _Held(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def find_early(resume: str, run_dir: str | Path) -> tuple[Path, dict[str, Any]] | None:
+    """`find`, before Hydra writes into the run (bsexp.train.preflight), so that what it refuses leaves
+    the run as it was. What it finds, and its warnings (held until the job's logging is set up,
+    or printed beside a refusal), are the job's `find`'s."""
+    held = _Held()
+    log.addHandler(held)
+    log.propagate = False
+    try:
+        found = find(resume, Path(run_dir))
+    except BaseException:
+        for record in held.records:  # the refusal points to them
+            print(record.getMessage(), flush=True)
+        raise
+    finally:
+        log.removeHandler(held)
+        log.propagate = True
+    _EARLY[(str(resume), os.path.abspath(run_dir))] = (found, held.records)
+    return found
 
 
 def find(resume: str | None, run_dir: Path, restarted: bool = False) -> tuple[Path, dict[str, Any]] | None:
@@ -126,6 +234,11 @@ def find(resume: str | None, run_dir: Path, restarted: bool = False) -> tuple[Pa
     readable one of the run directory, if any; `resume=PATH` that file (or that run's newest)."""
     if resume is None and not restarted:
         return None
+    early = _EARLY.pop((str(resume), os.path.abspath(run_dir)), None)
+    if early is not None:  # found before the job (bsexp.train.preflight); its warnings said now
+        for record in early[1]:
+            log.handle(record)
+        return early[0]
     if resume is None or resume == "auto":
         found = newest_readable(run_dir)
         if found is None and (unreadable := checkpoints(run_dir)):  # starting over would write over the run
@@ -243,6 +356,7 @@ class Checkpointer:
         self.marks = [m for m in self.marks if m not in pins]
         if not loop.world.is_main:
             return
+        loop.sinks.durable()  # the records this checkpoint holds, on disk in metrics.jsonl too
         step, noise = loop.step, loop.step.noise
         saved = {
             "step": state.step,

@@ -11,6 +11,7 @@ Torch-free: it runs before Hydra composes anything.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -205,6 +206,17 @@ def sweep_overrides(sweep_dir: str | Path) -> dict[str, list]:
     return overrides
 
 
+def completed(run_dir: str | Path, step: int) -> dict[str, Any] | None:
+    """The summary of the run in `run_dir` when it completed at `step`, the step a resume would
+    continue from: resuming it (a requeued job, resume=auto run twice) has nothing to do."""
+    try:
+        summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    done = isinstance(summary, dict) and summary.get("status") == "completed" and summary.get("steps") == step
+    return summary if done else None
+
+
 def run_only(key: str) -> bool:
     return any(key == k or key.startswith(k + ".") for k in RUN_ONLY)
 
@@ -254,6 +266,22 @@ def saved_config(run_dir: Path, key: str = "resume", value: Any = None) -> dict[
         return {}
     flat = _flat(read_yaml(path, key, str(run_dir) if value is None else value, dict))
     return {k: moved(v) if k.endswith("_target_") and isinstance(v, str) else v for k, v in flat.items()}
+
+
+def holds_no_run(run_dir: str | Path) -> bool:
+    """Whether a run's directory holds nothing a run wrote: no checkpoint, no records, no summary,
+    and no readable config of its own (`.hydra/` missing, empty or unreadable: a sweep point whose
+    start a full disk cut short). A continued sweep starts such a point afresh."""
+    directory = Path(run_dir)
+    if any((directory / CHECKPOINTS).glob("*.pt")):
+        return False
+    for name in ("metrics.jsonl", "summary.json"):
+        if (directory / name).is_file() and (directory / name).stat().st_size:
+            return False
+    try:
+        return not saved_config(directory)  # {} where there is none
+    except ConfigError:
+        return True
 
 
 def differences(

@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from bsexp.errors import one_line
 from bsexp.runs.quasi_random import tuned
+from bsexp.runs.resume import holds_no_run
 from bsexp.system.io import Unreadable, read_json_object
 from bsexp.system.metrics import read_jsonl
 
@@ -61,11 +62,13 @@ def point_dirname(num: int, overrides: list[str]) -> str:
 
 
 def output_subdir() -> str:
-    """Where a job writes its Hydra files: its own `.hydra/` where it has none yet; else, a point of
-    a continued sweep that ran before, `.hydra/continued-<n>` beside it, the config it was started
-    with kept (as a resumed run's `.hydra/resume-<n>`)."""
-    hydra = Path(HydraConfig.get().runtime.output_dir) / ".hydra"
-    if not (hydra / "config.yaml").is_file():
+    """Where a job writes its Hydra files: its own `.hydra/` where it has none yet (or where its
+    directory holds nothing a run wrote: a `.hydra/` a full disk left empty is written afresh);
+    else, a point of a continued sweep that ran before, `.hydra/continued-<n>` beside it, the
+    config it was started with kept (as a resumed run's `.hydra/resume-<n>`)."""
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    hydra = run_dir / ".hydra"
+    if holds_no_run(run_dir):
         return ".hydra"
     return f".hydra/continued-{len(list(hydra.glob('continued-*'))) + 1}"
 
@@ -156,20 +159,30 @@ class SweepIndex(Callback):
         )
 
 
-def outcomes(sweep_dir: Path) -> str:
+def outcomes(sweep_dir: Path, ended: bool = False) -> str:
     """What the sweep's points came to, from its index: "3 points (2 completed, 1 failed: 1)" (the
-    numbers of those that did not complete after the colon)."""
+    numbers of those that did not complete after the colon). `ended`: the sweep has stopped, so a
+    point of its grid with a directory but no line in the index started and failed before its
+    outcome could be written (Hydra could not write its .hydra/ on a full disk), and one with
+    neither did not run ("1 not run: 3")."""
     entries = read_index(sweep_dir)
-    if not entries:
-        return "no point ran"
     by_status: dict[str, list[int]] = {}
     for entry in entries.values():
         by_status.setdefault(entry["status"], []).append(entry["num"])
+    if ended:
+        for num, (name, _) in enumerate(grid(sweep_dir)):
+            if name not in entries:
+                by_status.setdefault("failed" if (Path(sweep_dir) / name).is_dir() else "not run", []).append(num)
+    left = sorted(by_status.pop("not run", []))
+    not_run = f"; {len(left)} not run: {', '.join(map(str, left))}" if left else ""
+    if not by_status:
+        return "no point ran" + not_run
+    ran = sum(map(len, by_status.values()))
     told = ", ".join(
         f"{len(nums)} {status}" + ("" if status == "completed" else f": {', '.join(map(str, sorted(nums)))}")
         for status, nums in sorted(by_status.items())
     )
-    return f"{len(entries)} point{'s' if len(entries) != 1 else ''} ({told})"
+    return f"{ran} point{'s' if ran != 1 else ''} ({told}){not_run}"
 
 
 def started_sweep() -> Path | None:

@@ -21,7 +21,7 @@ from urllib.parse import urlparse
 
 from bsexp.errors import ConfigError, one_line
 from bsexp.system import mlflow_store
-from bsexp.system.io import atomic_write_text
+from bsexp.system.io import DiskFull, atomic_write_text, no_room
 
 log = logging.getLogger(__name__)
 
@@ -116,23 +116,57 @@ def check_packages(logger_cfg) -> None:
             raise ConfigError("logger", name, f"needs the {module} package, which is not installed: {install}")
 
 
-class JsonlSink:
-    """`metrics.jsonl`: one JSON object per record, flushed as it is written."""
+def _line(record: dict[str, Any]) -> str:
+    return json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n"
 
-    def __init__(self, path: Path, keep: int | None = None) -> None:
-        """A new file; or, resuming (`keep` records were logged before the checkpoint), the first
-        `keep` lines of the existing one continued, so no record is missing or doubled."""
-        self.path = path
-        if keep is None:  # never appends to, or overwrites, an earlier run's records; an empty file holds none
+
+def _whole(line: str) -> bool:
+    """Whether a line of a JSONL file holds a whole record (a cut-short one parses as no object)."""
+    try:
+        return line.endswith("\n") and isinstance(json.loads(line), dict)
+    except json.JSONDecodeError:
+        return False
+
+
+class JsonlSink:
+    """`metrics.jsonl`: one JSON object per record, flushed as it is written, and made durable
+    with each checkpoint (`durable`)."""
+
+    def __init__(self, path: Path, records: list[dict[str, Any]] | None = None) -> None:
+        """A new file; or, resuming, the `records` its checkpoint holds, and nothing after them,
+        so none is missing or doubled: the file's own lines where they are whole, the checkpoint's
+        where the file lacks them or holds them cut short (a power loss before the file reached
+        the disk)."""
+        self.path, self.lost = path, False
+        if records is None:  # never appends to, or overwrites, an earlier run's records; an empty file holds none
             self.file = open(path, "w" if path.exists() and not path.stat().st_size else "x", encoding="utf-8")
             return
-        lines = path.read_text(encoding="utf-8").splitlines(keepends=True)[:keep] if path.exists() else []
-        atomic_write_text(path, "".join(line if line.endswith("\n") else line + "\n" for line in lines))
+        lines = path.read_text(encoding="utf-8").splitlines(keepends=True) if path.exists() else []
+        kept = [line if n < len(lines) and _whole(line := lines[n]) else _line(r) for n, r in enumerate(records)]
+        if written_back := sum(a != b for a, b in zip(kept, lines)) + max(0, len(records) - len(lines)):
+            log.warning(
+                "%s lacked or held cut short %d of the %d records its checkpoint holds: written back from it",
+                path,
+                written_back,
+                len(records),
+            )
+        atomic_write_text(path, "".join(kept))
         self.file = open(path, "a", encoding="utf-8")
 
     def log(self, record: dict[str, Any]) -> None:
-        self.file.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")
-        self.file.flush()
+        line = _line(record)
+        try:
+            self.file.write(line)
+            self.file.flush()
+        except OSError as exc:
+            self.lost = True
+            if no_room(exc) is not None:
+                raise DiskFull(self.path, len(line.encode()), exc.errno) from None
+            raise
+
+    def durable(self) -> None:
+        """On disk, as a checkpoint is: what it holds of the records, the file holds too."""
+        os.fsync(self.file.fileno())
 
     def table(self, name: str, rows: list[dict[str, Any]]) -> None:
         pass  # tables have files of their own (finder.json)
@@ -141,7 +175,11 @@ class JsonlSink:
         pass  # summary.json is written by the trainer, whatever the sinks
 
     def close(self, status: str) -> None:
-        self.file.close()
+        try:
+            self.file.close()
+        except OSError:
+            if not self.lost:  # a record that could not be written was said when it was logged
+                raise
 
     def wandb_id(self) -> str | None:
         return None
@@ -450,6 +488,12 @@ class Sinks:
 
     def close(self, status: str) -> None:
         self._each("close", status)
+
+    def durable(self) -> None:
+        """The local records on disk (with a checkpoint): the loggers keep their own."""
+        for sink in self.sinks:
+            if isinstance(sink, JsonlSink):
+                sink.durable()
 
     def wandb_id(self) -> str | None:
         return next((sink.wandb_id() for sink in self.sinks if sink.wandb_id()), None)

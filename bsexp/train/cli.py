@@ -19,9 +19,20 @@ from omegaconf import DictConfig
 
 from bsexp.config.env import env_rank, launches_workers, remember_torchrun_dir, torchrun_first_dir, under_torchrun
 from bsexp.config.schema import register_configs
-from bsexp.errors import ConfigError, config_errors, exit_on_config_error, one_line, to_log_file
+from bsexp.errors import (
+    CONFIG,
+    DIVERGED,
+    FAILED,
+    ConfigError,
+    config_errors,
+    exit_on_config_error,
+    one_line,
+    to_log_file,
+)
 from bsexp.runs import resume
-from bsexp.runs.sweep import INDEX, apply_wandb_identity, outcomes, register_resolvers, started_sweep
+from bsexp.runs.sweep import INDEX, apply_wandb_identity, outcomes, read_index, register_resolvers, started_sweep
+from bsexp.system.io import DiskFull, no_room
+from bsexp.train.preflight import finished_run
 
 register_configs()
 register_resolvers()
@@ -38,6 +49,10 @@ def _job(cfg: DictConfig) -> float | None:
     remember_torchrun_dir(run_dir)
     if launches_workers(cfg):
         from bsexp.train.workers import launch_workers as job
+    if (done := finished_run()) is not None and not under_torchrun():  # resumed, and completed: no world to start
+        from bsexp.train.job import tell_completed
+
+        job = lambda _, run_dir: tell_completed(done, run_dir)  # noqa: E731
     apply_wandb_identity(cfg)
     _share_cores(cfg, hydra_cfg)
     if hydra_cfg.mode == RunMode.MULTIRUN:
@@ -45,6 +60,14 @@ def _job(cfg: DictConfig) -> float | None:
     try:
         with exit_on_config_error():
             summary = job(cfg, run_dir)
+        if summary.get("status") == "diverged":  # an outcome, not a crash: its own exit code
+            print(
+                f"diverged at step {summary.get('diverged_at_step')} (a non-finite training loss; the last finite: "
+                f"{summary.get('last_finite_loss')}): status diverged in {run_dir / 'summary.json'}",
+                file=sys.stderr,
+                flush=True,
+            )
+            sys.exit(DIVERGED)
         if summary.get("preempted_by"):  # a checkpoint is saved: resume=auto continues the run
             launcher = (
                 "torchrun <the same torchrun options> -m bsexp.train" if under_torchrun() else "python -m bsexp.train"
@@ -96,6 +119,11 @@ def _runtime_error(exc: Exception, run_dir: Path) -> None:
 
     if isinstance(exc, WorkersFailed):
         message = f"error: {exc} (see above; what was saved is in {run_dir})"
+    elif no_room(exc) is not None:
+        message = (
+            f"error: {_no_room_line(exc)}; what was saved is in {run_dir}: make room, then continue with "
+            f"python -m bsexp.train resume=auto hydra.run.dir={run_dir}"
+        )
     elif is_oom(exc):
         message = (
             f"error: out of memory ({' '.join(str(exc).split())[:200]}); try batch=finder, a smaller batch.micro_size "
@@ -106,7 +134,13 @@ def _runtime_error(exc: Exception, run_dir: Path) -> None:
         raise exc
     print(message, file=sys.stderr, flush=True)
     to_log_file(message)
-    sys.exit(1)
+    sys.exit(FAILED)
+
+
+def _no_room_line(exc: Exception) -> str:
+    """A write the disk had no room for, as one line: the file and the space it needs where known."""
+    full = no_room(exc)
+    return str(full) if isinstance(full, DiskFull) else f"the disk is full ({one_line(full)})"
 
 
 def _share_cores(cfg: DictConfig, hydra_cfg: DictConfig) -> None:
@@ -125,6 +159,8 @@ def _share_cores(cfg: DictConfig, hydra_cfg: DictConfig) -> None:
 def main() -> None:
     # Let errors reach us unformatted, so that each becomes one line and exit code 2.
     os.environ["HYDRA_FULL_ERROR"] = "1"
+    # A log line that cannot be written (train.log on a full disk) is lost, not a traceback on stderr.
+    logging.raiseExceptions = False
     if under_torchrun():  # after a restart, every rank resumes (or none does), from the same place
         from bsexp.engine.distributed import agree_on_attempt
 
@@ -146,20 +182,45 @@ def main() -> None:
             _job()
         except Exception as exc:
             if not _multirun_requested():
+                if no_room(exc) is not None:  # before the job: Hydra could not write the run's .hydra/
+                    print(f"error: {_no_room_line(exc)}", file=sys.stderr, flush=True)
+                    sys.exit(FAILED)
                 raise
-            # Hydra re-raises the first failed point's error after running every point.
-            sweep_dir = started_sweep()
-            # The sweep's own config (an unknown key), before any point: one line, as a run's.
-            if sweep_dir is None and isinstance(exc, config_errors()):
-                print(f"error: {one_line(exc)}; no point has run", file=sys.stderr, flush=True)
-                sys.exit(2)
-            ran = (
-                "the sweep did not start"
-                if sweep_dir is None
-                else f"ran: {outcomes(sweep_dir)}; each point's outcome is in {sweep_dir / INDEX}"
-            )
-            print(f"error: a sweep point failed ({one_line(exc)}); {ran}", file=sys.stderr, flush=True)
-            sys.exit(2 if isinstance(exc, ConfigError) else 1)
+            _sweep_failed(exc)
+    if _multirun_requested() and (sweep_dir := started_sweep()) is not None:
+        _sweep_ended(sweep_dir)
+
+
+def _sweep_failed(exc: Exception) -> None:
+    """Hydra re-raises the first failed point's error after running every point (or the error
+    that stopped the sweep, such as a full disk): one last line naming every point that failed."""
+    sweep_dir = started_sweep()
+    # The sweep's own config (an unknown key), before any point: one line, as a run's.
+    if sweep_dir is None and isinstance(exc, config_errors()):
+        print(f"error: {one_line(exc)}; no point has run", file=sys.stderr, flush=True)
+        sys.exit(CONFIG)
+    ran = (
+        "the sweep did not start"
+        if sweep_dir is None
+        else f"ran: {outcomes(sweep_dir, ended=True)}; each point's outcome is in {sweep_dir / INDEX}"
+    )
+    what = _no_room_line(exc) if no_room(exc) is not None else f"a sweep point failed ({one_line(exc)})"
+    print(f"error: {what}; {ran}", file=sys.stderr, flush=True)
+    sys.exit(CONFIG if isinstance(exc, ConfigError) else FAILED)
+
+
+def _sweep_ended(sweep_dir: Path) -> None:
+    """A sweep whose every point ended without an error: where one diverged, one last line names
+    them, and the exit code says so."""
+    diverged = sorted(entry["num"] for entry in read_index(sweep_dir).values() if entry["status"] == "diverged")
+    if diverged:
+        print(
+            f"diverged: sweep point{'s' if len(diverged) > 1 else ''} {', '.join(map(str, diverged))}; ran: "
+            f"{outcomes(sweep_dir, ended=True)}; each point's outcome is in {sweep_dir / INDEX}",
+            file=sys.stderr,
+            flush=True,
+        )
+        sys.exit(DIVERGED)
 
 
 def _multirun_requested() -> bool:

@@ -5,7 +5,6 @@ asked), its outputs (sinks, finder.json), training under signals, the test split
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -26,13 +25,14 @@ from bsexp.runs import checkpoint as ckpt
 from bsexp.runs import resume
 from bsexp.runs.trunk import find as find_trunk
 from bsexp.system import cores, memory
-from bsexp.system.io import write_json
+from bsexp.system.io import remove_leftovers, reserve, write_json
 from bsexp.system.runtime import limit_memory, reset_peak_memory
 from bsexp.system.signals import stop_on_signals
 from bsexp.train.loop import TrainState, build_loop, train
 from bsexp.train.summary import announce, hyperparameters, make_summary, print_summary
 
 log = logging.getLogger(__name__)
+SUMMARY_ROOM = 2**16  # bytes kept free for summary.json (a few kB) from the start of training
 
 
 def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
@@ -51,17 +51,17 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
 
 def _completed(world: World, run_dir: Path, step: int) -> dict[str, Any] | None:
     """The summary of the run in `run_dir` when it completed at `step`, the step a resume would
-    continue from: resuming it (a requeued job, resume=auto run twice) would only evaluate and
-    rewrite it."""
-    summary = None
-    if world.is_main:
-        try:
-            summary = json.loads((run_dir / "summary.json").read_text())
-        except (OSError, ValueError):
-            summary = None
-    summary = world.broadcast_object(summary)
-    done = isinstance(summary, dict) and summary.get("status") == "completed" and summary.get("steps") == step
-    return summary if done else None
+    continue from (rank 0's reading): resuming it would only evaluate and rewrite it."""
+    return world.broadcast_object(resume.completed(run_dir, step) if world.is_main else None)
+
+
+def tell_completed(summary: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    """A resumed run that had completed: said, with its summary, and nothing of it rewritten."""
+    log.info(
+        "%s completed at step %d (summary.json): nothing left to resume, nothing rewritten", run_dir, summary["steps"]
+    )
+    print_summary(summary, run_dir)
+    return summary
 
 
 def _figures(loop, records: list[dict], run_dir: Path) -> None:
@@ -121,14 +121,9 @@ def _run_on(world: World, cfg: DictConfig, run_dir: Path, started: float) -> dic
     changed = resume.changes(cfg, str(cfg.resume), str(run_dir)) if cfg.resume is not None else []
     done = _completed(world, run_dir, resumed[1]["step"]) if resumed is not None and not changed else None
     if done is not None:  # before the run's parts are built: nothing of it will train
-        if world.is_main:
-            log.info(
-                "%s completed at step %d (summary.json): nothing left to resume, nothing rewritten",
-                run_dir,
-                done["steps"],
-            )
-            print_summary(done, run_dir)
-        return done
+        return tell_completed(done, run_dir) if world.is_main else done
+    if world.is_main and (removed := remove_leftovers(run_dir)):  # this run's writes cut off by a kill
+        log.info("removed %d temporary file(s) that writes into %s left unfinished", len(removed), run_dir)
     trunk = find_trunk(cfg) if resumed is None and cfg.branch.trunk is not None else None
     loop = build_loop(
         cfg, world, run_dir, None if resumed is None else resumed[1], trunk=None if trunk is None else trunk[2]
@@ -154,7 +149,7 @@ def _set_up_and_train(cfg: DictConfig, world: World, run_dir: Path, loop, resume
     if world.is_main:
         for key, was, now in changed:  # taken with checkpoint.allow_mismatch=true, and recorded
             log.warning("resume: %s changed from %s to %s (checkpoint.allow_mismatch=true)", key, was, now)
-        _start_outputs(cfg, loop, run_dir, hparams, len(state.records) if resumed else None, wandb_id)
+        _start_outputs(cfg, loop, run_dir, hparams, state.records if resumed else None, wandb_id)
     if trunk is not None:  # where the branch starts: the trunk's model, at the branch's batch
         loop.evaluator.log(loop, state, loop.batch_control.epochs_done(state))
     with _share_cores(cfg, world) as trained:
@@ -163,12 +158,12 @@ def _set_up_and_train(cfg: DictConfig, world: World, run_dir: Path, loop, resume
         return _train(cfg, loop, state, run_dir, hparams, resumed, changed, trained)
 
 
-def _start_outputs(cfg: DictConfig, loop, run_dir: Path, hparams: dict, records: int | None, wandb_id) -> None:
+def _start_outputs(cfg: DictConfig, loop, run_dir: Path, hparams: dict, records: list | None, wandb_id) -> None:
     """Rank 0, before training: the set-up announced, the sinks attached (a resumed run's
-    `records` kept, a run started over by a resume with none of its earlier ones), what the
-    finder found."""
+    `records`, its checkpoint's, kept; a run started over by a resume with none of its earlier
+    ones), what the finder found."""
     announce(cfg, loop, hparams)
-    keep = records if records is not None else (0 if cfg.resume is not None else None)
+    keep = records if records is not None else ([] if cfg.resume is not None else None)
     loop.sinks.attach(build_sinks(cfg, run_dir, hparams, keep_records=keep, wandb_id=wandb_id))
     found = loop.batch_control.found
     if found is not None:
@@ -182,6 +177,8 @@ def _train(cfg: DictConfig, loop, state: TrainState, run_dir: Path, hparams: dic
     rank 0 whatever the outcome (with the error where one ended the run), and the sinks closed."""
     status, test, error = "failed", None, None
     reset_peak_memory(loop.world.device)
+    if loop.world.is_main:  # summary.json is written whatever ends the run: a full disk too
+        reserve(run_dir / "summary.json", SUMMARY_ROOM)
     try:
         with logging_redirect_tqdm():
             try:
@@ -205,8 +202,22 @@ def _train(cfg: DictConfig, loop, state: TrainState, run_dir: Path, hparams: dic
         if status == "preempted" and loop.watch.stop_signal:
             summary["preempted_by"] = signal.Signals(loop.watch.stop_signal).name
         if loop.world.is_main:
-            write_json(run_dir / "summary.json", summary)
-            _figures(loop, state.records, run_dir)
-            loop.sinks.summary(summary)
-            loop.sinks.close(status)
+            _finish_outputs(loop, state, run_dir, summary, failing=error is not None)
     return summary
+
+
+def _finish_outputs(loop, state: TrainState, run_dir: Path, summary: dict, failing: bool) -> None:
+    """Rank 0, at the end: summary.json (into the room reserved for it), the figures, the sinks
+    closed, no temporary file left. After a failure, what fails here (a full disk again) is
+    warned of, and the error that ended the run is the one reported."""
+    try:
+        write_json(run_dir / "summary.json", summary)
+        _figures(loop, state.records, run_dir)
+        loop.sinks.summary(summary)
+        loop.sinks.close(summary["status"])
+    except Exception as exc:
+        if not failing:
+            raise
+        log.warning("after the run failed, its outputs could not all be written: %s", one_line(exc)[:300])
+    finally:
+        remove_leftovers(run_dir)

@@ -1,17 +1,20 @@
 """Checks run before Hydra creates a job's directory, so a bad config writes nothing: the
-config's own checks, the batch policy's, a resume's (it must not change the run), and the output
-directory's, which the run then holds as its own (a lock) for as long as it lives."""
+config's own checks, the batch policy's, a resume's (it must not change the run, and its
+checkpoint must load), and the output directory's, which the run then holds as its own (a lock)
+for as long as it lives. A resume of a run that completed writes nothing into it at all."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from bsexp.batch.plan import BatchPlan
 from bsexp.batch.policies import policy_for, traits
@@ -47,12 +50,24 @@ def check_output_dir(key: str, path: str) -> None:
             raise ConfigError(
                 key, path, f"already holds a run's results ({found.relative_to(directory)}); choose a new directory"
             )
+    usable(key, path)
+
+
+def usable(key: str, path: str) -> None:
+    """The directory exists (made where it does not) and this process may write into it."""
+    directory = Path(path)
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigError(key, path, f"cannot be created ({exc.strerror})") from None
     if not os.access(directory, os.W_OK):
-        raise ConfigError(key, path, "is not writable")
+        read_only = bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
+        raise ConfigError(
+            key,
+            path,
+            f"is not writable{' (a read-only file system)' if read_only else ''}: the run writes its "
+            f"checkpoints, metrics and summary there",
+        )
 
 
 def _held_elsewhere(directory: Path) -> bool:
@@ -78,14 +93,20 @@ def claim(key: str, path: str) -> None:
     """Make the directory this process's alone for as long as it lives (an exclusive lock on
     `<dir>/.bsexp.lock`; the kernel drops it when the process ends, however it ends). A second
     run given the same directory is refused here, before it writes anything of its own there."""
-    directory = Path(path)
-    directory.mkdir(parents=True, exist_ok=True)
-    handle = os.open(directory / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    usable(key, path)
+    try:
+        handle = os.open(Path(path) / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:  # without the lock, a second run could write over this one unseen
+        raise ConfigError(
+            key, path, f"cannot be locked for this run: its lock file {LOCK} cannot be opened ({exc.strerror})"
+        ) from None
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    except OSError as exc:
         os.close(handle)
-        raise ConfigError(key, path, "is in use by another run right now; choose a new directory") from None
+        if isinstance(exc, BlockingIOError):
+            raise ConfigError(key, path, "is in use by another run right now; choose a new directory") from None
+        raise ConfigError(key, path, f"cannot be locked for this run: {LOCK} ({exc.strerror})") from None
     _CLAIMS.append(handle)
 
 
@@ -120,14 +141,15 @@ class Preflight(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         # The finder's probe server imports torch and bsexp beside these checks (which import
         # torch too) and the building of data and model; a failed check stops it at once.
-        with exit_on_config_error(), server.stopped_on_error():
+        with refused(), server.stopped_on_error():
             if _searches_on_cpu(config):  # a config it cannot read (`~batch`) is the checks' to say
                 server.start()
             check_all(config)
             if env_rank() != 0:  # other ranks of a torchrun job write nothing (bsexp.train)
                 return
             if config.get("resume") is not None:  # into the directory it left, as it was started
-                resume.check(config, config.hydra.run.dir)
+                if resume_checks(config, str(config.hydra.run.dir)):
+                    return  # a completed run: nothing to write, nothing to hold
             elif not restarted():
                 if config.branch.trunk is not None:  # the trunk's run with only the batch changed
                     check_trunk(config)
@@ -135,7 +157,7 @@ class Preflight(Callback):
             claim("hydra.run.dir", config.hydra.run.dir)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        with exit_on_config_error():
+        with refused():
             if under_torchrun():
                 raise ConfigError(
                     "--multirun",
@@ -158,6 +180,63 @@ class Preflight(Callback):
             if not continued:
                 check_output_dir("hydra.sweep.dir", config.hydra.sweep.dir)
             claim("hydra.sweep.dir", config.hydra.sweep.dir)
+
+
+@contextlib.contextmanager
+def refused():
+    """A failed check ends the command here, before Hydra writes into the run (Hydra would turn
+    it into a warning and carry on): a config error, or a directory that cannot be used, is one
+    line and exit code 2; anything else its traceback and exit code 1."""
+    try:
+        with exit_on_config_error():
+            yield
+    except OSError as exc:
+        print(f"error: {one_line(exc)}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    except Exception:  # noqa: BLE001 - a fault of the checks themselves: shown whole
+        traceback.print_exc()
+        sys.exit(1)
+
+
+_FINISHED: list[dict[str, Any]] = []  # the summary of the run resume_checks found completed
+
+
+def finished_run() -> dict[str, Any] | None:
+    """The summary of the run this process was asked to resume, where it had completed (the job
+    then says so and starts nothing: no world, no workers)."""
+    return _FINISHED[0] if _FINISHED else None
+
+
+def resume_checks(config: DictConfig, run_dir: str) -> bool:
+    """A resume's checks, before Hydra writes into the run: its config must not change the run,
+    and a checkpoint of it must load (bsexp.runs.checkpoint.find); a refusal leaves every file of the
+    run as it was. True for a run that completed at that checkpoint: Hydra is told to write
+    nothing into it (no .hydra/resume-<n>/, no line in train.log), on a read-only directory too,
+    and the job says so and exits 0."""
+    from bsexp.runs import checkpoint
+
+    changed = resume.check(config, run_dir)
+    found = checkpoint.find_early(config.resume, run_dir)
+    done = None if found is None or changed else resume.completed(run_dir, found[1]["step"])
+    if done is None:
+        return False
+    _FINISHED[:] = [done]
+    with read_write(config.hydra), open_dict(config.hydra):
+        config.hydra.output_subdir = None
+        if config.hydra.job_logging is not None:
+            config.hydra.job_logging = _without_files(OmegaConf.to_container(config.hydra.job_logging))
+    return True
+
+
+def _without_files(logging_cfg: dict) -> dict:
+    """A logging config (logging.config.dictConfig's) without the handlers that write files."""
+    handlers = logging_cfg.get("handlers") or {}
+    files = {name for name, handler in handlers.items() if "filename" in handler}
+    logging_cfg["handlers"] = {name: h for name, h in handlers.items() if name not in files}
+    for node in [logging_cfg.get("root") or {}, *(logging_cfg.get("loggers") or {}).values()]:
+        if "handlers" in node:
+            node["handlers"] = [h for h in node["handlers"] if h not in files]
+    return logging_cfg
 
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
@@ -193,8 +272,9 @@ def check_points(config: DictConfig, points: list[list[str]], continued: bool = 
         try:
             point = loader.load_sweep_config(config, list(overrides))
             check_all(point)
-            if continued:
-                resume.check(point, str(Path(config.hydra.sweep.dir) / point_dirname(num, list(overrides))))
+            point_dir = Path(config.hydra.sweep.dir) / point_dirname(num, list(overrides))
+            if continued and not resume.holds_no_run(point_dir):  # else started afresh (bsexp.runs.sweep.output_subdir)
+                resume.check(point, str(point_dir))
         except config_errors() as exc:
             swept = swept_keys(config)
             told = " ".join(o for o in overrides if o.partition("=")[0].lstrip("+~") in swept) or " ".join(overrides)

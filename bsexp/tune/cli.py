@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from bsexp.errors import exit_on_config_error
+from bsexp.errors import CONFIG, DIVERGED, exit_on_config_error
 from bsexp.runs import resume
 
 BATCHES = (8, 16, 32, 64, 128, 256, 512, 1024, 2048)
@@ -71,9 +71,9 @@ def sweep(out: Path, args: list[str]) -> None:
     else:
         command = ["-m", "experiment=steps_to_result", *args, f"hydra.sweep.dir={out}"]
     code = subprocess.run([sys.executable, "-m", "bsexp.train", *command]).returncode
-    if code == 2:  # a configuration error: its one line is said
-        sys.exit(2)
-    if code:
+    if code == CONFIG:  # a configuration error: its one line is said
+        sys.exit(CONFIG)
+    if code not in (0, DIVERGED):  # a trial that diverged is a result of the search, not a fault
         what = "search" if out.name == "trials" else "reruns"
         sys.exit(f"error: the {what} did not finish (see above); run the same command again to continue")
 
