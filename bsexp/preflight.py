@@ -44,7 +44,11 @@ def check_output_dir(key: str, path: str) -> None:
         )
         if found is not None:
             raise ConfigError(
-                key, path, f"already holds a run's results ({found.relative_to(directory)}); choose a new directory"
+                key,
+                path,
+                f"already holds a run's results ({found.relative_to(directory)}); continue "
+                f"{'that sweep' if key == 'hydra.sweep.dir' else 'that run'} with "
+                f"{continue_command(key, path)}, or choose a new directory",
             )
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -52,6 +56,14 @@ def check_output_dir(key: str, path: str) -> None:
         raise ConfigError(key, path, f"cannot be created ({exc.strerror})") from None
     if not os.access(directory, os.W_OK):
         raise ConfigError(key, path, "is not writable")
+
+
+def continue_command(key: str, path: str) -> str:
+    """The command that continues the run (hydra.run.dir) or sweep (hydra.sweep.dir) in `path`; a
+    path Hydra would misread unquoted (a sweep point's: `=` and `,`) quoted for Hydra and the shell."""
+    value = f"'{path}'" if any(c in path for c in "=,[]{}()'\" \t") else path
+    override = f'"{key}={value}"' if value != path else f"{key}={value}"
+    return f"python -m bsexp.train {'-m ' if key == 'hydra.sweep.dir' else ''}resume=auto {override}"
 
 
 def _held_elsewhere(directory: Path) -> bool:
