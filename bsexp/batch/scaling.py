@@ -174,7 +174,8 @@ def _stale_statistics(momentum: float | None, total_steps: int) -> list[tuple[st
         f"BatchNorm's momentum {momentum:.3g} leaves its running statistics "
         f"{100 * (1 - momentum) ** total_steps:.0f} % of their initial values after the run's "
         f"{total_steps} steps: evaluation normalises with stale statistics (at chance, measured: "
-        f"docs/results/experiments.md); raise scaling.bn_momentum_min (its floor) or train longer"
+        f"docs/results/experiments.md#the-regularisers-a-batch-size-moves); raise scaling.bn_momentum_min "
+        f"(its floor) or train longer"
     )
     return [("scaling.bn_momentum_rule", what)]
 

@@ -156,7 +156,7 @@ def make_step(
         log.info(
             "B_simple is measured on half of each step's batch normalised with the whole batch's statistics "
             "(BatchNorm): the halves share them, so it is the noise scale of this model at this batch, not of "
-            "independent samples (README: The gradient noise scale)"
+            'independent samples (docs: The noise scale and the critical batch, "BatchNorm")'
         )
     noise = (
         None

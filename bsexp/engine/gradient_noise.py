@@ -186,7 +186,7 @@ class NoiseMeter:
       then runs on the whole batch exactly as without measuring. With `whole_batch` (a model with
       BatchNorm) the side forward is of the whole batch and only the loss is the half's, so the
       half is normalised with the statistics the step trains on, not over itself (over itself the
-      estimate depends on the batch: README, The gradient noise scale).
+      estimate depends on the batch: docs: The noise scale and the critical batch, "BatchNorm").
     - `after_micro`: with accumulation, the first micro-batch's gradient (still this rank's own,
       under no_sync), scaled to its own mean. No extra backward pass.
     - `end`: the whole step's gradient against the small one (or, with one micro-batch a rank

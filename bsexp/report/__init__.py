@@ -4,9 +4,11 @@ Reads every point of the sweeps in DIR (its `.hydra/`, `summary.json`, `metrics.
 sweep's `jobs.jsonl`), groups the points that differ only by seed into one row, and writes next
 to the first DIR:
 
-- `report.md` and `report.csv`: one row per configuration, accuracies in % as mean ± std over
-  seeds, rows at chance level flagged "did not train", the best row marked, and per family of
-  rows that differ by batch only, the breaking point: the first batch above the best whose mean
+- `report.md` and `report.csv`: one row per configuration of the sweep's grid, in batch order (a
+  row never started shows its batch and seeds), accuracies in % as mean ± std over seeds, rows at
+  chance level flagged "did not train", the best row marked where its seeds tell it apart from
+  every other row (Welch's t-test, 5 %; else the rows it cannot separate are named), and per
+  family of rows that differ by batch only, the breaking point: the first batch above the best whose mean
   falls more than the tolerance below the best's (2 standard errors of the difference, or
   `--tolerance`), or "none within the swept range";
 - the critical batch B_crit = E_min / S_min, the fit of (S/S_min - 1)(E/E_min - 1) = 1
@@ -19,7 +21,7 @@ to the first DIR:
   the batch (`experiment=scaling_rules`).
 
 With W&B enabled in the sweep, the table and figures also go to a `report` run of its group.
-Failed, diverged and missing points are listed as such.
+Failed, diverged and missing points are listed as such, with the command that continues the sweep.
 
 The report's three commands share one shape: load (points from disk), analyse (pure: no plotting,
 no files, no wandb, no torch; tested alone), render (markdown, CSV, figures, W&B), and a command

@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         seen.add(d.resolve())
         found = load_points(d)
         if not found:
-            return _refuse(f"{d}: no sweep points (job directories with .hydra/ or {INDEX} entries)")
+            return _refuse(f"{d}: {_what_else(d)}")
         points += found
     out_dir = args.dirs[0]
     analysis = analyse(points, args.metric, tolerance, target)
@@ -80,6 +80,20 @@ def main(argv: list[str] | None = None) -> int:
         + (f"; W&B report run ({mode})" if mode else "")
     )
     return 0
+
+
+def _what_else(d: Path) -> str:
+    """Why a directory without sweep points is none, and the command that reads what it holds."""
+    from bsexp.report.steps.load import TRIALS
+
+    if (d / TRIALS).is_dir():  # bsexp.tune's: trials/, best.json, seeds/
+        return (
+            f"a tuning run (python -m bsexp.tune), not a sweep; its report: python -m bsexp.report.steps {d} "
+            f"(one of its sweeps: python -m bsexp.report {d / TRIALS})"
+        )
+    if (d / ".hydra").is_dir() or (d / "summary.json").is_file():
+        return f"one run, not a sweep; compare it with another run: python -m bsexp.diff {d} <another run's directory>"
+    return f"no sweep points (job directories with .hydra/ or {INDEX} entries)"
 
 
 def _checked(parse):

@@ -29,8 +29,9 @@ from bsexp.system.metrics import read_jsonl
 log = logging.getLogger(__name__)
 
 INDEX = "jobs.jsonl"
-# Overrides that say how a point is run or shown, not what it computes: left out of its name.
-_NOT_IN_NAMES = ("logger", "trainer.progress", "trainer.threads", "hydra", "experiment", "resume")
+# Overrides that say how a point is run or shown, not what it computes: left out of its name; and
+# tune.best, the file a tuning's reruns read their values from (an absolute path, the same for all).
+_NOT_IN_NAMES = ("logger", "trainer.progress", "trainer.threads", "hydra", "experiment", "resume", "tune.best")
 _MAX_NAME = 120
 _SUMMARY_KEYS = ("status", "batch_size", "seed", "val_acc", "test_acc", "steps", "wall_time_s")
 

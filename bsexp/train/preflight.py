@@ -48,7 +48,11 @@ def check_output_dir(key: str, path: str) -> None:
         )
         if found is not None:
             raise ConfigError(
-                key, path, f"already holds a run's results ({found.relative_to(directory)}); choose a new directory"
+                key,
+                path,
+                f"already holds a run's results ({found.relative_to(directory)}); continue "
+                f"{'that sweep' if key == 'hydra.sweep.dir' else 'that run'} with "
+                f"{continue_command(key, path)}, or choose a new directory",
             )
     usable(key, path)
 
@@ -68,6 +72,14 @@ def usable(key: str, path: str) -> None:
             f"is not writable{' (a read-only file system)' if read_only else ''}: the run writes its "
             f"checkpoints, metrics and summary there",
         )
+
+
+def continue_command(key: str, path: str) -> str:
+    """The command that continues the run (hydra.run.dir) or sweep (hydra.sweep.dir) in `path`; a
+    path Hydra would misread unquoted (a sweep point's: `=` and `,`) quoted for Hydra and the shell."""
+    value = f"'{path}'" if any(c in path for c in "=,[]{}()'\" \t") else path
+    override = f'"{key}={value}"' if value != path else f"{key}={value}"
+    return f"python -m bsexp.train {'-m ' if key == 'hydra.sweep.dir' else ''}resume=auto {override}"
 
 
 def _held_elsewhere(directory: Path) -> bool:

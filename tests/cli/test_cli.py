@@ -300,10 +300,43 @@ def test_a_finished_run_is_never_written_over(run_cli, tmp_path):
     files = {"summary.json": '{"status": "completed"}', "metrics.jsonl": "{}\n", ".hydra/config.yaml": "seed: 7\n"}
     for name, text in files.items():
         (run_dir / name).write_text(text)
-    for overrides, key in (([], "hydra.run.dir"), (["optimizer.lr=-1"], "optimizer.lr")):
+    # The line names the tool that helps: resume=auto, which continues the run (or says it finished).
+    resume = f"python -m bsexp.train resume=auto hydra.run.dir={run_dir}"
+    for overrides, key, fragment in (([], "hydra.run.dir", resume), (["optimizer.lr=-1"], "optimizer.lr", "")):
         out = run_cli(*overrides, f"hydra.run.dir={run_dir}")
-        _assert_one_clear_line(out, key, "")
+        _assert_one_clear_line(out, key, fragment)
         assert {name: (run_dir / name).read_text() for name in files} == files
+
+
+def test_a_finished_sweep_point_is_refused_with_a_command_that_continues_it_as_printed(run_cli, data_root, tmp_path):
+    """A sweep point's directory holds `=` and `,`, which Hydra reads only quoted: the command the
+    refusal prints runs as printed, through a shell (this interpreter for its `python`)."""
+    import shlex
+    import subprocess
+    import sys
+
+    from conftest import cli_env
+
+    run_dir = tmp_path / "sweep" / "0_batch.size=64,seed=0"
+    tiny = [*TINY, "logger=none", "trainer.progress=false"]
+    assert run_cli(*tiny, f"hydra.run.dir='{run_dir}'").returncode == 0
+    out = run_cli(*tiny, f"hydra.run.dir='{run_dir}'")
+    _assert_one_clear_line(out, "hydra.run.dir", "already holds a run's results (summary.json)")
+    command = out.stderr.split("continue that run with ", 1)[1].rsplit(", or choose a new directory", 1)[0]
+    assert command == f"python -m bsexp.train resume=auto \"hydra.run.dir='{run_dir}'\""
+    before = (run_dir / "summary.json").read_text()
+    resumed = subprocess.run(
+        shlex.quote(sys.executable) + command.removeprefix("python"),
+        shell=True,
+        cwd=tmp_path,
+        env=cli_env(data_root),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "nothing left to resume" in resumed.stdout + resumed.stderr
+    assert (run_dir / "summary.json").read_text() == before
 
 
 def test_a_sweep_never_writes_into_an_earlier_sweeps_results(run_cli, tmp_path):
@@ -312,6 +345,7 @@ def test_a_sweep_never_writes_into_an_earlier_sweeps_results(run_cli, tmp_path):
     (sweep / "0" / "summary.json").write_text('{"status": "completed"}')
     out = run_cli("-m", "seed=0,1", f"hydra.sweep.dir={sweep}")
     _assert_one_clear_line(out, "hydra.sweep.dir", "0/summary.json")
+    assert f"continue that sweep with python -m bsexp.train -m resume=auto hydra.sweep.dir={sweep}," in out.stderr
     assert (
         sorted(p.name for p in sweep.iterdir()) == ["0"]
         and (sweep / "0" / "summary.json").read_text() == '{"status": "completed"}'

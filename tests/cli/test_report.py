@@ -5,9 +5,11 @@ import csv
 import json
 import math
 import re
+import signal
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,7 @@ from omegaconf import OmegaConf, open_dict
 
 import wandb_records
 from bsexp.train.preflight import check_all as check
-from conftest import CONF, ROOT, cli_env
+from conftest import CONF, ROOT, TINY_RUN, cli_env
 
 # sklearn's digits (1,797 images): an epoch of a small MLP takes well under a second.
 DIGITS = ["data=digits", "model=mlp", "epochs=2", "trainer.progress=false"]
@@ -123,14 +125,19 @@ def test_the_report_tables_mean_and_std_over_seeds_marks_the_best_and_names_the_
         None,
     )
     table = (sweep / "report.md").read_text()
-    [starred] = [line for line in table.splitlines() if line.startswith("| ★")]
-    assert f"| {best} |" in starred
+    # Starred where Welch's t-test on the seeds tells the best apart from every other batch.
+    from scipy.stats import ttest_ind
+
+    values = {b: [s["val_acc"] for s in runs] for b, runs in by_batch.items()}
+    apart = all(ttest_ind(values[best], values[b], equal_var=False).pvalue < 0.05 for b in values if b != best)
+    [best_line] = [line for line in table.splitlines() if line.startswith(("| ★", f"|  | {best} |"))]
+    assert f"| {best} |" in best_line and best_line.startswith("| ★") is apart
     assert (
         f"**Breaking point**: batch {breaking}, the first batch above the best, batch {best},"
         if breaking
         else "**Breaking point**: none within the swept range"
     ) in table
-    assert f"{100 * means[best]:.2f} ± {100 * stds[best]:.2f}" in starred
+    assert f"{100 * means[best]:.2f} ± {100 * stds[best]:.2f}" in best_line
     # The critical batch (fitted or refused, with its reason) beside the noise scale the runs measured.
     assert "**Critical batch**: " in table and "**Gradient noise scale**: B_simple = " in table
     for name in ("accuracy.png", "val_loss.png", "throughput_memory.png", "noise_scale.png"):
@@ -172,6 +179,101 @@ def test_a_failed_point_is_recorded_the_sweep_goes_on_and_the_report_says_so(run
     assert reported.returncode == 0, reported.stderr
     table = (sweep / "report.md").read_text()
     assert "summary.json lacks a whole number for batch_size" in table
+
+
+def test_a_stopped_sweep_s_report_names_every_point_in_batch_order_with_its_seeds(data_root, tmp_path):
+    """A sweep stopped (Ctrl-C) after its first point: each row shows its batch and the sweep's
+    seeds, in batch order, the heading counts the sweep's grid, and the report says how to continue.
+    On 3ea6d43 the rows never started came first, their batch `-`, under "seed 0" and a footnote
+    advising "sweep seed=0,1,2" for a sweep that already did."""
+    sweep = tmp_path / "sweep"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bsexp.train", "-m", "batch.size=32,64,128", "seed=0,1,2", *DIGITS, "epochs=1"]
+        + ["logger=none", f"hydra.sweep.dir={sweep}"],
+        cwd=tmp_path,
+        env=cli_env(data_root),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + 300
+    while not list(sweep.glob("0_*/summary.json")):
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.time() < deadline
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)  # as Ctrl-C: the point it is in saves a checkpoint, the rest never start
+    proc.communicate(timeout=120)
+    done = sorted(s["seed"] for s in jobs(sweep).values() if s["status"] == "completed")
+    assert done and len(done) < 9, "the sweep ended before it was stopped"
+    out = report(data_root, sweep, "--no-wandb")
+    assert out.returncode == 0, out.stderr[-3000:]
+    with open(sweep / "report.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["batch"], r["seed_list"]) for r in rows] == [("32", "0 1 2"), ("64", "0 1 2"), ("128", "0 1 2")]
+    table = (sweep / "report.md").read_text()
+    lines = [line for line in table.splitlines() if line.startswith("|  | ") and "| batch |" not in line]
+    assert [line.split(" | ")[1] for line in lines] == ["32", "64", "128"]
+    assert all(" (0, 1, 2) | " in line for line in lines), lines
+    assert "| 0/3 (0, 1, 2) | 3 missing |" in lines[-1]
+    # The heading says the seeds that completed among the sweep's, and how many points did.
+    assert f"seed{'s' if len(set(done)) > 1 else ''} {', '.join(map(str, sorted(set(done))))} of 0, 1, 2" in table
+    assert f"{len(done)} of the sweep's 9 points completed" in table and "of 3 seeds)" in table
+    assert "sweep seed=0,1,2" not in table
+    if len(done) == 1:  # a timing of one seed: the footnote says the others did not complete
+        assert "(one seed of each row completed)" in table and "the sweep's other seeds did not complete" in table
+    # The points that did not complete, in the table's order, and the command that continues the sweep.
+    listed = re.findall(r"^- `(\d+)_batch\.size=(\d+),seed=(\d+)", table, flags=re.M)
+    order = [(int(b), int(s)) for _, b, s in listed]
+    assert len(order) == 9 - len(done) and order == sorted(order)
+    assert f"python -m bsexp.train -m resume=auto hydra.sweep.dir={sweep}" in table
+
+
+def test_the_best_is_starred_only_where_its_seeds_tell_it_apart(data_root, tmp_path):
+    """Two runs of one sweep whose rows differ by less than their spread: on 3ea6d43 the star went
+    to 256, then to 32. Now neither is starred, and the report names the batches it cannot
+    separate, with the p-value of Welch's t-test on the seeds (scipy's, here); a clear best is."""
+    from scipy.stats import ttest_ind
+
+    from report_runs import synthetic_run
+
+    first = {32: (0.980, 0.975, 0.985), 256: (0.982, 0.978, 0.986)}
+    second = {32: (0.983, 0.978, 0.986), 256: (0.980, 0.975, 0.984)}
+    clear = {32: (0.980, 0.981, 0.979), 256: (0.950, 0.953, 0.947)}
+    tables = {}
+    for name, values in (("first", first), ("second", second), ("clear", clear)):
+        runs = [
+            synthetic_run(b, seed, 1, lambda s, a=acc: a) for b, accs in values.items() for seed, acc in enumerate(accs)
+        ]
+        sweep = write_sweep(tmp_path / name, runs)
+        out = report(data_root, sweep, "--no-wandb")
+        assert out.returncode == 0, out.stderr[-3000:]
+        tables[name] = (sweep / "report.md").read_text()
+    for name, values in (("first", first), ("second", second)):
+        table = tables[name]
+        assert not [line for line in table.splitlines() if line.startswith("| ★")], table
+        best, other = sorted(values, key=lambda b: -sum(values[b]))
+        p = ttest_ind(values[best], values[other], equal_var=False).pvalue
+        assert (
+            f"**Best**: none starred: batch {best} has the highest mean, val_acc" in table
+            and f"do not tell it apart from batch {other} (p = {p:.2g})" in table
+        ), table
+    table = tables["clear"]
+    [starred] = [line for line in table.splitlines() if line.startswith("| ★")]
+    assert starred.startswith("| ★ | 32 |")
+    p = ttest_ind(clear[32], clear[256], equal_var=False).pvalue
+    assert p < 0.05 and "its seeds tell it apart from every other row (Welch's t-test" in table
+    assert f"p ≤ {p:.2g})" in table
+
+
+def test_the_report_given_one_run_names_the_command_that_compares_runs(run_cli, data_root, tmp_path):
+    run_dir = tmp_path / "run"
+    assert run_cli(*TINY_RUN, f"hydra.run.dir={run_dir}").returncode == 0
+    out = report(data_root, run_dir)
+    assert out.returncode == 2 and out.stderr.splitlines() == [
+        f"error: {run_dir}: one run, not a sweep; compare it with another run: "
+        f"python -m bsexp.diff {run_dir} <another run's directory>"
+    ]
+    assert not (run_dir / "report.md").exists()
 
 
 def test_the_report_refuses_a_directory_that_is_not_there(data_root, tmp_path):
@@ -479,7 +581,9 @@ def test_the_table_flags_rows_at_chance_and_has_no_placeholders(dip):
     assert sum("did not train" in line for line in lines if line.startswith("|")) == 1
     for placeholder in ("(-)", "(all)", "configuration: -", " all"):
         assert placeholder not in table, placeholder
-    assert "**Best**: batch 32, val_acc 98.00 ± 0.30 %" in table
+    # Batch 256's seeds equal 32's, and 64's lie within their spread: none is starred.
+    assert "**Best**: none starred: batch 32 has the highest mean, val_acc 98.00 ± 0.30 % (3 seeds)" in table
+    assert "do not tell it apart from batch 256 (p = 1), batch 64 (p = 0.18)" in table
     assert "mnist1d, CNN1d, 1 epochs, seeds 0, 1, 2" in table
 
 
@@ -565,25 +669,31 @@ def analysis_of(runs, **kwargs):
 
 
 def test_the_accuracy_figure_names_its_data_marks_best_and_breaking_point_and_says_what_its_error_bars_are():
+    import matplotlib.pyplot as plt
+
     from bsexp.report import render
     from report_runs import synthetic_run
 
-    means = {32: 0.980, 64: 0.976, 128: 0.900, 256: 0.980}
-    analysis = analysis_of(
-        [synthetic_run(b, s, 4, lambda st, a=m + 0.003 * (s - 1): a) for b, m in means.items() for s in range(3)]
-    )
-    fig = render.accuracy_figure(analysis)
-    try:
-        assert all(w in fig._suptitle.get_text() for w in ("mnist1d", "CNN1d", "4 epochs", "seeds 0, 1, 2"))
-        acc_ax = fig.axes[0]
-        labels = acc_ax.get_legend_handles_labels()[1]
-        assert "best: batch 32" in labels and "breaking point: batch 128" in labels
-        assert not any(label.endswith(" all") or label.endswith(" -") for label in labels), labels
-        assert "mean ± std over 3 seeds" in acc_ax.get_title()
-    finally:
-        import matplotlib.pyplot as plt
+    def legend(means):
+        analysis = analysis_of(
+            [synthetic_run(b, s, 4, lambda st, a=m + 0.003 * (s - 1): a) for b, m in means.items() for s in range(3)]
+        )
+        fig = render.accuracy_figure(analysis)
+        try:
+            assert all(w in fig._suptitle.get_text() for w in ("mnist1d", "CNN1d", "4 epochs", "seeds 0, 1, 2"))
+            acc_ax = fig.axes[0]
+            assert "mean ± std over 3 seeds" in acc_ax.get_title()
+            return acc_ax.get_legend_handles_labels()[1]
+        finally:
+            plt.close(fig)
 
-        plt.close(fig)
+    # Batch 256's seeds equal 32's: the highest mean is ringed, not starred, and the legend says why.
+    labels = legend({32: 0.980, 64: 0.976, 128: 0.900, 256: 0.980})
+    assert "highest mean: batch 32 (seeds do not tell it from batch 256, batch 64)" in labels
+    assert "breaking point: batch 128" in labels
+    assert not any(label.endswith(" all") or label.endswith(" -") for label in labels), labels
+    labels = legend({32: 0.980, 64: 0.950, 128: 0.900})  # 10 standard deviations apart: starred
+    assert "best: batch 32" in labels and "breaking point: batch 64" in labels
 
 
 def test_a_point_evaluated_once_shows_on_the_loss_figure_and_throughput_and_memory_start_at_zero():
@@ -639,12 +749,11 @@ def test_a_sweep_at_one_batch_draws_a_bar_per_configuration_not_points_against_t
         plt.close(fig)
 
 
-@pytest.fixture(scope="module")
-def epoch_end_sweep(data_root, tmp_path_factory):
-    """The README's sweep as it trains with its default evaluation, once an epoch (a batch of 32:
-    every 110 steps): batches 32 ... 1024, 3 seeds, accuracy rising with a known critical batch;
-    seed 2 of batch 1024 fails (stays at 30 %), and batch 1024 fits the training set poorly
-    (train acc 86 %). Wall time and throughput differ between seeds, as on a busy machine."""
+def readme_sweep_runs(**evaluation) -> list[dict]:
+    """The README's sweep: batches 32 ... 1024, 3 seeds, accuracy rising with a known critical
+    batch (300: the steps to any target are S_min (1 + 300 / B)); seed 2 of batch 1024 fails
+    (stays at 30 %), and batch 1024 fits the training set poorly (train acc 86 %). Wall time and
+    throughput differ between seeds, as on a busy machine."""
     from report_runs import effective_batch, synthetic_run
 
     runs = []
@@ -660,13 +769,20 @@ def epoch_end_sweep(data_root, tmp_path_factory):
                     seed,
                     20,
                     curve,
-                    eval_every=math.ceil(3500 / batch),
+                    **{"eval_every": math.ceil(3500 / batch)} | evaluation,
                     wall_time_s=10.0 + seed,
                     samples_per_s=1000.0 + 100 * seed,
                     **extra,
                 )
             )
-    sweep = write_sweep(tmp_path_factory.mktemp("epoch_end") / "sweep", runs)
+    return runs
+
+
+@pytest.fixture(scope="module")
+def epoch_end_sweep(data_root, tmp_path_factory):
+    """The README's sweep as it trains with its default evaluation, once an epoch (a batch of 32:
+    every 110 steps)."""
+    sweep = write_sweep(tmp_path_factory.mktemp("epoch_end") / "sweep", readme_sweep_runs())
     out = report(data_root, sweep, "--no-wandb")
     assert out.returncode == 0, out.stderr[-3000:]
     return sweep, (sweep / "report.md").read_text()
@@ -677,10 +793,25 @@ def test_a_critical_batch_from_first_evaluation_bounds_is_refused_with_the_inter
     [line] = [line for line in table.splitlines() if line.startswith("**Critical batch**")]
     assert "B_crit =" not in table  # on a76dc77: "B_crit = E_min / S_min = ..." from the upper bounds
     assert "not fitted: the steps to the target of batches 32, 64, 128, 256" in line and "are upper bounds" in line
-    every = int(re.search(r"trainer\.eval_every_steps=(\d+)", line)[1])
-    assert 1 <= every <= 11  # a tenth of the 110 steps batch 32's first evaluation came at
+    # Advice a user can follow (on 3ea6d43: "evaluate every 1 step or fewer"): evaluations at steps
+    # 5 % apart, or a target the points reach later.
+    assert "evaluate at steps 5 % apart from the first (trainer.eval_growth=0.05)" in line
+    assert "or name a target they reach later (--target)" in line and "every 1 step" not in line
     # The target is low because a failed seed set it; the report says so.
     assert "Caution: the target was set by `" in line and "far below the other seeds of batch 1024" in line
+
+
+def test_the_readme_sweep_evaluated_as_the_refusal_advises_fits_its_critical_batch(data_root, tmp_path):
+    """The same truth evaluated at steps 5 % apart (trainer.eval_growth=0.05), reported with a
+    target named (--target 0.9, as the README's sweep does): B_crit is fitted, near the truth, 300."""
+    sweep = write_sweep(tmp_path / "sweep", readme_sweep_runs(eval_growth=0.05))
+    out = report(data_root, sweep, "--no-wandb", "--target", "0.9")
+    assert out.returncode == 0, out.stderr[-3000:]
+    table = (sweep / "report.md").read_text()
+    found = re.search(r"B_crit = E_min / S_min = ([\d,]+)", table)
+    assert found, table
+    assert float(found[1].replace(",", "")) == pytest.approx(300, rel=0.05)
+    assert "Left out: batch 1024: a seed never reached the target" in table  # its failed seed
 
 
 def test_timings_show_their_spread_and_an_under_trained_batch_is_not_read_as_generalising(epoch_end_sweep):

@@ -73,6 +73,23 @@ def test_the_lr_tuned_at_each_batch_size_and_the_best_rerun_over_seeds(data_root
     assert sorted((r["batch.size"], r["lr"]) for r in searched) == sorted((t["batch_size"], t["lr"]) for t in trials)
     assert sorted((r["batch.size"], r["tune.trial"]) for r in searched) == [(b, n) for b in (32, 128) for n in range(3)]
     assert (rows[6]["batch_size"], rows[6]["seed"], rows[6]["lr"]) == (32, 1, best["32"]["lr"])
+    # The rerun is named as the trials are: by its batch and seed, not after best.json's absolute
+    # path (on 3ea6d43, about 130 characters with the user's directory names inside).
+    [rerun] = [p.parent.name for p in (out / "seeds").glob("*/summary.json")]
+    [trial] = [d.name for d in (out / "trials").iterdir() if d.name.startswith("0_")]
+    head, trial_head = "0_batch.size=32,seed=1,tune.trial=null,", "0_batch.size=32,tune.trial=0,"
+    assert rerun.startswith(head) and trial.startswith(trial_head), (rerun, trial)
+    tail = min(len(rerun) - len(head), len(trial) - len(trial_head))  # names are cut at 120 characters
+    assert rerun[len(head) :][:tail] == trial[len(trial_head) :][:tail]
+    assert "best" not in rerun and "tmp" not in rerun
+    # The sweep report, given the tuning's directory, names the report that reads it.
+    refused = subprocess.run(
+        [sys.executable, "-m", "bsexp.report", str(out)], env=cli_env(data_root), capture_output=True, text=True
+    )
+    assert refused.returncode == 2 and refused.stderr.splitlines() == [
+        f"error: {out}: a tuning run (python -m bsexp.tune), not a sweep; its report: python -m bsexp.report.steps "
+        f"{out} (one of its sweeps: python -m bsexp.report {out / 'trials'})"
+    ]
     table = (out / "steps_to_result.md").read_text()
     assert "| 32 | " in table and "**Not reached**: no trial of batch 128" in table
     figures = ("steps_to_result.png", "tuned_lr.png", "samples_steps.png", "steps_to_result.csv")

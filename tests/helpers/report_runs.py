@@ -17,19 +17,38 @@ def effective_batch(batch: int, n_train: int = N_TRAIN) -> float:
     return n_train / math.ceil(n_train / batch)
 
 
+def grown_steps(growth: float, total: int) -> set[int]:
+    """The steps trainer.eval_growth=growth evaluates at (bsexp.engine.evaluate.Evaluator): 1, then each
+    the first step at least (1 + growth) times the one before."""
+    steps, mark = set(), 1
+    while mark <= total:
+        steps.add(mark)
+        mark = max(mark + 1, math.ceil(mark * (1 + growth)))
+    return steps
+
+
 def synthetic_run(
-    batch: int, seed: int, epochs: int, accuracy, n_train: int = N_TRAIN, eval_every: int = 1, **summary
+    batch: int,
+    seed: int,
+    epochs: int,
+    accuracy,
+    n_train: int = N_TRAIN,
+    eval_every: int = 1,
+    eval_growth: float | None = None,
+    **summary,
 ) -> dict:
     """One sweep point as bsexp writes it: its overrides, summary.json and metrics.jsonl records,
-    with `accuracy(step)` the val_acc after that many optimizer steps. Each epoch ends with the
+    with `accuracy(step)` the val_acc after that many optimizer steps, evaluated every `eval_every`
+    steps and, with `eval_growth`, at the steps trainer.eval_growth adds. Each epoch ends with the
     smaller step that drop_last=false keeps."""
     records, step, samples = [], 0, 0
     sizes = [min(batch, n_train - start) for start in range(0, n_train, batch)]
+    grown = grown_steps(eval_growth, epochs * len(sizes)) if eval_growth else set()
     for epoch in range(epochs):
         for i, size in enumerate(sizes):
             step, samples = step + 1, samples + size
             last = epoch == epochs - 1 and i == len(sizes) - 1
-            if step % eval_every == 0 or last:
+            if step % eval_every == 0 or step in grown or last:
                 acc = accuracy(step)
                 records.append(
                     {

@@ -278,3 +278,53 @@ def test_a_constant_noise_scale_leaves_a_schedule_nothing_and_noisy_rungs_only_l
     # A last rung fitted below an earlier one would make r = 4: no schedule does worse than the
     # fixed batch it may always stay at, so r is at most 1.
     assert schedule_bound([(100, 10000.0), (50, 5000.0)]).ratio == 1.0
+
+
+# ----------------------------------------------------------------------------- the best, told apart
+
+
+def test_welchs_test_on_the_seeds_gives_scipys_p_value():
+    """The analysis imports the standard library only, so its t distribution is its own (the
+    incomplete beta function): checked against scipy's Welch test on seed-sized samples."""
+    import random
+
+    from scipy.stats import ttest_ind
+
+    from bsexp.report.analysis import welch_p
+
+    rng = random.Random(0)
+    for _ in range(100):
+        a = [rng.gauss(0.98, rng.uniform(1e-4, 0.02)) for _ in range(rng.randint(2, 10))]
+        b = [rng.gauss(0.98 + rng.uniform(-0.03, 0.03), rng.uniform(1e-4, 0.02)) for _ in range(rng.randint(2, 10))]
+        assert welch_p(a, b) == pytest.approx(ttest_ind(a, b, equal_var=False).pvalue, rel=1e-8, abs=1e-15)
+        # One seed against several: Student's test with the spread of the several (equal spread assumed).
+        one = [rng.gauss(0.95, 0.02)]
+        assert welch_p(one, b) == pytest.approx(ttest_ind(one, b, equal_var=True).pvalue, rel=1e-8, abs=1e-15)
+    assert welch_p([0.9], [0.8]) is None  # one seed each: no spread to test by
+    assert welch_p([0.9, 0.9], [0.8, 0.8]) == 0.0 and welch_p([0.9, 0.9], [0.9, 0.9]) == 1.0
+
+
+def test_the_best_row_is_separated_only_from_rows_its_seeds_tell_apart():
+    from bsexp.report.analysis import separate
+
+    def run(batch, seed, acc):
+        return synthetic_run(batch, seed, 1, lambda s: acc)
+
+    close = points(
+        [run(32, s, a) for s, a in enumerate((0.980, 0.975, 0.985))]
+        + [run(256, s, a) for s, a in enumerate((0.982, 0.978, 0.986))]
+    )
+    rows = analyse(close).rows
+    found = separate(rows, "val_acc")
+    assert found.best.batch == 256 and not found.separated and [a.row.batch for a in found.tied] == [32]
+    far = points(
+        [run(32, s, a) for s, a in enumerate((0.980, 0.981, 0.979))]
+        + [run(256, s, a) for s, a in enumerate((0.950, 0.953, 0.947))]
+        + [run(1024, 0, 0.5)]
+    )
+    found = separate(analyse(far).rows, "val_acc")
+    # Batch 1024 ran one seed, far below: told apart by batch 32's spread.
+    assert found.best.batch == 32 and found.separated and analyse(far).starred.batch == 32
+    # Two rows of one seed each: no spread to tell them apart by, however far apart.
+    found = separate(analyse([far[0], far[-1]]).rows, "val_acc")
+    assert not found.separated and found.tied[0].p is None

@@ -4,9 +4,10 @@
     by batch only) -> the best row, each family's breaking point, the steps each row needed to
     reach a target, each family's critical-batch fit, the gradient noise scale the runs measured.
 
-`points` (points, rows, families), `breaking` (the best row, the breaking point), `steps` (steps
-to a target), `fit` (the critical batch fitted to them, McCandlish et al. 2018, and the schedule
-bound), `noise` (the noise scale) and `sweep` (all of it as one `Analysis`). `render` turns an
+`points` (points, rows, families), `breaking` (the best row, the breaking point), `separation`
+(whether the seeds tell the best row apart from the others), `steps` (steps to a target), `fit`
+(the critical batch fitted to them, McCandlish et al. 2018, and the schedule bound), `noise` (the
+noise scale) and `sweep` (all of it as one `Analysis`). `render` turns an
 `Analysis` into report.md, report.csv, figures and a W&B run; `load` reads points from disk.
 Accuracies are fractions here; rendering decides the units.
 
@@ -39,6 +40,7 @@ from bsexp.report.analysis.points import (
     labels,
     make_rows,
 )
+from bsexp.report.analysis.separation import SIGNIFICANCE, Apart, Separation, separate, welch_p
 from bsexp.report.analysis.sweep import METRICS, Analysis, analyse, grid
 from bsexp.report.analysis.to_target import (
     FAILED_SEED_BY,
@@ -55,11 +57,13 @@ __all__ = [
     "FAILED_SEED_BY",
     "KNOWN_CLASSES",
     "METRICS",
+    "SIGNIFICANCE",
     "TARGET_BY",
     "TOLERANCE_SE",
     "TRAINED_ABOVE",
     "UNDER_TRAINED",
     "Analysis",
+    "Apart",
     "Breaking",
     "Fit",
     "Labels",
@@ -68,6 +72,7 @@ __all__ = [
     "Reach",
     "Row",
     "ScheduleBound",
+    "Separation",
     "StepsCritical",
     "Target",
     "analyse",
@@ -87,6 +92,8 @@ __all__ = [
     "reach",
     "reach_row",
     "schedule_bound",
+    "separate",
     "steps_critical_batch",
     "target_rule",
+    "welch_p",
 ]

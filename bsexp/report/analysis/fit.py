@@ -14,6 +14,10 @@ from dataclasses import dataclass, field
 from bsexp.report.analysis.points import TRAINED_ABOVE, Row
 from bsexp.report.analysis.to_target import TARGET_BY, Reach, Target, choose_target, reach_row, share
 
+# What the report advises where steps to the target are first-evaluation bounds: evaluations at
+# steps this fraction apart (trainer.eval_growth), each step to a target then read to about 5 %.
+EVAL_GROWTH = 0.05
+
 
 @dataclass(frozen=True)
 class Fit:
@@ -197,15 +201,22 @@ def steps_critical_batch(members: Sequence[Row], metric: str, target: float | No
 
 
 def first_evaluation_bounds(bounds: Sequence[tuple[Row, Reach]]) -> str:
-    """Why steps to target that are first-evaluation bounds cannot be fitted, and the evaluation
-    interval that would resolve them: a tenth of the fewest steps any of them took, so that each
-    is read to about 10 % (interpolated between evaluations, to better)."""
+    """Why steps to target that are first-evaluation bounds cannot be fitted, and what resolves
+    them: evaluations at steps EVAL_GROWTH apart from the first (trainer.eval_growth), which read
+    steps to any target to about that fraction at a cost that grows with the log of the steps (an
+    interval fixed at a tenth of the fewest steps is "every 1 step" for a batch that gets there in
+    a few: every step for the small batches' thousands); where the target came by the first step,
+    only a target reached later does."""
     batches = ", ".join(str(row.batch) for row, _ in bounds)
     fewest = min(got.steps for _, got in bounds)
-    every = max(1, int(fewest // 10))
-    return (
+    head = (
         f"the steps to the target of batch{'es' if len(bounds) > 1 else ''} {batches} are upper bounds: each "
         f"reached it by its first evaluation (step {fewest:,.0f} for the earliest), so a fit would be forced by "
-        f"when the runs were evaluated, not by when they got there; evaluate every {every} step"
-        f"{'s' if every > 1 else ''} or fewer (trainer.eval_every_steps={every}) to resolve them"
+        f"when the runs were evaluated, not by when they got there; "
+    )
+    if fewest <= 1:
+        return head + "name a target they reach later (--target)"
+    return head + (
+        f"evaluate at steps {100 * EVAL_GROWTH:g} % apart from the first (trainer.eval_growth={EVAL_GROWTH:g}) to "
+        f"resolve them, or name a target they reach later (--target)"
     )

@@ -44,9 +44,24 @@ class Point:
 
     @property
     def batch(self) -> int | None:
+        """From summary.json, else the config, else the overrides (a point that never started has
+        only those: its row still shows its batch)."""
         if self.summary and self.summary.get("batch_size"):
             return self.summary["batch_size"]
-        return (self.config.get("batch") or {}).get("size")
+        return (self.config.get("batch") or {}).get("size") or self._given("batch.size")
+
+    @property
+    def seed(self) -> int | None:
+        """From summary.json, else the config, else the overrides."""
+        for value in ((self.summary or {}).get("seed"), self.config.get("seed"), self._given("seed")):
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+        return None
+
+    def _given(self, key: str) -> int | None:
+        """A whole number this point's overrides give `key` (the last where given twice)."""
+        values = [o.split("=", 1)[1] for o in self.overrides if o.lstrip("+~").split("=", 1)[0] == key]
+        return int(values[-1]) if values and values[-1].lstrip("-").isdigit() else None
 
     @property
     def final_samples(self) -> float | None:
@@ -91,6 +106,11 @@ class Row:
     def configuration(self) -> str:
         """The family as one string; empty when the sweep varies the batch only."""
         return ",".join(self.family)
+
+    @property
+    def seeds(self) -> list[int]:
+        """The seeds of the row's points, completed or not (those the sweep names)."""
+        return sorted({p.seed for p in self.points if p.seed is not None})
 
     def values(self, key: str) -> list[float]:
         return [p.summary[key] for p in self.done if is_number(p.summary.get(key))]
@@ -165,8 +185,11 @@ class Labels:
     data: tuple[str, ...]
     model: tuple[str, ...]
     epochs: tuple[float, ...]
-    seeds: tuple[int, ...]
+    seeds: tuple[int, ...]  # of the completed points
     seeds_per_row: tuple[int, int]  # fewest and most completed seeds of a row
+    grid_seeds: tuple[int, ...] = ()  # of every point of the sweep, completed or not
+    grid_per_row: tuple[int, int] = (0, 0)  # fewest and most points of a row, completed or not
+    complete: bool = True  # every point of the sweep completed
 
 
 def labels(rows: Sequence[Row]) -> Labels:
@@ -176,10 +199,14 @@ def labels(rows: Sequence[Row]) -> Labels:
         return tuple(sorted({clean(p.summary[key]) for p in done if p.summary.get(key) is not None}, key=str))
 
     counts = [len(r.done) for r in rows if r.done] or [0]
+    grid = [len(r.points) for r in rows] or [0]
     return Labels(
         distinct("data"),
         distinct("model", lambda m: str(m).rsplit(".", 1)[-1]),
         distinct("epochs", float),
         distinct("seed", int),
         (min(counts), max(counts)),
+        tuple(sorted({s for r in rows for s in r.seeds})),
+        (min(grid), max(grid)),
+        all(len(r.done) == len(r.points) for r in rows),
     )

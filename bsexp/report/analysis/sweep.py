@@ -10,6 +10,7 @@ from bsexp.report.analysis.breaking import Breaking, best_row, breaking_point
 from bsexp.report.analysis.fit import StepsCritical, steps_critical_batch
 from bsexp.report.analysis.noise import NoiseScale, noise_scale
 from bsexp.report.analysis.points import Labels, Point, Row, common_settings, families, labels, make_rows
+from bsexp.report.analysis.separation import Separation, separate
 
 METRICS = ("val_acc", "test_acc")
 
@@ -21,7 +22,8 @@ class Analysis:
     common: tuple[str, ...]
     metric: str
     labels: Labels
-    best: Row | None
+    best: Row | None  # the highest mean
+    separation: Separation  # whether the seeds tell it apart from the other rows
     breaking: list[Breaking]
     critical: list[StepsCritical]  # one per family of more than one batch
     noise: NoiseScale
@@ -30,6 +32,11 @@ class Analysis:
     @property
     def experiments(self) -> list[str]:
         return sorted({o.split("=", 1)[1] for p in self.points for o in p.overrides if o.startswith("experiment=")})
+
+    @property
+    def starred(self) -> Row | None:
+        """The best row where its seeds tell it apart from every other row, else None."""
+        return self.best if self.separation.separated else None
 
     @property
     def varies_configuration(self) -> bool:
@@ -52,6 +59,7 @@ def analyse(
         metric=metric,
         labels=labels(rows),
         best=best_row(rows, metric),
+        separation=separate(rows, metric),
         breaking=breaking,
         critical=critical,
         noise=noise_scale(points),

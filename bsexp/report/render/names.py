@@ -12,16 +12,27 @@ def title(labels: Labels) -> str:
         return "no completed point"
     epochs = "/".join(f"{e:g}" for e in labels.epochs) or "?"
     seeds = labels.seeds
-    named = ", ".join(map(str, seeds)) if len(seeds) <= 5 else f"{seeds[0]}-{seeds[-1]}"
+    # Seeds of the sweep that no point completed: the sweep's seeds said beside those drawn.
+    grid = f" of {_seeds(labels.grid_seeds)}" if set(labels.grid_seeds) - set(seeds) else ""
     return (
         f"{'/'.join(labels.data) or '?'}, {'/'.join(labels.model) or '?'}, {epochs} epochs, "
-        f"seed{'s' if len(seeds) != 1 else ''} {named or '?'}"
+        f"seed{'s' if len(seeds) != 1 else ''} {_seeds(seeds) or '?'}{grid}"
     )
 
 
+def _seeds(seeds: tuple[int, ...]) -> str:
+    seeds = tuple(sorted(seeds))
+    return ", ".join(map(str, seeds)) if len(seeds) <= 5 else f"{seeds[0]}-{seeds[-1]}"
+
+
 def seed_count(labels: Labels) -> str:
+    """The completed seeds of a row ("3 seeds"), and the sweep's where some did not complete ("1 of 3 seeds")."""
     lo, hi = labels.seeds_per_row
-    return f"{lo} seed{'s' if hi != 1 else ''}" if lo == hi else f"{lo}-{hi} seeds"
+    done = f"{lo}" if lo == hi else f"{lo}-{hi}"
+    if labels.complete:
+        return f"{done} seed{'s' if hi != 1 else ''}"
+    lo, hi = labels.grid_per_row
+    return f"{done} of {lo if lo == hi else f'{lo}-{hi}'} seed{'s' if hi != 1 else ''}"
 
 
 def family_note(family: tuple[str, ...], analysis: Analysis) -> str:
@@ -43,3 +54,15 @@ def by_family(analysis: Analysis) -> list[tuple[tuple[str, ...], list[Row]]]:
 
 def family_label(base: str, family: tuple[str, ...], analysis: Analysis) -> str:
     return base + (f", {','.join(family)}" if family and len({r.family for r in analysis.rows}) > 1 else "")
+
+
+def best_label(analysis: Analysis) -> str:
+    """The figures' legend for the best row: "best" where its seeds tell it apart from every other
+    row, else the rows they cannot tell it from."""
+    best = analysis.best
+    if analysis.starred is not None:
+        return f"best: {row_name(best)}"
+    tied = [row_name(a.row) for a in analysis.separation.tied]
+    named = ", ".join(tied) if len(tied) <= 3 else f"{len(tied)} other rows"
+    told = f"seeds do not tell it from {named}" if tied else "no other row to tell it from"
+    return f"highest mean: {row_name(best)} ({told})"

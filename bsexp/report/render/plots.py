@@ -10,7 +10,7 @@ from pathlib import Path
 
 from bsexp.report.analysis import Analysis, Row, grid
 from bsexp.report.render.axes import log_y, save_figure, style_axes
-from bsexp.report.render.names import by_family, family_label, row_name, seed_count, title
+from bsexp.report.render.names import best_label, by_family, family_label, row_name, seed_count, title
 from bsexp.report.render.table import pct, peak
 
 
@@ -113,20 +113,21 @@ def _gap_lines(gap_ax, color: str, fam: tuple[str, ...], members: list[Row], ana
 
 
 def _best_and_breaking(acc_ax, analysis: Analysis) -> None:
-    """The best batch starred; each family's breaking point a dashed line (or, in the legend, none)."""
+    """The best batch starred (ringed grey where its seeds do not tell it apart from the others); each
+    family's breaking point a dashed line (or, in the legend, none)."""
     best = analysis.best
     if best is not None:  # an outline around the point, which stays visible inside it
         acc_ax.plot(
             [best.batch],
             [100 * best.mean(analysis.metric)],
-            marker="*",
-            markersize=22,
+            marker="*" if analysis.starred else "o",
+            markersize=22 if analysis.starred else 14,
             markerfacecolor="none",
-            markeredgecolor="goldenrod",
+            markeredgecolor="goldenrod" if analysis.starred else "grey",
             markeredgewidth=1.5,
             linestyle="none",
             zorder=5,
-            label=f"best: batch {best.batch}",
+            label=best_label(analysis),
         )
     colors = {fam: f"C{i}" for i, (fam, _) in enumerate(by_family(analysis))}
     for breaking in analysis.breaking:
@@ -243,18 +244,18 @@ def _configuration_panels(axes, rows: list[Row], analysis: Analysis, throughput:
 
 
 def _best_and_chance_bars(ax, rows: list[Row], analysis: Analysis) -> None:
-    """The best row starred on its bar, chance level dotted."""
+    """The best row starred on its bar (ringed where its seeds do not tell it apart), chance level dotted."""
     best = analysis.best
     if best is not None and best in rows:
         ax.plot(
             [pct(best.mean(analysis.metric))],
             [rows.index(best)],
-            marker="*",
-            markersize=16,
-            color="gold",
+            marker="*" if analysis.starred else "o",
+            markersize=16 if analysis.starred else 10,
+            color="gold" if analysis.starred else "none",
             markeredgecolor="black",
             linestyle="none",
-            label="best",
+            label=best_label(analysis),
         )
     chance = next((r.chance for r in rows if r.chance is not None), None)
     if chance is not None:
@@ -354,7 +355,8 @@ def noise_figure(analysis: Analysis):
             label=f"{row_name(row)}, seed {row.done[0].summary.get('seed')}",
         )
     if analysis.best is not None and analysis.best.batch:
-        ax.axhline(analysis.best.batch, color="black", linestyle="--", label=f"best batch ({analysis.best.batch})")
+        what = "best batch" if analysis.starred else "batch of the highest mean"
+        ax.axhline(analysis.best.batch, color="black", linestyle="--", label=f"{what} ({analysis.best.batch})")
     for critical in analysis.critical:
         if critical.b_crit is not None:
             ax.axhline(

@@ -57,7 +57,8 @@ COLUMNS: dict[str, Callable[[Row], Any]] = {
     "samples_per_s": lambda r: r.mean("samples_per_s"),
     "samples_per_s_std": lambda r: r.std("samples_per_s"),
     "peak_memory_mb": peak,
-    "seeds": lambda r: f"{len(r.done)}/{len(r.points)}",
+    "seeds": lambda r: f"{len(r.done)}/{len(r.points)}",  # completed / the sweep's
+    "seed_list": lambda r: " ".join(map(str, r.seeds)),  # every seed of the row, completed or not
     "status": lambda r: r.status,
 }
 EXTRA = ("did_not_train", "steps_to_target", "samples_to_target")

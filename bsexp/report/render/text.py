@@ -4,10 +4,11 @@ complete and the figures. Accuracies and the gap in %, as in report.csv."""
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any
 
-from bsexp.report.analysis import TOLERANCE_SE, TRAINED_ABOVE, Analysis, Breaking, Row, StepsCritical
+from bsexp.report.analysis import SIGNIFICANCE, TOLERANCE_SE, TRAINED_ABOVE, Analysis, Breaking, Row, StepsCritical
 from bsexp.report.render.names import by_family, family_note, row_name, seed_count, title
 from bsexp.report.render.table import pct, table
 
@@ -39,10 +40,7 @@ def markdown(analysis: Analysis, dirs: list[Path], figures: list[str]) -> str:
         *_training_lines(analysis),
         *_finding_lines(analysis),
     ]
-    failed = [p for r in analysis.rows for p in r.points if p.status != "completed"]
-    if failed:
-        lines += ["", "## Points that did not complete", ""]
-        lines += [f"- `{p.name}`: {p.status}" + (f" ({p.error})" if p.error else "") for p in failed]
+    lines += _not_completed_lines(analysis)
     if figures:
         lines += ["", "## Figures", ""] + [f"![{name}]({name})" for name in figures]
     return "\n".join(lines) + "\n"
@@ -51,14 +49,17 @@ def markdown(analysis: Analysis, dirs: list[Path], figures: list[str]) -> str:
 def _heading(analysis: Analysis, dirs: list[Path]) -> list[str]:
     """The sweep's directories, its data, model, epochs and seeds, and what every point shares."""
     experiments = analysis.experiments
+    done = sum(p.done for p in analysis.points)
     return [
         f"# Batch-size sweep: {', '.join(str(d) for d in dirs)}",
         "",
         f"{title(analysis.labels)}. "
+        + ("" if analysis.labels.complete else f"{done} of the sweep's {len(analysis.points)} points completed. ")
         + (f"Experiment: {', '.join(experiments)} (conf/experiment/). " if experiments else "")
         + f"Every point: {', '.join(f'`{o}`' for o in analysis.common) or 'no other overrides'}. "
         f"Accuracies and the gap in %, mean ± std over the seeds of a row ({seed_count(analysis.labels)}); "
-        f"best by mean {analysis.metric} marked ★.",
+        f"the best by mean {analysis.metric} marked ★ where its seeds tell it apart from every other row "
+        f"(Welch's t-test, two-sided, {100 * SIGNIFICANCE:g} %).",
         "",
     ]
 
@@ -77,7 +78,7 @@ def _cells(row: Row, v: dict[str, Any], analysis: Analysis, show_config: bool) -
     """One row of the table: `v` is its row of report.csv (`table`)."""
     status = v["status"] + (", **did not train**" if v["did_not_train"] else "")
     return [
-        "★" if row is analysis.best else "",
+        "★" if row is analysis.starred else "",
         *([v["configuration"] or "-"] if show_config else []),
         _num(v["batch"], "d") + (f" → {v['final_batch']}" if v["final_batch"] else ""),
         v["micro x accum x world"] or "-",
@@ -91,7 +92,7 @@ def _cells(row: Row, v: dict[str, Any], analysis: Analysis, show_config: bool) -
         _spread(v["wall_time_s"], v["wall_time_std_s"], ".1f"),
         _spread(v["samples_per_s"], v["samples_per_s_std"], ",.0f"),
         _num(v["peak_memory_mb"], ",.0f"),
-        v["seeds"],
+        v["seeds"] + (f" ({v['seed_list'].replace(' ', ', ')})" if v["seed_list"] else ""),
         status,
     ]
 
@@ -108,9 +109,14 @@ def _notes(analysis: Analysis, values: list[dict[str, Any]]) -> list[str]:
             "",
         ]
     if all(len(r.values("wall_time_s")) <= 1 for r in analysis.rows):
+        one, more = (
+            ("one seed each", "sweep seed=0,1,2 for one")
+            if analysis.labels.grid_per_row[1] <= 1
+            else ("one seed of each row completed", "the sweep's other seeds did not complete (continue it: below)")
+        )
         lines += [
-            "Wall time and samples/s: one measurement a point (one seed each), with no spread to tell a real "
-            "difference from the machine's load; sweep seed=0,1,2 for one.",
+            f"Wall time and samples/s: one measurement a point ({one}), with no spread to tell a real difference "
+            f"from the machine's load; {more}.",
             "",
         ]
     else:
@@ -144,14 +150,7 @@ def _training_lines(analysis: Analysis) -> list[str]:
 
 def _finding_lines(analysis: Analysis) -> list[str]:
     """The best row, each family's breaking point and critical batch, and the noise scale."""
-    metric, lines = analysis.metric, []
-    best = analysis.best
-    if best is not None:
-        n = len(best.values(metric))
-        lines.append(
-            f"**Best**: {row_name(best)}, {metric} "
-            f"{_mean_std(pct(best.mean(metric)), pct(best.std(metric)))} % ({n} seed{'s' if n != 1 else ''})."
-        )
+    lines = [_best_line(analysis)] if analysis.best is not None else []
     for breaking in analysis.breaking:
         lines.append(_breaking_line(breaking, analysis))
     if analysis.critical:
@@ -161,6 +160,56 @@ def _finding_lines(analysis: Analysis) -> list[str]:
     elif analysis.noise.b_simple is not None:
         lines.append(_noise_line(analysis))
     return lines
+
+
+def _best_line(analysis: Analysis) -> str:
+    """The best row, and whether its seeds tell it apart from the others (else which they cannot)."""
+    metric, separation = analysis.metric, analysis.separation
+    best = separation.best
+    n = len(best.values(metric))
+    figure = f"{metric} {_mean_std(pct(best.mean(metric)), pct(best.std(metric)))} % ({n} seed{'s' if n != 1 else ''})"
+    test = f"Welch's t-test on the seeds, two-sided, {100 * SIGNIFICANCE:g} %"
+    if not separation.against:
+        return f"**Best**: none starred: {row_name(best)}, {figure}, is the only row with a {metric}."
+    if separation.separated:
+        worst = max(a.p for a in separation.against)
+        return (
+            f"**Best**: {row_name(best)}, {figure}: its seeds tell it apart from every other row "
+            f"({test}; p ≤ {worst:.2g})."
+        )
+    tied = ", ".join(
+        f"{row_name(a.row)} ({'one seed each: no spread to test by' if a.p is None else f'p = {a.p:.2g}'})"
+        for a in separation.tied
+    )
+    return (
+        f"**Best**: none starred: {row_name(best)} has the highest mean, {figure}, but its seeds do not tell it "
+        f"apart from {tied} ({test}); more seeds would narrow the difference."
+    )
+
+
+def _not_completed_lines(analysis: Analysis) -> list[str]:
+    """Every point that did not complete, in the table's order (batch, then seed), with the command
+    that continues its sweep."""
+    failed = [
+        (row, p)
+        for row in analysis.rows
+        for p in sorted(row.points, key=lambda p: (p.seed is None, p.seed or 0, p.name))
+        if p.status != "completed"
+    ]
+    if not failed:
+        return []
+    lines = ["", "## Points that did not complete", ""]
+    lines += [f"- `{p.name}`: {p.status}" + (f" ({p.error})" if p.error else "") for _, p in failed]
+    sweeps = sorted({str(p.dir.parent.resolve()) for _, p in failed if p.dir is not None and p.status in CONTINUED})
+    if sweeps:
+        lines += ["", "Continue the sweep where it stopped (completed points are not run again):", "", "```bash"]
+        lines += [f"python -m bsexp.train -m resume=auto {shlex.quote(f'hydra.sweep.dir={d}')}" for d in sweeps]
+        lines += ["```"]
+    return lines
+
+
+# Points that continuing their sweep (resume=auto) runs: never started, failed, or cut off.
+CONTINUED = ("missing", "failed", "preempted")
 
 
 def _num(value: float | None, fmt: str) -> str:
