@@ -11,16 +11,16 @@ from typing import Any
 
 from bsexp.batch.layout import Layout
 from bsexp.batch.plan import BatchPlan, plan_for
-from bsexp.batch.policies import traits
+from bsexp.batch.policies.interface import BatchPolicy, Hooks
 from bsexp.batch.scaling import ScaledHparams
 
 log = logging.getLogger(__name__)
 
 
 class BatchControl:
-    def __init__(self, policy, layout: Layout) -> None:
+    def __init__(self, policy: BatchPolicy, layout: Layout) -> None:
         self.policy, self.layout = policy, layout
-        self.traits = traits(policy)
+        self.hooks = Hooks(policy)  # its optional hooks, each with its default where it has none
         self.micro_size_cap = layout.micro_size_cap  # the largest micro-batch per rank known to fit (None: any)
         self.oom_recoveries = 0
         self._plan = layout.first_plan  # in force
@@ -30,19 +30,19 @@ class BatchControl:
     @property
     def found(self):
         """The finder's result (bsexp.finder.FinderResult), where the finder ran."""
-        return getattr(self.policy, "found", None)
+        return self.hooks.found
 
     def record(self) -> dict[str, Any]:
         """What the policy adds to each metrics record."""
-        return self.policy.record() if hasattr(self.policy, "record") else {}
+        return self.hooks.record()
 
     def summary(self, samples_seen: int) -> dict[str, Any]:
         """What the policy adds to summary.json, for a run that has seen `samples_seen` samples."""
-        return self.policy.summary(samples_seen) if hasattr(self.policy, "summary") else {}
+        return self.hooks.summary(samples_seen)
 
     def described(self, hp: ScaledHparams) -> ScaledHparams:
         """The LR and weight decay to announce and summarise (those of the run's own first step)."""
-        return self.policy.described(hp) if hasattr(self.policy, "described") else hp
+        return self.hooks.described(hp)
 
     # ---------------------------------------------------------------- the steps
 
@@ -59,8 +59,7 @@ class BatchControl:
     def begin(self, step: int, lr: float, weight_decay: float) -> None:
         """Before step `step`, the first this process takes (a branch's first, at its branch point)."""
         self._plan = self.plan(step)
-        if hasattr(self.policy, "begin"):
-            self.policy.begin(step, lr, weight_decay)
+        self.hooks.begin(step, lr, weight_decay)
 
     def after_oom(self, plan: BatchPlan) -> BatchPlan:
         """The same global batch in micro-batches half as large: the LR and weight decay stay."""
@@ -82,14 +81,14 @@ class BatchControl:
         """After `step` steps: a closed-loop policy may lay out the steps ahead anew. Rank 0
         decides from its measured noise scale; every rank applies its decision. Whether the layout
         changed."""
-        if not hasattr(self.policy, "decide") or not self.policy.due(step, self.layout):
+        if not self.hooks.due(step, self.layout):
             return False
         decided = None
         if world.is_main:
             averaged = noise.scale.averaged() if noise is not None else None
             b_simple = averaged[1] / averaged[0] if averaged is not None and averaged[0] > 0 else None
-            decided = self.policy.decide(step, self.layout, b_simple)
-        layout = self.policy.apply(step, self.layout, world.broadcast_object(decided))
+            decided = self.hooks.decide(step, self.layout, b_simple)
+        layout = self.hooks.apply(step, self.layout, world.broadcast_object(decided))
         if layout is not None:
             self.layout = layout
         return layout is not None
@@ -105,7 +104,7 @@ class BatchControl:
     # ---------------------------------------------------------------- checkpoints
 
     def state_dict(self) -> dict[str, Any]:
-        policy = self.policy.state_dict() if hasattr(self.policy, "state_dict") else {}
+        policy = self.hooks.state_dict()
         return {
             "plan": asdict(self._plan),
             "micro_cap": self.micro_size_cap,

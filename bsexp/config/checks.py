@@ -3,7 +3,7 @@ bound the schemas declare beside their fields, the few rules that relate keys, a
 `_target_` callables a config names. Torch-free, so a wrong config is refused in a second.
 
 The batch policy's own rules (a batch that divides over the ranks, a schedule that stays whole)
-are the policy's (`bsexp.batch.policy`)."""
+are the policy's (`bsexp.batch.policies`)."""
 
 from __future__ import annotations
 

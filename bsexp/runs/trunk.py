@@ -11,7 +11,7 @@ trunk run with `checkpoint.at_samples=[..., S, ...]`). RUN may also be a sweep d
 trunks: the job of this run's seed is taken. The branch's config must equal the trunk's except
 for the keys that say how a branch differs or how a run is shown (`DIFFERS`): anything else is
 refused with one line naming the key. What the branch continues and what it changes is in
-`bsexp.batch.policy.BranchPolicy`. Torch-free but for `find`, which loads the checkpoint.
+`bsexp.batch.policies.branch.Branch`. Torch-free but for `find`, which loads the checkpoint.
 """
 
 from __future__ import annotations

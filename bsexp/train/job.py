@@ -67,7 +67,7 @@ def tell_completed(summary: dict[str, Any], run_dir: Path) -> dict[str, Any]:
 def _figures(loop, records: list[dict], run_dir: Path) -> None:
     """A figure of the batch over training, where the batch policy moved it (batch=adaptive): the
     batch against its target and B_simple, in the run directory and to the sinks."""
-    key = loop.batch_control.traits.batch_figure
+    key = loop.batch_control.hooks.batch_figure
     if key is None:
         return
     from bsexp.report.render import batch_figure

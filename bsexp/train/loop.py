@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from bsexp.batch.control import BatchControl
 from bsexp.batch.hparams import Rules, scaled
-from bsexp.batch.policies import Probe, policy_for, traits
+from bsexp.batch.policies import Hooks, Probe, policy_for
 from bsexp.batch.scaling import ScaledHparams
 from bsexp.config import schema
 from bsexp.config.checks import check
@@ -201,7 +201,7 @@ def build_loop(
         hp,
         grad_sync,
         on_oom=on_oom,
-        measure_noise=batch_control.traits.measures_noise,
+        measure_noise=batch_control.hooks.measures_noise,
         n_train=len(splits.train),
     )
     sinks = Sinks()
@@ -236,17 +236,16 @@ def _lay_out(cfg: DictConfig, world: World, state: dict | None, trunk: dict | No
     """Seed, build the data and the model, and let the batch policy lay the run out, measuring
     with the finder and the noise scale where it asks (or, resuming, from its `state`). The data,
     the unwrapped model and the run's BatchControl."""
-    policy = policy_for(cfg, world.size)
+    policy = policy_for(cfg, world.size, trunk)
+    hooks = Hooks(policy)
     policy.check()
-    if trunk is not None:
-        policy.trunk = trunk
     # The CPU finder's probe processes fork from a server that imports torch and bsexp while this
     # process builds the data and the model; it is stopped once the policy has laid the run out.
-    with server.running(state is None and world.device.type == "cpu" and traits(policy).searches):
+    with server.running(state is None and world.device.type == "cpu" and hooks.searches()):
         seed_everything(cfg.seed, cfg.trainer.deterministic, run_speed(cfg, world.device))
         splits = build_data(cfg).to(world.device)
         n_train = len(splits.train)
-        policy.check_data(n_train, splits.name)
+        hooks.check_data(n_train, splits.name)
         model = build_model(cfg, splits)
         probe = Probe(
             n_train,

@@ -17,7 +17,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from bsexp.batch.plan import BatchPlan
-from bsexp.batch.policies import policy_for, traits
+from bsexp.batch.policies import Hooks, policy_for
 from bsexp.config.checks import check
 from bsexp.config.env import env_rank, launches_workers, restarted, under_torchrun, world_size
 from bsexp.errors import ConfigError, config_errors, exit_on_config_error, one_line
@@ -140,7 +140,7 @@ def _searches_on_cpu(cfg: DictConfig) -> bool:
             cfg.get("resume") is None
             and str(cfg.device) in ("cpu", "auto")
             and not launches_workers(cfg)
-            and traits(policy_for(cfg, world_size(cfg))).searches
+            and Hooks(policy_for(cfg, world_size(cfg))).searches()
         )
     except ConfigError:  # reported by the checks
         return False

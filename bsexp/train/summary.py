@@ -52,7 +52,7 @@ def announce(cfg: DictConfig, loop, hparams: dict[str, Any]) -> None:
     rules derived from it, and the cautions about that set-up."""
     _announce_setup(cfg, loop)
     _announce_batch(hparams)
-    if loop.batch_control.traits.own_setup:  # the trunk's set-up was cautioned about; a branch only continues it
+    if loop.batch_control.hooks.own_setup:  # the trunk's set-up was cautioned about; a branch only continues it
         _caution(cfg, loop, hparams)
 
 

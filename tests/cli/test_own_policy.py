@@ -42,3 +42,21 @@ def test_a_policy_of_your_own_is_one_module_and_one_yaml(data_root, tmp_path):
     [line] = typo.stderr.strip().splitlines()
     assert line.startswith("error: batch.max_sise") and "Doubling's config" in line and "max_size" in line
     assert not (tmp_path / "typo").exists()
+
+
+def test_a_misspelt_hook_of_your_own_policy_is_refused_not_silently_never_called(data_root, tmp_path):
+    search = f"hydra.searchpath=[file://{HELPERS / 'conf'}]"
+    out = bsexp(
+        data_root,
+        tmp_path,
+        search,
+        "batch=doubling",
+        "batch._target_=toy_policy.Misspelt",  # Doubling with `def recrod`
+        *TINY,
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
+    assert out.returncode == 2
+    [line] = out.stderr.strip().splitlines()
+    assert line.startswith("error: batch._target_=toy_policy.Misspelt: Misspelt.recrod is no hook")
+    assert "did you mean record?" in line
+    assert not (tmp_path / "run").exists()

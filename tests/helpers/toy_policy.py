@@ -1,14 +1,17 @@
 """A batch policy of a user's own, outside bsexp: the extension point as a user meets it. One
 module (this) and one YAML (its `_target_` names the class), nothing of bsexp's edited.
 
-Doubling: the global batch doubles at every epoch's start, from batch.size, up to batch.max_size."""
+Doubling: the global batch doubles at every epoch's start, from batch.size, up to batch.max_size.
+Misspelt: the same with a hook misspelt (`recrod`), which bsexp refuses rather than never call."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from bsexp.batch.layout import Layout
 from bsexp.batch.plan import BatchPlan, make_plan, plan_for
+from bsexp.batch.policies import Probe, RunSpec
 from bsexp.batch.schedule import BatchSchedule
 from bsexp.errors import ConfigError
 
@@ -26,15 +29,15 @@ class Doubling:
     name = "doubling"
     config = DoublingBatch
 
-    def __init__(self, cfg, world: int) -> None:
-        self.cfg, self.world = cfg, world
+    def __init__(self, config: DoublingBatch, spec: RunSpec) -> None:
+        self.batch, self.spec = config, spec
 
     def _schedule(self) -> BatchSchedule:
-        node, epochs = self.cfg.batch, self.cfg.epochs
-        doublings = sum(1 for epoch in range(1, epochs) if node.size * 2**epoch <= node.max_size)
+        batch, epochs = self.batch, self.spec.epochs
+        doublings = sum(1 for epoch in range(1, epochs) if batch.size * 2**epoch <= batch.max_size)
         return BatchSchedule(
-            start=node.size,
-            world_size=self.world,
+            start=batch.size,
+            world_size=self.spec.world_size,
             kind="step",
             milestones=tuple(float(e) for e in range(1, doublings + 1)),
             factor=2.0,
@@ -42,17 +45,20 @@ class Doubling:
         )
 
     def check(self) -> BatchPlan:
-        if self.cfg.batch.max_size < self.cfg.batch.size:
-            raise ConfigError(
-                "batch.max_size", self.cfg.batch.max_size, f"must be at least batch.size={self.cfg.batch.size}"
-            )
-        return make_plan(self.cfg.batch.size, self.world)
+        if self.batch.max_size < self.batch.size:
+            raise ConfigError("batch.max_size", self.batch.max_size, f"must be at least batch.size={self.batch.size}")
+        return make_plan(self.batch.size, self.spec.world_size)
 
     def check_data(self, n_train: int, data: str = "the data") -> None:
-        if self.cfg.batch.max_size > n_train:
-            raise ConfigError("batch.max_size", self.cfg.batch.max_size, f"exceeds the {n_train} samples of {data}")
+        if self.batch.max_size > n_train:
+            raise ConfigError("batch.max_size", self.batch.max_size, f"exceeds the {n_train} samples of {data}")
 
-    def lay_out(self, probe, state=None) -> Layout:
-        cfg = self.cfg
-        run = self._schedule().run_steps(cfg.epochs, probe.n_train, cfg.batch.drop_last, cfg.trainer.max_steps)
-        return Layout(run, self.world, plan_for(cfg.batch.size, self.world, None))
+    def lay_out(self, probe: Probe, state: dict[str, Any] | None = None) -> Layout:
+        spec = self.spec
+        run = self._schedule().run_steps(spec.epochs, probe.n_train, spec.drop_last, spec.max_steps)
+        return Layout(run, spec.world_size, plan_for(self.batch.size, spec.world_size, None))
+
+
+class Misspelt(Doubling):
+    def recrod(self) -> dict[str, Any]:  # meant: record
+        return {"doubling/epochs": self.spec.epochs}

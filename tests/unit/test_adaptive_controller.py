@@ -141,18 +141,17 @@ def test_goodput_breaks_a_tie_towards_the_smaller_batch():
 
 
 @pytest.mark.parametrize("max_size, expected", [(None, 3500), (1024, 1024), (10_000, 3500)])
-def test_the_policy_never_lets_the_batch_grow_past_the_training_set(make_cfg, max_size, expected):
-    from bsexp.batch.policies import Probe, policy_for
-    from bsexp.batch.policies.adaptive import Adaptive
+def test_the_policy_never_lets_the_batch_grow_past_the_training_set(max_size, expected):
+    from bsexp.batch.policies import Probe, RunSpec
+    from bsexp.batch.policies.adaptive import Adaptive, AdaptiveBatch, AdaptiveConfig, controller
 
-    node = f"batch.adaptive.max_size={'null' if max_size is None else max_size}"
-    policy = policy_for(make_cfg("batch=adaptive", "batch.find_micro_size=false", node), 2)
-    assert isinstance(policy, Adaptive)
+    config = AdaptiveBatch(find_micro_size=False, adaptive=AdaptiveConfig(max_size=max_size))
+    policy = Adaptive(config=config, spec=RunSpec(epochs=20, world_size=2))
     policy.lay_out(Probe(3500))  # MNIST-1D's training samples
-    controller = policy.controller()
-    assert controller.max_size == expected and controller.quantum == 2
+    made = controller(config, policy.world, policy.n_train)  # the n_train it laid out with
+    assert made.max_size == expected and made.quantum == 2
     # A measured noise scale far above the data: the batch stops at the cap, a multiple of the ranks.
     size = 32
     for _ in range(20):
-        size = controller.next_size(size, 1e9).size
+        size = made.next_size(size, 1e9).size
     assert size <= expected and size % 2 == 0 and size >= expected - 2

@@ -5,10 +5,11 @@ import math
 import pytest
 
 from bsexp.batch.plan import PlanError, micro_sizes, plan_for
+from bsexp.batch.policies import RunSpec
+from bsexp.batch.policies.scheduled import BatchScheduleConfig, Scheduled, ScheduledBatch, ScheduleKind
 from bsexp.batch.scaling import lr_coupling
 from bsexp.batch.schedule import BatchSchedule
 from bsexp.errors import ConfigError
-from bsexp.train.preflight import check_all as check
 
 # --- the schedule itself -------------------------------------------------------------------
 
@@ -67,26 +68,25 @@ def test_list_schedule_holds_each_size_until_the_next_point():
     assert [schedule.size_at(e, 0) for e in range(7)] == [32, 32, 32, 128, 128, 64, 64]
 
 
-def test_a_factor_that_makes_a_fractional_batch_is_refused(make_cfg):
+def scheduled(world: int = 1, **schedule) -> Scheduled:
+    """batch=scheduled's policy at batch 32 (or `size`) over bsexp's default 20 epochs, no Hydra."""
+    size = schedule.pop("size", 32)
+    config = ScheduledBatch(size=size, schedule=BatchScheduleConfig(**schedule))
+    return Scheduled(config=config, spec=RunSpec(epochs=20, world_size=world))
+
+
+def test_a_factor_that_makes_a_fractional_batch_is_refused():
     with pytest.raises(PlanError):
         BatchSchedule(33, kind="step", milestones=(1.0,), factor=1.5).size_at(1, 0)
-    cfg = make_cfg("batch=scheduled", "batch.size=33", "batch.schedule.factor=1.5")
     with pytest.raises(ConfigError) as info:
-        check(cfg)
+        scheduled(size=33, factor=1.5).check()
     assert info.value.key == "batch.schedule.factor"
 
 
-@pytest.mark.parametrize("points, key", [("[[0,32],[2,3]]", "batch.schedule"), ("[[1,32]]", "batch.schedule.points")])
-def test_a_schedule_below_what_the_ranks_need_is_refused(make_cfg, points, key):
-    cfg = make_cfg(
-        "batch=scheduled",
-        "batch.schedule.kind=list",
-        f"batch.schedule.points={points}",
-        "distributed=ddp",
-        "distributed.nproc_per_node=2",
-    )
+@pytest.mark.parametrize("points, key", [([[0, 32], [2, 3]], "batch.schedule"), ([[1, 32]], "batch.schedule.points")])
+def test_a_schedule_below_what_the_ranks_need_is_refused(points, key):
     with pytest.raises(ConfigError) as info:
-        check(cfg)
+        scheduled(world=2, kind=ScheduleKind.list, points=points).check()
     assert info.value.key == key
 
 

@@ -1,120 +1,105 @@
 """Batch policies: one module per `batch=` option (and the branch), each a small class behind one
-narrow interface, registered here and nowhere else.
+narrow interface (bsexp.batch.policies.interface: the `BatchPolicy` and `OptionalHooks`
+protocols, the `Hooks` that fill in their defaults), registered here and nowhere else.
 
-A policy is made from the config and the number of ranks (`policy_for`). It must have:
-
-- `name`: its `batch.policy` (or "branch");
-- `check() -> BatchPlan | None`: what the config alone can tell is wrong (ConfigError), run before
-  anything is written; the first step's plan where the config alone decides it;
-- `check_data(n_train, data)`: every batch it asks for fits in the training set;
-- `lay_out(probe, state) -> Layout`: the run, frozen (bsexp.batch.layout): measured with the
-  `Probe` (the finder, the noise scale) or, resuming, from `state` (its own `state_dict`).
-
-and may have (bsexp.batch.control supplies the default where it has not):
-
-- `searches() -> bool` (False): whether laying out afresh runs the finder;
-- `measures_noise` (False): it steers by B_simple, measured on every step;
-- `own_setup` (True): the run's set-up is its own to caution about (a branch continues its trunk's);
-- `due(step, layout) -> bool` and `decide(step, layout, b_simple)`, `apply(step, decision) -> Layout`:
-  a closed loop; rank 0 decides, every rank applies the decision;
-- `state_dict() -> dict`, `record() -> dict`, `summary(samples_seen) -> dict`,
-  `described(hp) -> ScaledHparams`, `begin(step, lr, weight_decay)`, `found`, `batch_figure`.
-
-Policies share behaviour through plain functions (bsexp.batch.policies.shared), never through a
-base class. Torch-free: what a policy measures comes through the `Probe` (bsexp.train.loop builds it).
+A policy is made from its own config dataclass and a `RunSpec` (the run's epochs, step budget,
+ranks, scaling rules, ...): `policy_for` builds both from the composed config, the one place a
+policy's values are read from it, so a policy's tests need no Hydra. Policies share behaviour
+through plain functions (bsexp.batch.policies.shared), never through a base class. Torch-free:
+what a policy measures comes through the `Probe` (bsexp.train.loop builds it).
 """
 
 from __future__ import annotations
 
-import importlib
 import pydoc
-from collections.abc import Callable
-from dataclasses import dataclass, fields
+from collections.abc import Mapping
+from dataclasses import fields
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
+from bsexp.batch.hparams import Rules
+from bsexp.batch.policies.accumulation import Accumulation
+from bsexp.batch.policies.adaptive import Adaptive
+from bsexp.batch.policies.branch import Branch, BranchBatch
+from bsexp.batch.policies.finder import Finder
+from bsexp.batch.policies.fixed import Fixed
+from bsexp.batch.policies.interface import BatchPolicy, Hooks, OptionalHooks, conform
+from bsexp.batch.policies.scheduled import Scheduled
+from bsexp.batch.policies.shared import Probe, RunSpec
 from bsexp.errors import ConfigError
 
-# `batch.policy` -> the class that implements it: the one place a policy is registered.
-REGISTRY = {
-    "fixed": "bsexp.batch.policies.fixed:Fixed",
-    "accumulation": "bsexp.batch.policies.accumulation:Accumulation",
-    "finder": "bsexp.batch.policies.finder:Finder",
-    "scheduled": "bsexp.batch.policies.scheduled:Scheduled",
-    "adaptive": "bsexp.batch.policies.adaptive:Adaptive",
+__all__ = [
+    "REGISTRY",
+    "BatchPolicy",
+    "Branch",
+    "BranchBatch",
+    "Hooks",
+    "OptionalHooks",
+    "Probe",
+    "RunSpec",
+    "config_of",
+    "policy_for",
+    "run_spec",
+]
+
+# `batch.policy` -> the class that implements it: the one place a policy is registered (the names
+# are batch.policy's choices, bsexp.batch.policies.shared.POLICIES, in this order).
+REGISTRY: dict[str, type[BatchPolicy]] = {
+    policy.name: policy for policy in (Fixed, Accumulation, Finder, Scheduled, Adaptive)
 }
-BRANCH = "bsexp.batch.policies.branch:Branch"  # a run with branch.trunk set, whatever its batch.policy
 
 
-@dataclass(frozen=True)
-class Probe:
-    """What a policy may measure with when it lays the run out: the training set's size and name,
-    the world (its ranks agree through it), the batch finder (`find(keep_size=..., largest=...)`
-    -> bsexp.finder.FinderResult) and the gradient noise scale (`measure_noise(batch,
-    steps)`: B_simple after training a copy of the run `steps` steps at `batch`)."""
-
-    n_train: int
-    data: str = "the data"
-    world: Any = None
-    find: Callable[..., Any] | None = None
-    measure_noise: Callable[[int, int], float | None] | None = None
-
-
-@dataclass(frozen=True)
-class Traits:
-    """What a policy says of itself, each with its default where it says nothing."""
-
-    searches: bool = False  # laying the run out afresh runs the batch finder
-    measures_noise: bool = False  # it steers by B_simple, measured on every step
-    own_setup: bool = True  # the run's set-up is its own to caution about (a branch continues its trunk's)
-    batch_figure: str | None = None  # the W&B key of a figure of the batch over training (it moves the batch)
-
-
-def traits(policy) -> Traits:
-    return Traits(
-        searches=policy.searches() if hasattr(policy, "searches") else False,
-        measures_noise=getattr(policy, "measures_noise", False),
-        own_setup=getattr(policy, "own_setup", True),
-        batch_figure=getattr(policy, "batch_figure", None),
-    )
-
-
-def load(target: str) -> type:
-    module, _, name = target.partition(":")
-    return getattr(importlib.import_module(module), name)
+def policy_for(cfg: DictConfig, world: int, trunk: Mapping[str, Any] | None = None) -> BatchPolicy:
+    """The policy `batch.policy` names (a branch where branch.trunk is set; one of your own where
+    batch._target_ names it), for `world` ranks; `trunk`: where a branch starts
+    (bsexp.runs.trunk.find), known once the trunk's checkpoint is found."""
+    target = cfg.batch.get("_target_")
+    if target:  # a policy of your own, named by its batch/<name>.yaml as a model or dataset is
+        own = pydoc.locate(str(target))
+        if not isinstance(own, type):
+            raise ConfigError("batch._target_", target, "must name a batch policy class (module.Class) that imports")
+        conform(own, "batch._target_", target)
+        policy = own
+    else:
+        policy = REGISTRY[str(cfg.batch.policy)]
+    config, spec = _config(policy, cfg.batch), run_spec(cfg, world, trunk)
+    if cfg.get("branch") is not None and cfg.branch.trunk is not None:  # whatever batch.policy (Branch.check
+        return Branch(config=BranchBatch(config, OmegaConf.to_object(cfg.branch)), spec=spec)  # takes two)
+    return policy(config=config, spec=spec)
 
 
 def config_of(name: str) -> type:
     """The config dataclass of a registered policy (its `config`, beside it in its module)."""
-    return load(REGISTRY[name]).config
+    return REGISTRY[name].config  # type: ignore[attr-defined]
 
 
-def policy_for(cfg: DictConfig, world: int):
-    """The policy `batch.policy` names (a branch's, where branch.trunk is set), for `world` ranks."""
-    if cfg.get("branch") is not None and cfg.branch.trunk is not None:
-        return load(BRANCH)(cfg, world)
-    target = cfg.batch.get("_target_")
-    if target:  # a policy of your own, named by its batch/<name>.yaml as a model or dataset is
-        found = pydoc.locate(str(target))
-        if not isinstance(found, type):
-            raise ConfigError("batch._target_", target, "must name a batch policy class (module.Class) that imports")
-        _check_own(found, cfg.batch)
-        return found(cfg, world)
-    return load(REGISTRY[str(cfg.batch.policy)])(cfg, world)
+def run_spec(cfg: DictConfig, world: int, trunk: Mapping[str, Any] | None = None) -> RunSpec:
+    """What a policy may read of the run beyond its own config, from the composed config."""
+    return RunSpec(
+        epochs=cfg.epochs,
+        world_size=world,
+        max_steps=cfg.trainer.max_steps,
+        drop_last=bool(cfg.batch.get("drop_last", False)),
+        rules=Rules.of(cfg),
+        noise_scale=str(cfg.trainer.noise_scale),
+        data_in_memory=bool(cfg.data.get("in_memory", True)),
+        trunk=trunk,
+    )
 
 
-def _check_own(policy: type, node: DictConfig) -> None:
-    """A policy of your own with a config dataclass (`config`): its batch node holds its keys,
-    of their types (bsexp's own are held to their schemas as Hydra composes them)."""
+def _config(policy: type, node: DictConfig) -> Any:
+    """The batch node as the policy's config dataclass (`config`, beside it in its module): its
+    keys, of their types (a policy of your own is held to its schema here; bsexp's, as Hydra composes
+    them). A policy with no `config` gets the node as a plain dict."""
     schema = getattr(policy, "config", None)
     if schema is None:
-        return
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
+        return OmegaConf.to_container(node, resolve=True)
+    if OmegaConf.get_type(node) is schema:  # composed on its schema: typed, and resolved where it stands
+        return OmegaConf.to_object(node)
     try:
-        OmegaConf.merge(OmegaConf.structured(schema), node)
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), node))
     except OmegaConfBaseException as exc:
         key = f"batch.{exc.key}" if getattr(exc, "key", None) else "batch"
         valid = ", ".join(f.name for f in fields(schema))

@@ -8,7 +8,7 @@ from typing import Optional
 
 from bsexp.batch.layout import Layout
 from bsexp.batch.plan import BatchPlan
-from bsexp.batch.policies.shared import BatchConfig, Policy, constant_layout, fits_data, given_plan
+from bsexp.batch.policies.shared import BatchConfig, Policy, Probe, RunSpec, constant_layout, given_plan
 from bsexp.errors import ConfigError
 from bsexp.fields import at_least
 
@@ -25,23 +25,17 @@ class Accumulation:
     name = "accumulation"
     config = AccumulationBatch
 
-    def __init__(self, cfg, world: int) -> None:
-        self.cfg, self.world = cfg, world
+    def __init__(self, config: AccumulationBatch, spec: RunSpec) -> None:
+        self.batch, self.spec = config, spec
 
     def check(self) -> BatchPlan:
-        batch = self.cfg.batch
+        batch = self.batch
         if batch.micro_size is None and batch.accum_steps is None:
             raise ConfigError(
                 "batch.micro_size", None, "batch=accumulation needs batch.micro_size (per rank) or batch.accum_steps"
             )
-        return given_plan(batch, self.world)
+        return given_plan(batch, self.spec.world_size)
 
-    def check_data(self, n_train: int, data: str = "the data") -> None:
-        fits_data([self.cfg.batch.size], n_train, data)
-
-    def lay_out(self, probe, state: dict | None = None) -> Layout:
-        self.check_data(probe.n_train, probe.data)
+    def lay_out(self, probe: Probe, state: dict | None = None) -> Layout:
         plan = self.check()
-        return constant_layout(
-            self.cfg, self.world, probe.n_train, plan.size, first=plan, micro_size_cap=plan.micro_size
-        )
+        return constant_layout(self.spec, probe.n_train, plan.size, first=plan, micro_size_cap=plan.micro_size)

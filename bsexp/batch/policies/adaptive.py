@@ -18,7 +18,7 @@ from bsexp.batch.layout import Layout
 from bsexp.batch.plan import MIN_MICRO, BatchPlan, plan_for
 from bsexp.batch.policies import stepped
 from bsexp.batch.policies.finder import FinderConfig
-from bsexp.batch.policies.shared import BatchConfig, Policy, fits_data, run_steps
+from bsexp.batch.policies.shared import BatchConfig, Policy, Probe, RunSpec, run_steps
 from bsexp.batch.schedule import BatchSchedule, RunSteps
 from bsexp.errors import ConfigError
 from bsexp.fields import at_least, bounded, choice, positive
@@ -59,22 +59,22 @@ class Adaptive:
     measures_noise = True
     batch_figure = "adaptive/batch"  # the batch over training, against its target and B_simple
 
-    def __init__(self, cfg, world: int) -> None:
-        self.cfg, self.world = cfg, world
+    def __init__(self, config: AdaptiveBatch, spec: RunSpec) -> None:
+        self.batch, self.spec, self.world = config, spec, spec.world_size
         self.found = None
-        self.n_train, self.micro_size_cap = 0, cfg.batch.micro_size
-        self.points: list[tuple[int, int]] = [(0, cfg.batch.size)]  # (step, global batch from it on)
+        self.n_train, self.micro_size_cap = 0, config.micro_size
+        self.points: list[tuple[int, int]] = [(0, config.size)]  # (step, global batch from it on)
         self.gains: list[tuple[int, float]] = [(0, 1.0)]  # (step, LR gain from it on): AdaScale's r, or 1
         self.decisions: list[dict[str, Any]] = []
         self.rates: list[tuple[int, float]] = []  # (micro-batch, samples/s) of the finder's trials
-        self.adascale = str(cfg.batch.adaptive.lr) == "adascale"  # the LR follows AdaScale's gain, not the rule
+        self.adascale = str(config.adaptive.lr) == "adascale"  # the LR follows AdaScale's gain, not the rule
 
     def searches(self) -> bool:
-        return bool(self.cfg.batch.find_micro_size)
+        return bool(self.batch.find_micro_size)
 
     def check(self) -> BatchPlan:
-        cfg, world, size = self.cfg, self.world, self.cfg.batch.size
-        node = cfg.batch.adaptive
+        batch, world, size = self.batch, self.world, self.batch.size
+        node = batch.adaptive
         low = node.min_size if node.min_size is not None else size
         if size % world or size < world * MIN_MICRO:
             raise ConfigError(
@@ -84,51 +84,32 @@ class Adaptive:
             raise ConfigError("batch.adaptive.min_size", low, f"must be at most batch.size={size}")
         if node.max_size is not None and node.max_size < size:
             raise ConfigError("batch.adaptive.max_size", node.max_size, f"must be at least batch.size={size}")
-        if str(cfg.trainer.noise_scale) == "off":
+        if self.spec.noise_scale == "off":
             raise ConfigError(
                 "trainer.noise_scale", "off", "batch=adaptive steers by the measured noise scale: use auto or always"
             )
-        if not cfg.data.get("in_memory", True):
+        if not self.spec.data_in_memory:
             raise ConfigError(
                 "batch.policy",
                 "adaptive",
                 "needs the data in memory (data.in_memory=true): the steps ahead change as the run goes",
             )
-        if str(node.objective) == "goodput" and not cfg.batch.find_micro_size:
+        if str(node.objective) == "goodput" and not batch.find_micro_size:
             raise ConfigError(
                 "batch.adaptive.objective",
                 "goodput",
                 "needs the finder's throughput at each size: set batch.find_micro_size=true",
             )
-        return plan_for(size, world, cfg.batch.micro_size)
+        return plan_for(size, world, batch.micro_size)
 
-    def check_data(self, n_train: int, data: str = "the data") -> None:
-        fits_data([self.cfg.batch.size], n_train, data)
-
-    def controller(self) -> Controller:
-        node, size = self.cfg.batch.adaptive, self.cfg.batch.size
-        high = self.n_train if node.max_size is None else min(node.max_size, self.n_train)
-        return Controller(
-            start=size,
-            min_size=node.min_size if node.min_size is not None else size,
-            max_size=high,
-            quantum=self.world,
-            c=node.c,
-            power=node.power,
-            max_growth=node.max_growth,
-            shrink=node.shrink,
-            objective=str(node.objective),
-        )
-
-    def lay_out(self, probe, state: dict | None = None) -> Layout:
-        self.check_data(probe.n_train, probe.data)
+    def lay_out(self, probe: Probe, state: dict | None = None) -> Layout:
         self.n_train = probe.n_train
         if state is not None:
             self.points = [tuple(p) for p in state["points"]]
             self.gains = [tuple(g) for g in state["gains"]]
             self.decisions, self.rates = list(state["decisions"]), [tuple(r) for r in state["rates"]]
-        elif self.cfg.batch.find_micro_size:
-            self.found = probe.find(largest=self.controller().max_size // self.world)
+        elif self.batch.find_micro_size:
+            self.found = probe.find(largest=controller(self.batch, self.world, self.n_train).max_size // self.world)
             cap = self.found.micro_size
             self.micro_size_cap = cap if self.micro_size_cap is None else min(self.micro_size_cap, cap)
             self.rates = sorted((t.size, t.samples_per_s) for t in self.found.trials if t.ok and t.samples_per_s)
@@ -146,13 +127,13 @@ class Adaptive:
         1: train while the scale-invariant iterations τ, advanced r a step, are below the budget
         T), the steps ahead at the gain in force: a gain below the scale S takes more samples than
         `epochs` (up to S times as many)."""
-        cfg, epochs, b0 = self.cfg, self.cfg.epochs, self.points[0][1]
+        spec, epochs, b0 = self.spec, self.spec.epochs, self.points[0][1]
         while True:
             run = stepped.schedule(self.points, self.world, balance_tail=True).run_steps(
-                epochs, self.n_train, cfg.batch.drop_last, cfg.trainer.max_steps
+                epochs, self.n_train, spec.drop_last, spec.max_steps
             )
             position = stepped.progress(run, b0, self._gains(run.total))
-            if position[-1] >= budget or not run.total or run.total == cfg.trainer.max_steps:
+            if position[-1] >= budget or not run.total or run.total == spec.max_steps:
                 return run.first(bisect.bisect_left(position, budget, hi=run.total))
             per_epoch = position[-1] - position[run.epoch_starts[-1]]  # the last epoch's, at the gain ahead
             if per_epoch <= 0:
@@ -165,12 +146,10 @@ class Adaptive:
         # run itself, a cap in steps (or drop_last) would end the schedule where the first batch's
         # run ends, long before a grown batch's does, and a resumed run, its batches grown, would
         # count warmup steps and the cap otherwise than the run it resumes.
-        cfg, b0 = self.cfg, self.points[0][1]
-        budget = run_steps(cfg, BatchSchedule(start=b0, world_size=self.world), self.n_train)
+        rules, b0 = self.spec.rules, self.points[0][1]
+        budget = run_steps(self.spec, BatchSchedule(start=b0, world_size=self.world), self.n_train)
         run = self._run_steps(budget.total_samples)
-        positions, coupling = stepped.follow(
-            run, b0, cfg.scaling.ref_batch, str(cfg.scaling.lr_rule), self._gains(run.total)
-        )
+        positions, coupling = stepped.follow(run, b0, rules.ref_batch, rules.lr_rule, self._gains(run.total))
         first = plan_for(run.sizes[0] if run.sizes else b0, self.world, self.micro_size_cap)
         return Layout(
             run,
@@ -181,18 +160,18 @@ class Adaptive:
             lr_run_given=budget,
             lr_samples_given=positions,
             lr_coupling=coupling,
-            wd_step_ratios=stepped.weight_decay_step_ratios(run.sizes, str(cfg.scaling.wd_rule)),
+            wd_step_ratios=stepped.weight_decay_step_ratios(run.sizes, rules.wd_rule),
         )
 
     # ------------------------------------------------------------------ the closed loop
 
     def due(self, step: int, layout: Layout) -> bool:
-        return not step % self.cfg.batch.adaptive.interval and step < layout.total
+        return not step % self.batch.adaptive.interval and step < layout.total
 
     def decide(self, step: int, layout: Layout, b_simple: float | None) -> tuple:
         """Rank 0's decision at `step` from its measured B_simple (and its throughput)."""
         current = layout.run.sizes[step]
-        decision = self.controller().next_size(
+        decision = controller(self.batch, self.world, self.n_train).next_size(
             current, b_simple, throughput(self.rates, self.micro_size_cap, self.world), step
         )
         gain = 1.0
@@ -204,7 +183,7 @@ class Adaptive:
         """Every rank: the run laid out again from the decision (None where nothing changes)."""
         decision, gain, b_simple = decided
         current, size = layout.run.sizes[step], decision.size
-        at = stepped.from_step(layout.run, step, size, self.cfg.batch.drop_last)
+        at = stepped.from_step(layout.run, step, size, self.spec.drop_last)
         if at is None:  # the last epoch's last step: the batch stays to the end
             size, gain, at = current, self.gains[-1][1], step
         self.decisions.append(
@@ -264,6 +243,23 @@ class Adaptive:
             "decisions": list(self.decisions),
             "rates": [list(r) for r in self.rates],
         }
+
+
+def controller(batch: AdaptiveBatch, world: int, n_train: int) -> Controller:
+    """The controller of a run of `world` ranks on `n_train` training samples: the batch stays a
+    multiple of the ranks, within batch.adaptive.min_size and .max_size and the training set."""
+    node, size = batch.adaptive, batch.size
+    return Controller(
+        start=size,
+        min_size=node.min_size if node.min_size is not None else size,
+        max_size=n_train if node.max_size is None else min(node.max_size, n_train),
+        quantum=world,
+        c=node.c,
+        power=node.power,
+        max_growth=node.max_growth,
+        shrink=node.shrink,
+        objective=str(node.objective),
+    )
 
 
 def throughput(rates: list[tuple[int, float]], micro_size_cap: int | None, world: int):

@@ -16,7 +16,7 @@ from bsexp.batch import scaling
 from bsexp.batch.layout import Layout
 from bsexp.batch.plan import MIN_MICRO, BatchPlan, plan_for
 from bsexp.batch.policies import stepped
-from bsexp.batch.policies.shared import fits_data, given_plan, run_steps
+from bsexp.batch.policies.shared import BatchConfig, Probe, RunSpec, given_plan, run_steps
 from bsexp.batch.schedule import BatchSchedule, RunSteps
 from bsexp.errors import ConfigError
 from bsexp.fields import at_least
@@ -36,60 +36,69 @@ class BranchConfig:
     evals: int = at_least(1, 4)  # evaluations along the branch, evenly in samples (and one at its start)
 
 
+@dataclass(frozen=True)
+class BranchBatch:
+    """A branch's config: the batch node it trains at (batch=fixed or batch=accumulation's) and branch.*."""
+
+    batch: BatchConfig
+    branch: BranchConfig
+
+
 class Branch:
+    """Made from its config and the run's spec, whose `trunk` says where it starts (the trunk's
+    batch, step, samples and checkpoint: bsexp.runs.trunk.find; None until the trunk is found, and
+    resuming, when the branch's own checkpoint says it)."""
+
     name = "branch"
     own_setup = False  # the set-up is the trunk's: no cautions of its own
 
-    def __init__(self, cfg, world: int) -> None:
-        self.cfg, self.world = cfg, world
-        self.trunk: dict[str, Any] | None = None  # batch, step, samples, checkpoint: set before lay_out
+    def __init__(self, config: BranchBatch, spec: RunSpec) -> None:
+        self.batch, self.branch, self.spec, self.world = config.batch, config.branch, spec, spec.world_size
+        # The trunk's batch, step and samples; once begun, the LR and weight decay of the branch's first step.
+        self.trunk: dict[str, Any] | None = None if spec.trunk is None else dict(spec.trunk)
         self.run: RunSteps | None = None
 
     def check(self) -> BatchPlan:
-        cfg = self.cfg
-        if str(cfg.batch.policy) not in ("fixed", "accumulation"):
+        branch = self.branch
+        if str(self.batch.policy) not in ("fixed", "accumulation"):
             raise ConfigError(
                 "batch.policy",
-                str(cfg.batch.policy),
+                str(self.batch.policy),
                 "a branch trains at one global batch: use batch=fixed or batch=accumulation",
             )
-        if cfg.branch.samples is None:
+        if branch.samples is None:
             raise ConfigError(
                 "branch.samples",
                 None,
                 "a branch needs its length: the samples to train on after the branch point (e.g. branch.samples=8192)",
             )
-        if cfg.branch.at_samples is None:
+        if branch.at_samples is None:
             raise ConfigError(
                 "branch.at_samples",
                 None,
                 "say which of the trunk's checkpoints to branch from: its "
                 "samples seen (checkpoint.at_samples of the trunk)",
             )
-        return given_plan(cfg.batch, self.world)
+        return given_plan(self.batch, self.world)
 
-    def check_data(self, n_train: int, data: str = "the data") -> None:
-        fits_data([self.cfg.batch.size], n_train, data)
-
-    def lay_out(self, probe, state: dict | None = None) -> Layout:
-        cfg, trunk = self.cfg, self.trunk
+    def lay_out(self, probe: Probe, state: dict | None = None) -> Layout:
+        rules, size = self.spec.rules, self.batch.size
         if state is not None:  # a branch resumed: where it branched is in its own checkpoint
-            self.trunk = trunk = dict(state["trunk"])
-        self.check_data(probe.n_train, probe.data)
-        given = given_plan(cfg.batch, self.world)
-        counted = run_steps(cfg, BatchSchedule(start=trunk["batch"], world_size=self.world), probe.n_train)
-        points = [(0, trunk["batch"]), (trunk["step"], cfg.batch.size)]
+            self.trunk = dict(state["trunk"])
+        trunk = self.trunk
+        given = given_plan(self.batch, self.world)
+        counted = run_steps(self.spec, BatchSchedule(start=trunk["batch"], world_size=self.world), probe.n_train)
+        points = [(0, trunk["batch"]), (trunk["step"], size)]
         self.run, cut_short = self._run_steps(points, counted, probe.n_train)
-        positions, coupling = stepped.follow(self.run, trunk["batch"], cfg.scaling.ref_batch, str(cfg.scaling.lr_rule))
+        positions, coupling = stepped.follow(self.run, trunk["batch"], rules.ref_batch, rules.lr_rule)
         if cut_short and self.run.total > trunk["step"]:  # the last step takes the LR of the samples it takes
-            rule = str(cfg.scaling.lr_rule)
             coupling = (
                 *coupling[:-1],
-                coupling[-1] * scaling.rule_multiplier(rule, self.run.taken[-1] / self.run.sizes[-1]),
+                coupling[-1] * scaling.rule_multiplier(rules.lr_rule, self.run.taken[-1] / self.run.sizes[-1]),
             )
-        ratio = scaling.rule_multiplier(str(cfg.scaling.wd_rule), cfg.batch.size / trunk["batch"])
+        ratio = scaling.rule_multiplier(rules.wd_rule, size / trunk["batch"])
         wd_step_ratios = tuple(ratio if step == trunk["step"] else 1.0 for step in range(self.run.total))
-        first = given if trunk["batch"] == cfg.batch.size else plan_for(trunk["batch"], self.world, None)
+        first = given if trunk["batch"] == size else plan_for(trunk["batch"], self.world, None)
         return Layout(
             self.run,
             self.world,
@@ -107,13 +116,13 @@ class Branch:
     def _run_steps(self, points, counted: RunSteps, n_train: int) -> tuple[RunSteps, bool]:
         """The trunk's steps to the branch point, then the branch's to its end; and whether that
         end cuts the last step short of its batch."""
-        cfg, trunk = self.cfg, self.trunk
-        full = stepped.schedule(points, self.world).run_steps(cfg.epochs, n_train, cfg.batch.drop_last)
-        at, end = trunk["samples"], trunk["samples"] + cfg.branch.samples
+        branch, trunk = self.branch, self.trunk
+        full = stepped.schedule(points, self.world).run_steps(self.spec.epochs, n_train, self.spec.drop_last)
+        at, end = trunk["samples"], trunk["samples"] + branch.samples
         if trunk["step"] > full.total or full.samples_before_step(trunk["step"]) != at:
             raise ConfigError(
                 "branch.trunk",
-                cfg.branch.trunk,
+                branch.trunk,
                 f"its checkpoint at step {trunk['step']} has seen {at} "
                 f"samples, which this run's layout does not reproduce "
                 f"(epochs, data or batch.drop_last differ)",
@@ -122,7 +131,7 @@ class Branch:
         if end > last:
             raise ConfigError(
                 "branch.samples",
-                cfg.branch.samples,
+                branch.samples,
                 f"runs past the run's end: the branch starts at {at} of {last} samples, so at most {last - at}",
             )
         cut = full.cut(end, min_last=MIN_MICRO * self.world)
@@ -130,8 +139,8 @@ class Branch:
 
     def _eval_steps(self) -> tuple[int, ...]:
         """After the first step at or past each `branch.samples / branch.evals` of the branch."""
-        cfg, trunk, run = self.cfg, self.trunk, self.run
-        marks = [trunk["samples"] + cfg.branch.samples * j / cfg.branch.evals for j in range(1, cfg.branch.evals + 1)]
+        branch, trunk, run = self.branch, self.trunk, self.run
+        marks = [trunk["samples"] + branch.samples * j / branch.evals for j in range(1, branch.evals + 1)]
         seen, found = trunk["samples"], []
         for step in range(trunk["step"], run.total):
             seen += (run.taken or run.sizes)[step]
@@ -148,13 +157,13 @@ class Branch:
 
     def described(self, hp: scaling.ScaledHparams) -> scaling.ScaledHparams:
         """The branch's own: the LR and weight decay at its batch by the rules, its steps."""
-        cfg, trunk = self.cfg, self.trunk
-        k = scaling.scale_factor(cfg.batch.size, cfg.scaling.ref_batch)
+        rules, trunk = self.spec.rules, self.trunk
+        k = scaling.scale_factor(self.batch.size, rules.ref_batch)
         return scaling.ScaledHparams(
             k=k,
-            lr=scaling.scaled_lr(cfg.optimizer.lr, k, str(cfg.scaling.lr_rule)),
+            lr=scaling.scaled_lr(rules.lr, k, rules.lr_rule),
             lr_peak=hp.lr_peak,
-            weight_decay=scaling.scaled_weight_decay(cfg.optimizer.weight_decay, k, str(cfg.scaling.wd_rule)),
+            weight_decay=scaling.scaled_weight_decay(rules.weight_decay, k, rules.wd_rule),
             warmup_steps=0 if hp.warmup_steps <= trunk["step"] else hp.warmup_steps - trunk["step"],
             total_steps=self.run.total - trunk["step"],
         )
@@ -168,9 +177,9 @@ class Branch:
                 "trunk_batch": trunk["batch"],
                 "at_step": trunk["step"],
                 "at_samples": trunk["samples"],
-                "samples": self.cfg.branch.samples,
+                "samples": self.branch.samples,
                 "samples_trained": samples_seen - trunk["samples"],
-                "batch": self.cfg.batch.size,
+                "batch": self.batch.size,
                 "lr": trunk.get("lr"),
                 "weight_decay": trunk.get("weight_decay"),
             }

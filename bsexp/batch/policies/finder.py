@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 from bsexp.batch.layout import Layout
 from bsexp.batch.plan import MIN_MICRO, BatchPlan, make_plan
-from bsexp.batch.policies.shared import BatchConfig, Policy, constant_layout, fits_data
+from bsexp.batch.policies.shared import BatchConfig, Policy, Probe, RunSpec, constant_layout, fits_data
 from bsexp.errors import ConfigError
 from bsexp.fields import at_least, bounded, choice, positive
 
@@ -55,8 +55,8 @@ class Finder:
     name = "finder"
     config = FinderBatch
 
-    def __init__(self, cfg, world: int) -> None:
-        self.cfg, self.world = cfg, world
+    def __init__(self, config: FinderBatch, spec: RunSpec) -> None:
+        self.batch, self.spec = config, spec
         self.found = None  # the finder's result (bsexp.finder.FinderResult), where it ran
         self.found_plan: BatchPlan | None = None  # what it chose (kept in checkpoints)
 
@@ -64,44 +64,39 @@ class Finder:
         return True
 
     def check(self) -> None:
-        size = self.cfg.batch.size
-        if size is not None and size % self.world:
-            raise ConfigError("batch.size", size, f"must be divisible by the world size {self.world}")
+        size, world = self.batch.size, self.spec.world_size
+        if size is not None and size % world:
+            raise ConfigError("batch.size", size, f"must be divisible by the world size {world}")
         return None
 
     def check_data(self, n_train: int, data: str = "the data") -> None:
-        if self.cfg.batch.size is not None:  # kept through accumulation; else the finder decides, within the data
-            fits_data([self.cfg.batch.size], n_train, data)
+        if self.batch.size is not None:  # kept through accumulation; else the finder decides, within the data
+            fits_data([self.batch.size], n_train, data)
 
-    def lay_out(self, probe, state: dict | None = None) -> Layout:
+    def lay_out(self, probe: Probe, state: dict | None = None) -> Layout:
         micro_size_cap = None
         if state is not None:  # the plan found before, not a new search
             self.found_plan = BatchPlan(**state["found_plan"])
         else:
-            self.found = probe.find(keep_size=self.cfg.batch.size)
+            self.found = probe.find(keep_size=self.batch.size)
             micro_size_cap = self.found.plan.micro_size
             self.found_plan = self.found.plan
-            if str(self.cfg.batch.finder.objective) == "noise_scale":
+            if str(self.batch.finder.objective) == "noise_scale":
                 self.found_plan = self._noise_scale_plan(probe)
-        fits_data([self.found_plan.size], probe.n_train, probe.data)
+        fits_data([self.found_plan.size], probe.n_train, probe.data)  # what was found (or, resuming, kept)
         return constant_layout(
-            self.cfg,
-            self.world,
-            probe.n_train,
-            self.found_plan.size,
-            first=self.found_plan,
-            micro_size_cap=micro_size_cap,
+            self.spec, probe.n_train, self.found_plan.size, first=self.found_plan, micro_size_cap=micro_size_cap
         )
 
     def state_dict(self) -> dict[str, Any]:
         return {"found_plan": asdict(self.found_plan)}
 
-    def _noise_scale_plan(self, probe) -> BatchPlan:
+    def _noise_scale_plan(self, probe: Probe) -> BatchPlan:
         """objective=noise_scale: train a copy of the run for batch.finder.noise_steps steps at
         batch.finder.noise_batch (at most what fits), measuring B_simple (McCandlish et al. 2018),
         then take the batch nearest it that fits in memory and divides over the ranks. The run
         then trains exactly as batch=fixed at that batch would."""
-        node, world, found, n_train = self.cfg.batch.finder, self.world, self.found, probe.n_train
+        node, world, found, n_train = self.batch.finder, self.spec.world_size, self.found, probe.n_train
         quantum = 2 * world  # two halves on every rank
         fits = found.micro_size * world
         measure = max(quantum * MIN_MICRO, min(node.noise_batch, fits, n_train) // quantum * quantum)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from bsexp.batch.layout import Layout
 from bsexp.batch.plan import BatchPlan, make_plan
-from bsexp.batch.policies.shared import BatchConfig, Policy, constant_layout, fits_data
+from bsexp.batch.policies.shared import BatchConfig, Policy, Probe, RunSpec, constant_layout
 
 
 @dataclass
@@ -18,15 +18,11 @@ class Fixed:
     name = "fixed"
     config = FixedBatch
 
-    def __init__(self, cfg, world: int) -> None:
-        self.cfg, self.world = cfg, world
+    def __init__(self, config: FixedBatch, spec: RunSpec) -> None:
+        self.batch, self.spec = config, spec
 
     def check(self) -> BatchPlan:
-        return make_plan(self.cfg.batch.size, self.world)
+        return make_plan(self.batch.size, self.spec.world_size)
 
-    def check_data(self, n_train: int, data: str = "the data") -> None:
-        fits_data([self.cfg.batch.size], n_train, data)
-
-    def lay_out(self, probe, state: dict | None = None) -> Layout:
-        self.check_data(probe.n_train, probe.data)
-        return constant_layout(self.cfg, self.world, probe.n_train, self.cfg.batch.size)
+    def lay_out(self, probe: Probe, state: dict | None = None) -> Layout:
+        return constant_layout(self.spec, probe.n_train, self.batch.size)

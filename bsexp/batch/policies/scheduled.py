@@ -9,10 +9,11 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 from bsexp.batch import scaling
+from bsexp.batch.hparams import Rules
 from bsexp.batch.layout import Layout
 from bsexp.batch.plan import MIN_MICRO, BatchPlan, plan_for
 from bsexp.batch.policies.finder import FinderConfig
-from bsexp.batch.policies.shared import BatchConfig, Policy, fits_data, run_steps
+from bsexp.batch.policies.shared import BatchConfig, Policy, Probe, RunSpec, fits_data, run_steps
 from bsexp.batch.schedule import BatchSchedule
 from bsexp.errors import ConfigError
 from bsexp.fields import Unit, at_least, bounded, choice, positive
@@ -48,17 +49,17 @@ class Scheduled:
     name = "scheduled"
     config = ScheduledBatch
 
-    def __init__(self, cfg, world: int) -> None:
-        self.cfg, self.world = cfg, world
+    def __init__(self, config: ScheduledBatch, spec: RunSpec) -> None:
+        self.batch, self.spec = config, spec
         self.found = None
 
     def searches(self) -> bool:
-        return bool(self.cfg.batch.find_micro_size)
+        return bool(self.batch.find_micro_size)
 
-    def schedule(self, start: int) -> BatchSchedule:
-        node, world, epochs = self.cfg.batch.schedule, self.world, self.cfg.epochs
+    def _schedule(self, start: int) -> BatchSchedule:
+        node, world, epochs = self.batch.schedule, self.spec.world_size, self.spec.epochs
         if node.kind == SEESAW:  # the batch x alpha at the LR schedule's own decay points
-            lr = self.cfg.schedule
+            lr = self.spec.rules
             return BatchSchedule(
                 start=start,
                 world_size=world,
@@ -83,20 +84,20 @@ class Scheduled:
 
     def check(self) -> BatchPlan:
         """Every batch the schedule reaches must split over the ranks."""
-        cfg, node, world = self.cfg, self.cfg.batch.schedule, self.world
+        batch, node, world = self.batch, self.batch.schedule, self.spec.world_size
         if node.kind == SEESAW:
-            _check_seesaw(cfg.schedule)
+            _check_seesaw(self.spec.rules)
         milestones = list(node.milestones)
         if milestones != sorted(milestones):
             raise ConfigError("batch.schedule.milestones", milestones, "must be non-negative and increasing")
         if node.kind in ("linear", "exponential") and node.end is None:
             raise ConfigError("batch.schedule.end", None, f"batch.schedule.kind={node.kind} needs the final batch")
         if node.kind == "list":
-            _check_points([list(p) for p in node.points], cfg.batch.size)
-        sizes = self.schedule(cfg.batch.size).sizes(cfg.epochs)
+            _check_points([list(p) for p in node.points], batch.size)
+        sizes = self._schedule(batch.size).sizes(self.spec.epochs)
         for size in sizes:
             if size < world * MIN_MICRO or size % world:
-                key = "batch.schedule" if size != cfg.batch.size else "batch.size"
+                key = "batch.schedule" if size != batch.size else "batch.size"
                 raise ConfigError(
                     key,
                     size,
@@ -104,42 +105,40 @@ class Scheduled:
                     f"and at least {world * MIN_MICRO} ({MIN_MICRO} samples a rank); the "
                     f"schedule reaches {sizes}",
                 )
-        return plan_for(cfg.batch.size, world, cfg.batch.micro_size)
+        return plan_for(batch.size, world, batch.micro_size)
 
     def check_data(self, n_train: int, data: str = "the data") -> None:
-        fits_data(self.schedule(self.cfg.batch.size).sizes(self.cfg.epochs), n_train, data)
+        fits_data(self._schedule(self.batch.size).sizes(self.spec.epochs), n_train, data)
 
-    def lay_out(self, probe, state: dict | None = None) -> Layout:
-        cfg, start = self.cfg, self.cfg.batch.size
-        self.check_data(probe.n_train, probe.data)
-        micro_size_cap = cfg.batch.micro_size
-        if cfg.batch.find_micro_size and state is None:  # the largest micro-batch that fits bounds them all
-            largest = max(self.schedule(start).sizes(cfg.epochs)) // self.world
-            if largest * self.world <= probe.n_train:
+    def lay_out(self, probe: Probe, state: dict | None = None) -> Layout:
+        batch, start, world = self.batch, self.batch.size, self.spec.world_size
+        micro_size_cap = batch.micro_size
+        if batch.find_micro_size and state is None:  # the largest micro-batch that fits bounds them all
+            largest = max(self._schedule(start).sizes(self.spec.epochs)) // world
+            if largest * world <= probe.n_train:
                 self.found = probe.find(largest=largest)
                 micro_size_cap = (
                     self.found.micro_size if micro_size_cap is None else min(micro_size_cap, self.found.micro_size)
                 )
-        run = run_steps(cfg, self.schedule(start), probe.n_train)
+        run = run_steps(self.spec, self._schedule(start), probe.n_train)
         return Layout(
             run,
-            self.world,
-            plan_for(start, self.world, micro_size_cap),
+            world,
+            plan_for(start, world, micro_size_cap),
             micro_size_cap=micro_size_cap,
             lr_coupling=tuple(self._coupling(run.sizes)),
         )
 
     def _coupling(self, sizes: tuple[int, ...]) -> list[float]:
-        node = self.cfg.batch.schedule
+        node, rules = self.batch.schedule, self.spec.rules
         if node.kind == SEESAW:
             # Seesaw (Meterez et al. 2025): where the step schedule multiplies the LR by 1/alpha, the
             # batch grows x alpha and the LR falls by 1/sqrt(alpha) only: x sqrt(batch / start) on it.
             return [(size / sizes[0]) ** 0.5 for size in sizes]
-        rule = str(self.cfg.scaling.lr_rule)
-        return scaling.lr_coupling(sizes, self.cfg.scaling.ref_batch, rule, node.couple_lr, node.ramp_steps)
+        return scaling.lr_coupling(sizes, rules.ref_batch, rules.lr_rule, node.couple_lr, node.ramp_steps)
 
 
-def _check_seesaw(main) -> None:
+def _check_seesaw(main: Rules) -> None:
     if str(main.main) != "step" or not main.milestones:
         raise ConfigError(
             "batch.schedule.kind",

@@ -181,12 +181,8 @@ def figures(result: StepsToResult, out: Path) -> None:
         ax.legend(fontsize=7)
     else:
         _nothing_reached(ax, result)
-    ax.set_xlabel("batch size")
-    ax.set_ylabel(f"steps to val_acc >= {100 * result.target:.0f} %")
-    ax.set_title("Steps to result, LR tuned at each batch", fontsize=9)
-    ax.grid(alpha=0.3)
-    fig.savefig(out / "steps_to_result.png", dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    labels = ("batch size", f"steps to val_acc >= {100 * result.target:.0f} %")
+    _save(fig, ax, out / "steps_to_result.png", *labels, "Steps to result, LR tuned at each batch")
     _lr_figure(result, out)
     _samples_figure(result, out)
 
@@ -210,12 +206,8 @@ def _lr_figure(result: StepsToResult, out: Path) -> None:
         _nothing_reached(ax, result)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlabel("batch size")
-    ax.set_ylabel("learning rate")
-    ax.set_title("The tuned LR against the scaling rules (grey: every trial)", fontsize=9)
-    ax.grid(alpha=0.3)
-    fig.savefig(out / "tuned_lr.png", dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    title = "The tuned LR against the scaling rules (grey: every trial)"
+    _save(fig, ax, out / "tuned_lr.png", "batch size", "learning rate", title)
 
 
 def _samples_figure(result: StepsToResult, out: Path) -> None:
@@ -231,11 +223,19 @@ def _samples_figure(result: StepsToResult, out: Path) -> None:
         ax.set_yscale("log")
     else:
         _nothing_reached(ax, result)
-    ax.set_xlabel("steps to result")
-    ax.set_ylabel("samples to result")
-    ax.set_title("Samples against steps: the trade-off (batch sizes marked)", fontsize=9)
+    title = "Samples against steps: the trade-off (batch sizes marked)"
+    _save(fig, ax, out / "samples_steps.png", "steps to result", "samples to result", title)
+
+
+def _save(fig, ax, path: Path, xlabel: str, ylabel: str, title: str) -> None:
+    """A figure labelled, gridded and written to `path` (PNG at 120 dpi), then closed."""
+    import matplotlib.pyplot as plt
+
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
-    fig.savefig(out / "samples_steps.png", dpi=120, bbox_inches="tight")
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
 
