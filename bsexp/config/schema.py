@@ -253,7 +253,9 @@ class ScalingConfig:
     wd_rule: Rule = Rule.sqrt  # weight decay x sqrt(k) (Loshchilov & Hutter's normalised decay), x k, x 1
     dropout_rule: Rule = Rule.none  # every dropout layer's rate x sqrt(k) or x k ("a larger batch, more dropout")
     dropout_max: float = bounded(0.5, low=0, high=1, open_high=True)  # the dropout rule's cap
-    bn_momentum_rule: MomentumRule = MomentumRule.none  # BatchNorm's momentum / k (inverse) or / sqrt(k)
+    # BatchNorm's momentum at k: 1 - (1 - m)^k (per_sample: the same forgetting per sample), m / k
+    # (inverse: the newest batch's weight per sample; forgetting k^2 x slower per sample), m / sqrt(k)
+    bn_momentum_rule: MomentumRule = MomentumRule.none
     bn_momentum_min: float = bounded(0.001, low=0, high=1, open_low=True)  # the momentum rule's floor
 
 
