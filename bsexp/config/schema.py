@@ -35,6 +35,10 @@ Backend = choice("Backend", "auto", "gloo", "nccl", module=__name__)
 NoiseMode = choice("NoiseMode", "auto", "off", "always", module=__name__)
 Speed = choice("Speed", "auto", "fast", "reproducible", module=__name__)
 WandbMode = choice("WandbMode", "offline", "online", "disabled", module=__name__)
+# The metrics a ladder of targets can climb (trainer.ladder), as the metrics records name them;
+# the losses are better lower, the accuracies higher.
+LadderMetric = choice("LadderMetric", "val_acc", "val_loss", "train_acc", "train_loss", module=__name__)
+LOWER_IS_BETTER = ("val_loss", "train_loss")
 # The torchvision sets bsexp knows: name -> (torchvision class, number of classes).
 VISION_SETS = {
     "mnist": ("MNIST", 10),
@@ -279,6 +283,11 @@ class TrainerConfig:
     # that the step a run reached a target is resolved to about that fraction, at any batch size
     eval_growth: Optional[float] = positive(None)
     stop_at: Optional[float] = bounded(None, low=0, high=1)  # end the run once val_acc reaches this (steps to result)
+    # Targets of trainer.ladder_metric, easiest first (a loss's falling): summary.json's `ladder` holds
+    # the step, samples and LR at which the run first reached each (a comparison's rungs)
+    ladder: List[float] = bounded(low=0, factory=list)
+    ladder_metric: LadderMetric = LadderMetric.val_acc  # accuracies are reached at or above a rung, losses below
+    ladder_stop: bool = False  # end the run once it reaches the ladder's top rung
     eval_batch_size: int = at_least(1, 1024)
     # stop after this many optimizer steps (batch=adaptive: a budget of the samples that many steps
     # of its first batch take; the run ends when it has taken them)
