@@ -19,6 +19,7 @@ from omegaconf import MISSING
 from bsexp.batch.policies import REGISTRY, config_of
 from bsexp.batch.policies.branch import BranchConfig
 from bsexp.batch.scaling import MOMENTUM_RULES, RULES
+from bsexp.config.comparison import ComparisonConfig
 from bsexp.errors import add_key_hint
 from bsexp.fields import Bound, Unit, at_least, bounded, choice, positive  # noqa: F401 (Bound: for the checks)
 
@@ -337,6 +338,8 @@ class TuneConfig:
     target: float = bounded(0.9, low=0, high=1)  # the val_acc a run's steps are counted to
     seeds: int = at_least(0, 3)  # reruns of each batch size's best trial, seeds 1 to this
     best: Optional[str] = None  # the best trials (best.json): their values, for the reruns
+    arm: Optional[str] = None  # a comparison's arm this run belongs to (comparison.arms); its trial searches its space
+    around: Optional[str] = None  # the search's best per arm (search_best.json): trials drawn around it (refinement)
 
 
 @dataclass
@@ -357,6 +360,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     branch: BranchConfig = field(default_factory=BranchConfig)
     tune: TuneConfig = field(default_factory=TuneConfig)
+    comparison: ComparisonConfig = field(default_factory=ComparisonConfig)
     resume: Optional[str] = None  # auto: the newest readable checkpoint of the run directory; or a path
 
 

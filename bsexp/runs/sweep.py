@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 INDEX = "jobs.jsonl"
 # Overrides that say how a point is run or shown, not what it computes: left out of its name.
 _NOT_IN_NAMES = ("logger", "trainer.progress", "trainer.threads", "hydra", "experiment", "resume")
+_NOT_IN_NAMES += ("comparison", "tune.arm", "tune.around")  # a comparison's: one sweep an arm (bsexp.tune)
 _MAX_NAME = 120
 _SUMMARY_KEYS = ("status", "batch_size", "seed", "val_acc", "test_acc", "steps", "wall_time_s")
 
@@ -40,10 +41,16 @@ def naming_overrides(overrides: list[str]) -> list[str]:
     kept = []
     for override in overrides:
         key, _, value = override.lstrip("+~").partition("=")
-        if any(key == n or key.startswith(n + ".") for n in _NOT_IN_NAMES):
-            continue
+        if any(key == n or key.startswith(n + ".") for n in _NOT_IN_NAMES) or _searched(value):
+            continue  # how it runs, or a searched key (its value is the trial's: tune.trial names it)
         kept.append(f"{key.split('/')[-1]}={value}")
     return kept
+
+
+def _searched(value: str) -> bool:
+    """A searched key's value, `${bsexp_tuned:optimizer.lr}` (as Hydra keeps a swept point's
+    overrides: escaped, `$\\{bsexp_tuned\\:optimizer.lr\\}`)."""
+    return value.replace("\\", "").startswith("${bsexp_tuned:")
 
 
 def job_dirname() -> str:
