@@ -198,7 +198,9 @@ def grid(sweep_dir: Path) -> list[tuple[str, list[str]]]:
         if config.hydra.sweeper.get("_target_") != "hydra._internal.core_plugins.basic_sweeper.BasicSweeper":
             return []
         params = [f"{key}={value}" for key, value in (config.hydra.sweeper.get("params") or {}).items()]
-        overrides = OverridesParser.create().parse_overrides([*params, *config.hydra.overrides.task])
+        # As written, unresolved: an override's own interpolation (a comparison's ${bsexp_tuned:key}) is the point's
+        task = OmegaConf.to_container(config.hydra.overrides.task, resolve=False)
+        overrides = OverridesParser.create().parse_overrides([*params, *task])
         points = [list(point) for batch in BasicSweeper.split_arguments(overrides, None) for point in batch]
     except Exception:  # noqa: BLE001 - the grid is a help to the report, never a reason to fail it
         return []

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from scipy.stats import bootstrap
 
+from bsexp import api
 from conftest import cli_env
 
 COMPARISON = """# @package _global_
@@ -129,9 +130,15 @@ def _check_stages_and_best(out):
         # The best trial's LR, and every held-out run trained with it (given as it is, not resolved).
         assert best["values"]["optimizer.lr"] == pytest.approx(fewest["summary"]["lr"])
         assert all(s["lr"] == pytest.approx(best["values"]["optimizer.lr"]) for s in held.values())
-    # Four distinct points of the search, within its range; the adaptive arm's c searched with them.
+    # Four distinct points of the search, within its range.
     lrs = sorted(s["lr"] for s in summaries(out / "search" / "fixed_32").values())
     assert len(set(lrs)) == 4 and 0.03 <= lrs[0] and lrs[-1] <= 0.3
+    # The same comparison from Python (bsexp.api): every run, by stage and arm, its searched values resolved.
+    rows = api.points(out)
+    assert len(rows) == 16 and {(r["stage"], r["arm"]) for r in rows} == {
+        (stage, arm) for stage in ("search", "refine", "held_out") for arm in ("fixed_32", "adaptive")
+    }
+    assert all(r["optimizer.lr"] == pytest.approx(r["lr"]) for r in rows if r["arm"] == "fixed_32")
 
 
 def _check_report(out):
