@@ -154,18 +154,10 @@ def check_arms(plan: Plan, computes: list[str], runs_how: list[str]) -> None:
 
     searchpath = [a for a in runs_how if _key(a) == "hydra.searchpath"]
     for arm in plan.arms:
-        dims = plan.space(arm)
+        dims, first, *rest = plan.space(arm), *run_args(plan, arm, computes)
         trial = ["tune.trial=0", f"seed={plan.tuning_seeds[0]}"] if dims else []
         try:
-            cfg = compose(
-                [
-                    *run_args(plan, arm, computes)[:1],
-                    *searchpath,
-                    *run_args(plan, arm, computes)[1:],
-                    *trial,
-                    *searched(dims),
-                ]
-            )
+            cfg = compose([first, *searchpath, *rest, *trial, *searched(dims)])
             for dim in dims:
                 OmegaConf.select(cfg, dim.key, throw_on_missing=True)
             check(cfg)
