@@ -40,6 +40,22 @@ def figure(result: Comparison, out_dir: Path, name: str = "compare_frontier.png"
     return save_figure(fig, out_dir, name)
 
 
+def _log_axes(ax) -> None:
+    """Log axes over at least a factor 4 each way, labelled 200, 500, 1,000 (not 2 x 10^2)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    plain = FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    for axis, limits, setter in ((ax.xaxis, ax.get_xlim(), ax.set_xlim), (ax.yaxis, ax.get_ylim(), ax.set_ylim)):
+        low, high = max(limits[0], 1e-9), max(limits[1], 1e-9)
+        middle, span = math.sqrt(low * high), max(high / low, 4.0)
+        setter(middle / math.sqrt(span) / 1.2, middle * math.sqrt(span) * 1.2)
+        axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        axis.set_major_formatter(plain)
+        axis.set_minor_formatter(NullFormatter())
+
+
 def _panel(ax, result: Comparison, found: Frontier) -> None:
     plan = result.plan
     if found.points:
@@ -55,14 +71,16 @@ def _panel(ax, result: Comparison, found: Frontier) -> None:
         high = max([p[3] for p in found.points] + [low * 10])
         grid = [low * (high / low) ** (i / 100) for i in range(101)]
         ax.plot(grid, [fit.s_min * e / (e - fit.e_min) for e in grid], "--", color="0.3", lw=1, label="fit S(E)")
-    others = [a for a in plan.arms if a not in plan.baselines]
+    others, missing = [a for a in plan.arms if a not in plan.baselines], []
     for i, arm in enumerate(others):
         row = next((v for v in result.versus if v.arm == arm and v.rung == found.rung), None)
         if row is None or row.steps is None:
+            missing.append(arm)
             continue
         ax.plot([row.samples], [row.steps], MARKERS[i % len(MARKERS)], ms=7, label=f"{arm} ({row.reached} seeds)")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
+    if missing:
+        ax.text(0.02, 0.02, f"not reached: {', '.join(missing)}", transform=ax.transAxes, fontsize=6, color="0.3")
+    _log_axes(ax)
     ax.set_xlabel("samples to the rung")
     ax.set_ylabel("steps to the rung")
     ax.set_title(rung_text(plan, found.rung), fontsize=9)
