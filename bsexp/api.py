@@ -28,6 +28,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from bsexp.report.compare.load import STAGES
+from bsexp.report.compare.plan import COMPARISON
 from bsexp.report.load import load_points
 from bsexp.report.steps.load import RERUNS, TRIALS, load_tuning
 from bsexp.system.io import read_json_object
@@ -98,11 +100,20 @@ def sweep(*overrides: str, cwd: str | Path | None = None, quiet: bool = False) -
 
 def points(path: str | Path, frame: bool = False):
     """A sweep's points (or a tuning's, `python -m bsexp.tune DIR`: its trials and reruns, `stage`
-    telling which) as rows: `point` (its directory's name), `status`, the values of its swept keys,
+    telling which; or a comparison's, `python -m bsexp.tune DIR comparison=NAME`: every run, `stage`
+    and `arm` telling which) as rows: `point` (its directory's name), `status`, the values of its swept keys,
     its summary's figures (flat, `finder/micro_size`), `error`, `dir`; every point of the grid,
     those that never ran as missing. With `frame=True` a pandas DataFrame."""
     path = Path(path)
-    if (path / TRIALS).is_dir():
+    if (path / COMPARISON).is_file():  # a comparison: every arm's runs of every stage
+        rows = [
+            _row(p, stage=stage, arm=arm)
+            for stage in STAGES
+            for arm in sorted(d.name for d in (path / stage).iterdir() if d.is_dir())
+            if (path / stage).is_dir()
+            for p in load_points(path / stage / arm)
+        ]
+    elif (path / TRIALS).is_dir():
         trials, reruns, _ = load_tuning(path)
         rows = [_row(p, stage=TRIALS) for p in trials] + [_row(p, stage=RERUNS) for p in reruns]
     else:
@@ -127,6 +138,15 @@ def _value(config: dict, key: str, text: str) -> Any:
         if not isinstance(node, dict) or part not in node:
             return text
         node = node[part]
+    if isinstance(node, str) and node.startswith("${bsexp_tuned:"):  # a comparison's trial: as the run resolved it
+        from bsexp.errors import config_errors
+        from bsexp.runs.sweep import register_resolvers
+
+        register_resolvers()
+        try:
+            return OmegaConf.select(OmegaConf.create(config), key)
+        except config_errors():  # a comparison moved since (its refinement's centres are elsewhere)
+            return text
     return text if isinstance(node, dict) else node
 
 

@@ -95,6 +95,8 @@ def type_text(tp: Any) -> str:
         return " or ".join(type_text(a) for a in inner) + (" or null" if len(inner) < len(args) else "")
     if origin in (list, typing.List):  # noqa: UP006 (the schema's own spelling)
         return f"list of {type_text(args[0])}" if args else "list"
+    if origin in (dict, typing.Dict):  # noqa: UP006 (the schema's own spelling)
+        return f"map of {type_text(args[0])} to {type_text(args[1])}" if args else "map"
     if isinstance(tp, type) and issubclass(tp, Enum):
         return " \\| ".join(f"`{m.value}`" for m in tp)
     if tp is Any:
@@ -302,6 +304,11 @@ def render() -> str:
     out.append(
         f"| `experiment=` | {', '.join(f'`{o}`' for o in experiments)} | none by default ([below](#experiment)) |"
     )
+    comparisons = options("comparison")
+    out.append(
+        f"| `comparison=` | {', '.join(f'`{o}`' for o in comparisons)} | none by default: arms tuned alike, "
+        f"with `python -m bsexp.tune DIR comparison=NAME` ([below](#comparison)) |"
+    )
     launchers = list(options("hydra/launcher"))
     out.append(
         f"| `hydra/launcher=` | Hydra's `basic` (default), `joblib` (the `parallel` extra), "
@@ -354,6 +361,19 @@ def render() -> str:
     ]
     for option in experiments:
         out.append(f"| `{option}` | {cell(leading_comment('experiment', option)[0])} |")
+    out += [
+        "",
+        "## `comparison=`",
+        "",
+        "A comparison declares arms, their search spaces and the objective, ladder, budget and seeds they",
+        "are compared by, before any run (`comparison.*` above; run with `python -m bsexp.tune DIR",
+        "comparison=NAME`, docs: Comparing arms). The first paragraph of each file:",
+        "",
+        "| option | what it compares |",
+        "| --- | --- |",
+    ]
+    for option in comparisons:
+        out.append(f"| `{option}` | {cell(leading_comment('comparison', option)[0])} |")
     out.append("")
     return "\n".join(out)
 

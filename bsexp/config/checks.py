@@ -35,6 +35,7 @@ def check(cfg: DictConfig) -> None:
             "optimizer.betas", list(cfg.optimizer.betas), "must be two values in [0, 1), e.g. [0.9,0.999]"
         )
     _check_increasing("schedule.milestones", list(cfg.schedule.milestones))
+    _check_ladder(cfg.trainer)
     if cfg.schedule.main == schema.MainSchedule.step and not cfg.schedule.milestones:
         raise ConfigError("schedule.milestones", [], "schedule.main=step needs at least one milestone")
     node = cfg.get("branch")
@@ -164,6 +165,19 @@ def _check_list(key: str, values: list, bound: schema.Bound) -> None:
 def _check_increasing(key: str, values: list) -> None:
     if values != sorted(values):
         raise ConfigError(key, values, "must be non-negative and increasing")
+
+
+def _check_ladder(trainer: DictConfig) -> None:
+    """trainer.ladder: rungs from the easiest to the hardest (an accuracy's rising, within 1; a
+    loss's falling); trainer.ladder_stop needs a top rung to stop at."""
+    rungs, metric = list(trainer.ladder), str(trainer.ladder_metric)
+    lower = metric in schema.LOWER_IS_BETTER
+    pairs = list(zip(rungs, rungs[1:]))
+    if not all(b < a if lower else b > a for a, b in pairs) or (not lower and any(r > 1 for r in rungs)):
+        how = "falling (a loss's, easiest first)" if lower else "rising within [0, 1] (an accuracy's, easiest first)"
+        raise ConfigError("trainer.ladder", rungs, f"must be strictly {how} for trainer.ladder_metric={metric}")
+    if trainer.ladder_stop and not rungs:
+        raise ConfigError("trainer.ladder_stop", True, "needs trainer.ladder: the rungs whose top it stops at")
 
 
 def _is_schema(cls: Any) -> bool:

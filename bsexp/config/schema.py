@@ -19,6 +19,7 @@ from omegaconf import MISSING
 from bsexp.batch.policies import REGISTRY, config_of
 from bsexp.batch.policies.branch import BranchConfig
 from bsexp.batch.scaling import MOMENTUM_RULES, RULES
+from bsexp.config.comparison import ComparisonConfig
 from bsexp.errors import add_key_hint
 from bsexp.fields import Bound, Unit, at_least, bounded, choice, positive  # noqa: F401 (Bound: for the checks)
 
@@ -35,6 +36,10 @@ Backend = choice("Backend", "auto", "gloo", "nccl", module=__name__)
 NoiseMode = choice("NoiseMode", "auto", "off", "always", module=__name__)
 Speed = choice("Speed", "auto", "fast", "reproducible", module=__name__)
 WandbMode = choice("WandbMode", "offline", "online", "disabled", module=__name__)
+# The metrics a ladder of targets can climb (trainer.ladder), as the metrics records name them;
+# the losses are better lower, the accuracies higher.
+LadderMetric = choice("LadderMetric", "val_acc", "val_loss", "train_acc", "train_loss", module=__name__)
+LOWER_IS_BETTER = ("val_loss", "train_loss")
 # The torchvision sets bsexp knows: name -> (torchvision class, number of classes).
 VISION_SETS = {
     "mnist": ("MNIST", 10),
@@ -253,7 +258,9 @@ class ScalingConfig:
     wd_rule: Rule = Rule.sqrt  # weight decay x sqrt(k) (Loshchilov & Hutter's normalised decay), x k, x 1
     dropout_rule: Rule = Rule.none  # every dropout layer's rate x sqrt(k) or x k ("a larger batch, more dropout")
     dropout_max: float = bounded(0.5, low=0, high=1, open_high=True)  # the dropout rule's cap
-    bn_momentum_rule: MomentumRule = MomentumRule.none  # BatchNorm's momentum / k (inverse) or / sqrt(k)
+    # BatchNorm's momentum at k: 1 - (1 - m)^k (per_sample: the same forgetting per sample), m / k
+    # (inverse: the newest batch's weight per sample; forgetting k^2 x slower per sample), m / sqrt(k)
+    bn_momentum_rule: MomentumRule = MomentumRule.none
     bn_momentum_min: float = bounded(0.001, low=0, high=1, open_low=True)  # the momentum rule's floor
 
 
@@ -277,6 +284,11 @@ class TrainerConfig:
     # that the step a run reached a target is resolved to about that fraction, at any batch size
     eval_growth: Optional[float] = positive(None)
     stop_at: Optional[float] = bounded(None, low=0, high=1)  # end the run once val_acc reaches this (steps to result)
+    # Targets of trainer.ladder_metric, easiest first (a loss's falling): summary.json's `ladder` holds
+    # the step, samples and LR at which the run first reached each (a comparison's rungs)
+    ladder: List[float] = bounded(low=0, factory=list)
+    ladder_metric: LadderMetric = LadderMetric.val_acc  # accuracies are reached at or above a rung, losses below
+    ladder_stop: bool = False  # end the run once it reaches the ladder's top rung
     eval_batch_size: int = at_least(1, 1024)
     # stop after this many optimizer steps (batch=adaptive: a budget of the samples that many steps
     # of its first batch take; the run ends when it has taken them)
@@ -326,6 +338,8 @@ class TuneConfig:
     target: float = bounded(0.9, low=0, high=1)  # the val_acc a run's steps are counted to
     seeds: int = at_least(0, 3)  # reruns of each batch size's best trial, seeds 1 to this
     best: Optional[str] = None  # the best trials (best.json): their values, for the reruns
+    arm: Optional[str] = None  # a comparison's arm this run belongs to (comparison.arms); its trial searches its space
+    around: Optional[str] = None  # the search's best per arm (search_best.json): trials drawn around it (refinement)
 
 
 @dataclass
@@ -346,6 +360,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     branch: BranchConfig = field(default_factory=BranchConfig)
     tune: TuneConfig = field(default_factory=TuneConfig)
+    comparison: ComparisonConfig = field(default_factory=ComparisonConfig)
     resume: Optional[str] = None  # auto: the newest readable checkpoint of the run directory; or a path
 
 

@@ -7,7 +7,8 @@ on its number alone, so a search stopped half-way continues with the same points
 Once the trials have run, each batch size's best values are read from the tuning's best.json.
 
 A config names them by interpolation, `optimizer.lr: ${bsexp_tuned:lr}`: the resolver reads the
-config's `tune` node (and its `batch.size`) and answers for this run.
+config's `tune` node (and its `batch.size`) and answers for this run. A comparison's trials search
+any keys (bsexp.runs.search_space) through the same resolver.
 """
 
 from __future__ import annotations
@@ -57,8 +58,14 @@ def trial_values(
 def tuned(name: str, default=None, *, _root_):
     """The `bsexp_tuned` resolver: `name` (lr, momentum, warmup, warmup_shape) for this run: the
     best trial's for its batch size where tune.best names a best.json, else trial tune.trial's;
-    `default` where this run searches no such value (no trial, or momentum not searched)."""
+    `default` where this run searches no such value (no trial, or momentum not searched). In a
+    comparison (tune.arm set), `name` is any searched key (optimizer.lr, batch.adaptive.c) of the
+    arm's space (bsexp.runs.search_space)."""
     node = _root_.tune
+    if node.get("arm") is not None:
+        from bsexp.runs.search_space import value_for  # it draws its points with `sobol` above
+
+        return value_for(_root_, name, default)
     if node.best is not None:
         best = _best_of(str(node.best), str(_root_.batch.size))
         return default if best.get(name) is None else best[name]

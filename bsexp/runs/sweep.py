@@ -32,6 +32,7 @@ INDEX = "jobs.jsonl"
 # Overrides that say how a point is run or shown, not what it computes: left out of its name; and
 # tune.best, the file a tuning's reruns read their values from (an absolute path, the same for all).
 _NOT_IN_NAMES = ("logger", "trainer.progress", "trainer.threads", "hydra", "experiment", "resume", "tune.best")
+_NOT_IN_NAMES += ("comparison", "tune.arm", "tune.around")  # a comparison's: one sweep an arm (bsexp.tune)
 _MAX_NAME = 120
 _SUMMARY_KEYS = ("status", "batch_size", "seed", "val_acc", "test_acc", "steps", "wall_time_s")
 
@@ -42,10 +43,16 @@ def naming_overrides(overrides: list[str]) -> list[str]:
     kept = []
     for override in overrides:
         key, _, value = override.lstrip("+~").partition("=")
-        if any(key == n or key.startswith(n + ".") for n in _NOT_IN_NAMES):
-            continue
+        if any(key == n or key.startswith(n + ".") for n in _NOT_IN_NAMES) or _searched(value):
+            continue  # how it runs, or a searched key (its value is the trial's: tune.trial names it)
         kept.append(f"{key.split('/')[-1]}={value}")
     return kept
+
+
+def _searched(value: str) -> bool:
+    """A searched key's value, `${bsexp_tuned:optimizer.lr}` (as Hydra keeps a swept point's
+    overrides: escaped, `$\\{bsexp_tuned\\:optimizer.lr\\}`)."""
+    return value.replace("\\", "").startswith("${bsexp_tuned:")
 
 
 def job_dirname() -> str:
@@ -205,7 +212,9 @@ def grid(sweep_dir: Path) -> list[tuple[str, list[str]]]:
         if config.hydra.sweeper.get("_target_") != "hydra._internal.core_plugins.basic_sweeper.BasicSweeper":
             return []
         params = [f"{key}={value}" for key, value in (config.hydra.sweeper.get("params") or {}).items()]
-        overrides = OverridesParser.create().parse_overrides([*params, *config.hydra.overrides.task])
+        # As written, unresolved: an override's own interpolation (a comparison's ${bsexp_tuned:key}) is the point's
+        task = OmegaConf.to_container(config.hydra.overrides.task, resolve=False)
+        overrides = OverridesParser.create().parse_overrides([*params, *task])
         points = [list(point) for batch in BasicSweeper.split_arguments(overrides, None) for point in batch]
     except Exception:  # noqa: BLE001 - the grid is a help to the report, never a reason to fail it
         return []

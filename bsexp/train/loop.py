@@ -40,6 +40,7 @@ from bsexp.engine.step import Step, train_step
 from bsexp.finder import server
 from bsexp.finder.find import find_plan
 from bsexp.runs.checkpoint import Checkpointer
+from bsexp.runs.ladder import Ladder
 from bsexp.system.metrics import Sinks
 from bsexp.system.runtime import compiled_graphs, preserved_rng, resolve_device, run_speed, seed_everything
 
@@ -65,7 +66,7 @@ class TrainState:
     samples_before: int = 0  # samples seen before this run's own training (a branch: the trunk's)
     last_finite_loss: float | None = None  # the mean training loss of the last step before a divergence
     diverged_at_step: int | None = None
-    stopped_at: int | None = None  # the step the run reached trainer.stop_at and ended
+    stopped_at: int | None = None  # the step the run reached trainer.stop_at (or its ladder's top) and ended
     records: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -156,6 +157,7 @@ class Loop:
     show_progress: bool = True
     graphs_before: int = 0  # graphs torch.compile had compiled in this process before this run
     stop_at: float | None = None  # end the run once val_acc reaches it (trainer.stop_at)
+    stop_ladder: Ladder | None = None  # end the run once it reaches this ladder's top rung (trainer.ladder_stop)
 
     @property
     def world(self) -> World:
@@ -222,6 +224,7 @@ def build_loop(
             growth=cfg.trainer.get("eval_growth"),
         ),
         stop_at=cfg.trainer.get("stop_at"),
+        stop_ladder=Ladder.of(cfg.trainer) if cfg.trainer.get("ladder_stop") else None,
         watch=Watch(every=1 if world.device.type == "cpu" else 16),
         sinks=sinks,
         sync_batchnorm=sync_batchnorm(cfg, world.distributed),
@@ -336,19 +339,14 @@ def _after_step(loop: Loop, state: TrainState, at_epoch_end: bool, bar: tqdm, cl
         return "diverged"
     if not bar.disable and (state.step % 10 == 0 or bar.n == bar.total):
         _show_postfix(bar, state, clock.seconds())
-    reached = False
+    reached = None
     if eval_due:
         with clock.paused():
             loop.evaluator.log(loop, state, loop.batch_control.epochs_done(state))
-        reached = loop.stop_at is not None and state.records[-1]["val_acc"] >= loop.stop_at
+        reached = _target_reached(loop, state.records[-1])
     if reached:  # steps to result: the run has what it was for (every rank saw the same record)
         state.stopped_at = state.step
-        log.info(
-            "val_acc %.4f reached trainer.stop_at=%g at step %d: the run ends here",
-            state.records[-1]["val_acc"],
-            loop.stop_at,
-            state.step,
-        )
+        log.info("%s at step %d: the run ends here", reached, state.step)
         save_due = True
     if loop.checkpointer is not None and (stop or save_due):
         with clock.paused():
@@ -359,6 +357,17 @@ def _after_step(loop: Loop, state: TrainState, at_epoch_end: bool, bar: tqdm, cl
         )
         return "preempted"
     return "completed" if reached else None
+
+
+def _target_reached(loop: Loop, record: dict[str, Any]) -> str | None:
+    """What the run was for, where this evaluation reached it: trainer.stop_at, or the top rung of
+    its ladder (trainer.ladder_stop); None where it goes on."""
+    if loop.stop_at is not None and record["val_acc"] >= loop.stop_at:
+        return f"val_acc {record['val_acc']:.4f} reached trainer.stop_at={loop.stop_at:g}"
+    ladder = loop.stop_ladder
+    if ladder is not None and ladder.top_reached(record):
+        return f"{ladder.metric} {record[ladder.metric]:.4f} reached the ladder's top rung {ladder.top:g}"
+    return None
 
 
 class EpochBar(tqdm):

@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 from bsexp.batch.scaling import cautions
 from bsexp.engine.distributed import World
 from bsexp.engine.gradient_noise import NoiseScale
+from bsexp.runs.ladder import Ladder
 from bsexp.system.runtime import compiled_graphs, peak_memory_mb, provenance, run_speed
 
 log = logging.getLogger(__name__)
@@ -159,7 +160,9 @@ def make_summary(
         "status": status,
         **hparams,
         "diverged_at_step": state.diverged_at_step,
-        "stopped_at": state.stopped_at,  # where val_acc reached trainer.stop_at and the run ended
+        "stopped_at": state.stopped_at,  # where val_acc reached trainer.stop_at (or the ladder's top) and it ended
+        # Where the run first reached each rung of trainer.ladder (bsexp.runs.ladder): step, samples, LR
+        "ladder": Ladder.of(cfg.trainer).read(state.records) if cfg.trainer.get("ladder") else None,
         "last_finite_loss": state.last_finite_loss,
         "final_batch_size": plan.size,  # where a batch schedule ended
         "final_micro_size": plan.micro_size,  # after any OOM recovery

@@ -54,9 +54,10 @@ def _free(arg: str) -> bool:
     return key.startswith(("hydra.", "hydra/")) or resume.run_only(key)
 
 
-def sweep(out: Path, args: list[str]) -> None:
-    """One stage: the sweep into `out`, or its continuation where it has started (with the values
-    it was started with: a command that would change them is refused, one line, exit 2)."""
+def sweep(out: Path, args: list[str], base: tuple[str, ...] = ("experiment=steps_to_result",)) -> None:
+    """One stage: the sweep into `out` (`base` first, then `args`), or its continuation where it has
+    started (with the values it was started with: a command that would change them is refused, one
+    line, exit 2); nothing where every point of it has finished."""
     if (out / resume.SWEEP).is_file():  # stopped before: what is left, in its own directory
         with exit_on_config_error():
             task = {str(o) for o in resume.sweep_overrides(out).get("task", [])}
@@ -67,15 +68,35 @@ def sweep(out: Path, args: list[str]) -> None:
                     f"{' '.join(sorted(task))}); run the command it was started with to continue it, "
                     f"or give another TUNE_DIR"
                 )
+        if finished(out):
+            return
         command = ["-m", "resume=auto", f"hydra.sweep.dir={out}", *filter(_free, args)]
     else:
-        command = ["-m", "experiment=steps_to_result", *args, f"hydra.sweep.dir={out}"]
+        command = ["-m", *base, *args, f"hydra.sweep.dir={out}"]
     code = subprocess.run([sys.executable, "-m", "bsexp.train", *command]).returncode
     if code == CONFIG:  # a configuration error: its one line is said
         sys.exit(CONFIG)
     if code not in (0, DIVERGED):  # a trial that diverged is a result of the search, not a fault
-        what = "search" if out.name == "trials" else "reruns"
-        sys.exit(f"error: the {what} did not finish (see above); run the same command again to continue")
+        what = {"trials": "the search", "seeds": "the reruns"}.get(out.name, f"the sweep in {out}")
+        sys.exit(f"error: {what} did not finish (see above); run the same command again to continue")
+
+
+def finished(out: Path) -> bool:
+    """Whether every point of the sweep in `out` has ended as a run ends (completed, diverged): a
+    continuation would only start each to find it done."""
+    from bsexp.runs.sweep import grid
+
+    points = grid(out)
+    ended = ("completed", "diverged")
+    return bool(points) and all(_status(out / name) in ended for name, _ in points)
+
+
+def _status(job: Path) -> str | None:
+    try:
+        summary = json.loads((job / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return summary.get("status") if isinstance(summary, dict) else None
 
 
 def best_trials(tune_dir: Path) -> dict[str, dict]:
@@ -107,6 +128,11 @@ def main(argv: list[str] | None = None) -> None:
     if not argv or argv[0].startswith("-") or "=" in argv[0]:
         _refuse("TUNE_DIR: missing; usage: python -m bsexp.tune TUNE_DIR [key=value ...] (--help says more)")
     tune_dir, args = Path(argv[0]), argv[1:]
+    if any(a.split("=", 1)[0] == "comparison" for a in args):  # arms tuned alike (bsexp.tune.comparison)
+        from bsexp.tune.comparison import run
+
+        run(tune_dir, args)
+        return
     batches = _value(args, "tune_batches")
     args = [a for a in args if not a.startswith("tune_batches=")]
     grid = batches.strip("[]") if batches else ",".join(map(str, BATCHES))

@@ -1,0 +1,203 @@
+"""A comparison as plain data (pure: no files, no plotting): each arm's best, chosen on the tuning
+seeds; then, on the held-out seeds only, every arm against the best tuned fixed batch at every rung
+(steps and samples ratios with paired-bootstrap intervals and the verdicts they give), the final
+value's difference against the declared margin, and the fixed batches' steps-samples frontier S(E)
+at each rung with S_min, E_min, B_crit and the regions' boundaries, bootstrapped over the seeds.
+
+A verdict at a rung needs the arm and the baseline each to reach it on comparison.min_reached of
+the held-out seeds (0.8: 8 of 10), and at least MIN_PAIRS seeds on which both did; the ratio is
+then over those seeds. Where fewer reach, the table says how many and gives no verdict: a ratio
+over the lucky seeds of an arm that mostly fails would flatter it.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from bsexp.report.analysis.fit import Fit, fit_steps_samples
+from bsexp.report.compare.intervals import (
+    MIN_PAIRS,
+    Interval,
+    mean_difference,
+    non_inferiority,
+    over_seeds,
+    ratio_of_means,
+    ratio_verdict,
+)
+from bsexp.report.compare.load import Run, mean
+from bsexp.report.compare.plan import HELD_OUT, Plan
+from bsexp.report.compare.selection import Candidate, baseline_at, best_of, candidates, edges
+from bsexp.report.steps.analysis import REGION
+from bsexp.runs.ladder import decayed
+
+
+@dataclass
+class Versus:
+    """One arm against the baseline at one rung, on the held-out seeds."""
+
+    arm: str
+    rung: str
+    baseline: str | None
+    seeds: int  # held-out seeds the arm ran (finished)
+    reached: int
+    base_reached: int = 0
+    pairs: int = 0  # seeds both reached the rung on
+    steps: float | None = None  # the arm's mean over the seeds it reached the rung on
+    samples: float | None = None
+    steps_ratio: Interval | None = None
+    samples_ratio: Interval | None = None
+    why_none: str | None = None  # why no verdict
+    decayed: int = 0  # seeds that reached the rung with the LR below half its peak
+
+    def verdict(self, ratio: Interval | None) -> str:
+        return ratio_verdict(ratio) if ratio is not None else "-"
+
+
+@dataclass
+class Final:
+    arm: str
+    seeds: int
+    mean: float | None
+    difference: Interval | None = None  # the arm's less the baseline's, in the direction of better
+    verdict: str = "-"
+    why_none: str | None = None
+
+
+@dataclass
+class Frontier:
+    """The fixed batches at one rung: (arm, batch, mean steps, mean samples, seeds reached), the fit
+    through them and its intervals over the seeds."""
+
+    rung: str
+    points: list[tuple[str, int, float, float, int]] = field(default_factory=list)
+    fit: Fit | None = None
+    intervals: dict[str, Interval | None] = field(default_factory=dict)
+    refused_share: float = 0.0
+
+
+@dataclass
+class Comparison:
+    plan: Plan
+    configs: dict[str, list[Candidate]]
+    best: dict[str, Candidate]
+    edges: dict[str, dict[str, str]]
+    baselines: dict[str, str | None]  # rung -> the best tuned fixed batch there
+    versus: list[Versus]
+    finals: list[Final]
+    frontiers: list[Frontier]
+    held_out: dict[str, list[Run]]  # arm -> its finished held-out runs
+
+
+def held_out_runs(plan: Plan, runs: Sequence[Run]) -> dict[str, list[Run]]:
+    return {arm: [r for r in runs if r.stage == HELD_OUT and r.arm == arm and r.finished] for arm in plan.arms}
+
+
+def analyse(plan: Plan, runs: Sequence[Run], centres: dict[str, dict[str, float]]) -> Comparison:
+    configs = candidates(plan, runs, centres)
+    best = {arm: c for arm, cs in configs.items() if (c := best_of(plan, cs)) is not None}
+    held = held_out_runs(plan, runs)
+    baselines = {rung: baseline_at(plan, best, rung) for rung in plan.rungs}
+    versus = [_versus(plan, arm, rung, baselines[rung], held) for rung in plan.rungs for arm in plan.arms]
+    base = baselines.get(format(plan.select_rung, "g"))
+    return Comparison(
+        plan=plan,
+        configs=configs,
+        best=best,
+        edges={arm: edges(plan, arm, c.values) for arm, c in best.items()},
+        baselines=baselines,
+        versus=versus,
+        finals=[_final(plan, arm, base, held) for arm in plan.arms],
+        frontiers=[frontier(plan, rung, held) for rung in plan.rungs],
+        held_out=held,
+    )
+
+
+def _by_seed(runs: Sequence[Run], rung: str, measure: str) -> dict[int, float]:
+    return {r.seed: r.reaches[rung][measure] for r in runs if rung in r.reaches}
+
+
+def _versus(plan: Plan, arm: str, rung: str, baseline: str | None, held: dict[str, list[Run]]) -> Versus:
+    own = held[arm]
+    steps, samples = _by_seed(own, rung, "step"), _by_seed(own, rung, "samples")
+    row = Versus(arm, rung, baseline, len(own), len(steps), steps=mean([*steps.values()]))
+    row.samples = mean([*samples.values()])
+    row.decayed = sum(decayed(r.reaches[rung]) for r in own if rung in r.reaches)
+    if baseline is None:
+        row.why_none = "no fixed batch reached this rung on every tuning seed"
+        return row
+    base = held[baseline]
+    base_steps, base_samples = _by_seed(base, rung, "step"), _by_seed(base, rung, "samples")
+    row.base_reached, pairs = len(base_steps), sorted(set(steps) & set(base_steps))
+    row.pairs = len(pairs)
+    need = math.ceil(plan.comparison["min_reached"] * len(plan.held_out_seeds) - 1e-9)
+    if arm == baseline:
+        row.why_none = "the baseline"
+    elif row.reached < need or row.base_reached < need or row.pairs < MIN_PAIRS:
+        row.why_none = (
+            f"too few seeds reach it (the arm {row.reached}, the baseline {row.base_reached} of "
+            f"{len(plan.held_out_seeds)}; a verdict needs {need} each and {MIN_PAIRS} in common)"
+        )
+    else:
+        row.steps_ratio = ratio_of_means([steps[s] for s in pairs], [base_steps[s] for s in pairs])
+        row.samples_ratio = ratio_of_means([samples[s] for s in pairs], [base_samples[s] for s in pairs])
+    return row
+
+
+def _final(plan: Plan, arm: str, baseline: str | None, held: dict[str, list[Run]]) -> Final:
+    finals = {r.seed: r.final for r in held[arm] if r.final is not None}
+    row = Final(arm, len(finals), mean([*finals.values()]))
+    if baseline is None or arm == baseline:
+        row.why_none = "the baseline" if arm == baseline else "no baseline"
+        return row
+    base = {r.seed: r.final for r in held[baseline] if r.final is not None}
+    pairs = sorted(set(finals) & set(base))
+    if len(pairs) < MIN_PAIRS:
+        row.why_none = f"{len(pairs)} seeds with both final values (at least {MIN_PAIRS})"
+        return row
+    sign = 1.0 if plan.ladder.higher else -1.0  # in the direction of better
+    row.difference = mean_difference([sign * finals[s] for s in pairs], [sign * base[s] for s in pairs])
+    row.verdict = non_inferiority(row.difference, float(plan.comparison["margin"]))
+    return row
+
+
+FIT_NAMES = ("S_min", "E_min", "B_crit", "perfect scaling up to", "maximal data parallelism from")
+
+
+def frontier(plan: Plan, rung: str, held: dict[str, list[Run]]) -> Frontier:
+    """The fixed batches' steps and samples to `rung` on the held-out seeds, the fit of
+    (S/S_min - 1)(E/E_min - 1) = 1 through their means, and a bootstrap over the seeds of its
+    S_min, E_min, B_crit and the regions' boundaries (REGION x B_crit, B_crit / REGION)."""
+    seeds, need = plan.held_out_seeds, plan.comparison["min_reached"] * len(plan.held_out_seeds) - 1e-9
+    table: dict[str, np.ndarray] = {}  # arm -> (seeds, 2): steps and samples, NaN where not reached
+    found = Frontier(rung)
+    for arm in plan.baselines:
+        by_seed = {r.seed: r for r in held[arm]}
+        rows = [by_seed[s].reaches.get(rung) if s in by_seed else None for s in seeds]
+        if sum(r is not None for r in rows) < max(need, 1):
+            continue
+        table[arm] = np.array([[r["step"], r["samples"]] if r else [np.nan, np.nan] for r in rows])
+        batch = next((r.batch for r in held[arm] if r.batch), 0)
+        reached = int(np.sum(~np.isnan(table[arm][:, 0])))
+        found.points.append((arm, batch, *np.nanmean(table[arm], axis=0), reached))
+    if not table:
+        return found
+    stacked = np.stack(list(table.values()))  # (arms, seeds, 2)
+
+    def statistic(drawn) -> list[float]:
+        with warnings.catch_warnings():  # an arm no drawn seed reached: NaN, left out below
+            warnings.simplefilter("ignore", RuntimeWarning)
+            means = np.nanmean(stacked[:, np.asarray(drawn, dtype=int), :], axis=1)
+        kept = means[~np.isnan(means).any(axis=1)]
+        fit = fit_steps_samples(kept[:, 0].tolist(), kept[:, 1].tolist())
+        if fit.refused:
+            return [math.nan] * len(FIT_NAMES)
+        return [fit.s_min, fit.e_min, fit.b_crit, REGION * fit.b_crit, fit.b_crit / REGION]
+
+    found.fit = fit_steps_samples([p[2] for p in found.points], [p[3] for p in found.points])
+    found.intervals, found.refused_share = over_seeds(len(seeds), statistic, FIT_NAMES)
+    return found

@@ -1,0 +1,46 @@
+"""The command line of `python -m bsexp.report.compare TUNE_DIR [--out DIR]` (see the package's
+docstring): read the comparison's declaration and runs, analyse, render compare.md, compare.csv and
+compare_frontier.png. A directory that holds no comparison is one line, exit 2."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from bsexp.report.compare.analysis import Comparison, analyse
+from bsexp.report.compare.figure import figure
+from bsexp.report.compare.load import load_runs, read_centres
+from bsexp.report.compare.plan import Plan
+from bsexp.report.compare.render import markdown, write_csv
+
+
+def report(tune_dir: Path, out: Path | None = None) -> Comparison:
+    """Analyse the comparison in `tune_dir` and write its report into `out` (default: the same)."""
+    plan = Plan.read(tune_dir)
+    result = analyse(plan, load_runs(tune_dir, plan), read_centres(tune_dir))
+    out = out or tune_dir
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "compare.md").write_text(markdown(result, tune_dir))
+    write_csv(result, out / "compare.csv")
+    figure(result, out)
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from bsexp.report.compare import __doc__ as doc
+
+    parser = argparse.ArgumentParser(prog="python -m bsexp.report.compare", description=doc.split("\n\n")[0])
+    parser.add_argument("tune_dir", type=Path, help="the directory of python -m bsexp.tune DIR comparison=NAME")
+    parser.add_argument("--out", type=Path, default=None, help="where the report goes (default: TUNE_DIR)")
+    args = parser.parse_args(argv)
+    try:
+        result = report(args.tune_dir, args.out)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    arms, held = len(result.plan.arms), sum(len(r) for r in result.held_out.values())
+    where = (args.out or args.tune_dir) / "compare.md"
+    print(f"comparison {result.plan.name}: {arms} arms, {held} held-out runs; report: {where}")
+    return 0

@@ -1,0 +1,256 @@
+"""A comparison as people read it: compare.md (what was declared, how each arm was tuned, every arm
+against the best tuned fixed batch at every rung, the final value against the margin, the fixed
+batches' frontier) and compare.csv (the same figures, one row per arm and rung)."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from bsexp.report.compare.analysis import FIT_NAMES, Comparison, Final, Versus
+from bsexp.report.compare.intervals import CONFIDENCE, MIN_PAIRS
+from bsexp.report.compare.plan import Plan
+
+
+def rung_text(plan: Plan, rung: str) -> str:
+    """A rung as a reader reads it: `val_acc >= 97 %`, `val_loss <= 0.3`."""
+    value = float(rung)
+    shown = f"{100 * value:g} %" if plan.ladder.higher else f"{value:g}"
+    return f"{plan.ladder_metric} {'>=' if plan.ladder.higher else '<='} {shown}"
+
+
+def _fmt(value, fmt: str = ",.0f") -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def markdown(result: Comparison, tune_dir: Path) -> str:
+    lines = [*_declared(result.plan, tune_dir), *_tuning(result), *_rungs(result), *_finals(result)]
+    lines += [*_frontiers(result), ""]
+    return "\n".join(lines)
+
+
+def _declared(plan: Plan, tune_dir: Path) -> list[str]:
+    c, seeds = plan.comparison, plan.held_out_seeds
+    objective = (
+        f"the best final {plan.ladder_metric} at the budget"
+        if plan.objective == "final"
+        else f"the fewest {plan.objective} to {rung_text(plan, format(plan.select_rung, 'g'))}"
+    )
+    held = f"{seeds[0]}-{seeds[-1]}" if seeds else "none"
+    return [
+        f"# Comparison `{plan.name}` ({tune_dir})",
+        "",
+        f"Declared before the runs (`comparison.json`): each tuned arm gets {c['trials']} quasi-random trials and "
+        f"{c['refine']} around its best, on tuning seed(s) {', '.join(map(str, plan.tuning_seeds))}; its best is "
+        f"chosen by {objective}, at a budget of {plan.epochs:g} epochs; the ladder: "
+        f"{', '.join(rung_text(plan, r) for r in plan.rungs)}"
+        + (" (a run ends at the top rung)" if plan.ladder_stop else "")
+        + f". Every figure below is from the held-out seeds ({held}), never one that chose a best.",
+        "",
+        f"**How to read.** At each rung the baseline is the best tuned fixed batch there, chosen on the tuning "
+        f"seeds. A ratio is the arm's mean over the baseline's, over the held-out seeds both reached the rung on, "
+        f"with its {CONFIDENCE:.0%} paired-bootstrap interval; the verdict is read from that interval alone: "
+        f"**fewer** (its upper end below 1), **more** (its lower end above 1), **not distinguished**. No verdict "
+        f"where the arm or the baseline reaches the rung on fewer than {c['min_reached']:.0%} of the held-out "
+        f"seeds, or fewer than {MIN_PAIRS} seeds are in common. LR < ½ peak: seeds that reached the rung with the "
+        f"LR decayed below half its peak (their steps measure the decay as much as the batch).",
+        "",
+    ]
+
+
+def _tuning(result: Comparison) -> list[str]:
+    plan = result.plan
+    counted = (
+        f"{plan.objective} to {rung_text(plan, format(plan.select_rung, 'g'))}"
+        if plan.objective != "final"
+        else f"final {plan.ladder_metric}"
+    )
+    lines = [
+        "## The arms and their tuning",
+        "",
+        f"| arm | overrides | tuned | best (on the tuning seeds) | {counted} | on the edge of the space |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for arm, node in plan.arms.items():
+        overrides = " ".join(f"`{o}`" for o in node.get("overrides", [])) or "-"
+        if node.get("self_tuning"):
+            lines.append(f"| {arm} | {overrides} | self-tuning | - | - | - |")
+            continue
+        configs, best = result.configs.get(arm, []), result.best.get(arm)
+        trials = len({(c.stage, c.trial) for c in configs})
+        tuned = f"{trials} trials ({plan.comparison['trials']} + {plan.comparison['refine']} declared)"
+        if best is None:
+            lines.append(f"| {arm} | {overrides} | {tuned} | - | - | - |")
+            continue
+        values = ", ".join(f"{k}={_value(v)}" for k, v in best.values.items())
+        value = best.objective(plan)
+        shown = _fmt(value, ".4f" if plan.objective == "final" else ",.0f")
+        edge = ", ".join(f"**{k}: {where}**" for k, where in result.edges.get(arm, {}).items()) or "-"
+        lines.append(f"| {arm} | {overrides} | {tuned} | {best.name}: {values} | {shown} | {edge} |")
+    return [*lines, ""]
+
+
+def _value(v) -> str:
+    return str(v) if isinstance(v, int) else format(v, ".4g")
+
+
+def _rungs(result: Comparison) -> list[str]:
+    plan, lines = result.plan, ["## At each rung: every arm against the best tuned fixed batch", ""]
+    for rung in plan.rungs:
+        base = result.baselines.get(rung)
+        lines += [
+            f"### {rung_text(plan, rung)}: baseline {base or 'none'}",
+            "",
+            "| arm | reached | steps | samples | steps ratio | steps | samples ratio | samples | LR < ½ peak |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for row in (v for v in result.versus if v.rung == rung):
+            lines.append(_versus_line(row, len(plan.held_out_seeds)))
+        lines.append("")
+    return lines
+
+
+def _versus_line(row: Versus, seeds: int) -> str:
+    name = f"**{row.arm}**" if row.arm == row.baseline else row.arm
+    ratios = [row.why_none or "-", "-", "-", "-"]  # said once: no ratio
+    if row.steps_ratio is not None and row.samples_ratio is not None:
+        ratios = [cell for r in (row.steps_ratio, row.samples_ratio) for cell in (r.text(), f"**{row.verdict(r)}**")]
+    return (
+        f"| {name} | {row.reached}/{seeds} | {_fmt(row.steps)} | {_fmt(row.samples)} | "
+        f"{' | '.join(ratios)} | {row.decayed or '-'} |"
+    )
+
+
+def _finals(result: Comparison) -> list[str]:
+    plan = result.plan
+    base = result.baselines.get(format(plan.select_rung, "g"))
+    capped = ", capped at the top rung (runs end there)" if plan.ladder_stop else ""
+    lines = [
+        f"## The final {plan.ladder_metric} at the budget",
+        "",
+        f"Against {base or 'no baseline'} (the baseline at the selection rung): the difference of the means over "
+        f"the held-out seeds, paired, in the direction of better{capped}; non-inferior where its interval's lower "
+        f"end is above -{plan.comparison['margin']:g} (the declared margin).",
+        "",
+        f"| arm | seeds | mean final {plan.ladder_metric} | difference | verdict |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for row in result.finals:
+        lines.append(_final_line(row))
+    return [*lines, ""]
+
+
+def _final_line(row: Final) -> str:
+    diff = row.difference.text("{:+.4f}") if row.difference is not None else (row.why_none or "-")
+    verdict = f"**{row.verdict}**" if row.difference is not None else "-"
+    return f"| {row.arm} | {row.seeds} | {_fmt(row.mean, '.4f')} | {diff} | {verdict} |"
+
+
+def _frontiers(result: Comparison) -> list[str]:
+    lines = [
+        "## The tuned fixed batches' frontier S(E)",
+        "",
+        "(S/S_min - 1)(E/E_min - 1) = 1 fitted to the fixed batches' mean steps and samples to each rung "
+        "(those that reached it on enough held-out seeds), B_crit = E_min / S_min; the regions: perfect "
+        "scaling up to B_crit / 4, maximal data parallelism from 4 B_crit. Intervals: a bootstrap over the "
+        "held-out seeds (percentile); `refused`: resamples whose fit was refused, left out. "
+        "`compare_frontier.png` places every arm on it.",
+        "",
+        f"| rung | batches | {' | '.join(FIT_NAMES)} | refused |",
+        "| --- | --- | " + "--- | " * len(FIT_NAMES) + "--- |",
+    ]
+    for found in result.frontiers:
+        batches = ", ".join(str(p[1]) for p in found.points) or "-"
+        if found.fit is None or found.fit.refused:
+            why = found.fit.refused if found.fit is not None else "no fixed batch reached it"
+            lines.append(f"| {rung_text(result.plan, found.rung)} | {batches} | {why} |" + " |" * len(FIT_NAMES))
+            continue
+        point = [found.fit.s_min, found.fit.e_min, found.fit.b_crit, 0.25 * found.fit.b_crit, 4 * found.fit.b_crit]
+        cells = [
+            (iv.text("{:,.0f}") if (iv := found.intervals.get(name)) is not None else _fmt(value))
+            for name, value in zip(FIT_NAMES, point)
+        ]
+        lines.append(
+            f"| {rung_text(result.plan, found.rung)} | {batches} | {' | '.join(cells)} | {found.refused_share:.0%} |"
+        )
+    return lines
+
+
+COLUMNS = (
+    "rung",
+    "arm",
+    "baseline",
+    "seeds",
+    "reached",
+    "baseline_reached",
+    "pairs",
+    "steps",
+    "samples",
+    "steps_ratio",
+    "steps_ratio_low",
+    "steps_ratio_high",
+    "steps_verdict",
+    "samples_ratio",
+    "samples_ratio_low",
+    "samples_ratio_high",
+    "samples_verdict",
+    "no_verdict",
+    "lr_decayed_seeds",
+    "final",
+    "final_difference",
+    "final_difference_low",
+    "final_difference_high",
+    "final_verdict",
+)
+
+
+def write_csv(result: Comparison, path: Path) -> None:
+    """One row per rung and arm (the ratios against that rung's baseline), then one per arm for
+    its final value (rung `final`)."""
+    with open(path, "w", newline="") as f:
+        out = csv.DictWriter(f, fieldnames=COLUMNS)
+        out.writeheader()
+        for row in result.versus:
+            out.writerow(_csv_versus(row))
+        base = result.baselines.get(format(result.plan.select_rung, "g"))
+        for row in result.finals:
+            diff = row.difference
+            out.writerow(
+                {
+                    "rung": "final",
+                    "arm": row.arm,
+                    "baseline": base,
+                    "seeds": row.seeds,
+                    "final": row.mean,
+                    "final_difference": diff.estimate if diff else None,
+                    "final_difference_low": diff.low if diff else None,
+                    "final_difference_high": diff.high if diff else None,
+                    "final_verdict": row.verdict if diff else None,
+                    "no_verdict": row.why_none,
+                }
+            )
+
+
+def _csv_versus(row: Versus) -> dict:
+    out = {
+        "rung": row.rung,
+        "arm": row.arm,
+        "baseline": row.baseline,
+        "seeds": row.seeds,
+        "reached": row.reached,
+        "baseline_reached": row.base_reached,
+        "pairs": row.pairs,
+        "steps": row.steps,
+        "samples": row.samples,
+        "no_verdict": row.why_none,
+        "lr_decayed_seeds": row.decayed,
+    }
+    for name, ratio in (("steps", row.steps_ratio), ("samples", row.samples_ratio)):
+        if ratio is not None:
+            out |= {
+                f"{name}_ratio": ratio.estimate,
+                f"{name}_ratio_low": ratio.low,
+                f"{name}_ratio_high": ratio.high,
+                f"{name}_verdict": row.verdict(ratio),
+            }
+    return out

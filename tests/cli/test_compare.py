@@ -1,0 +1,207 @@
+"""A comparison through the CLI (python -m bsexp.tune DIR comparison=NAME), at a tiny budget: a fixed
+batch and batch=adaptive, 4 trials each and 1 around the best, through Hydra's joblib launcher,
+killed once and continued by the same command; then the report's best trials, ratios, intervals and
+verdict words checked against values computed from the runs' own summary.json files. And bad input
+to the command: one line, exit 2, nothing written."""
+
+import csv
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from scipy.stats import bootstrap
+
+from bsexp import api
+from conftest import cli_env
+
+COMPARISON = """# @package _global_
+epochs: 3
+scaling: {lr_rule: none, wd_rule: none}
+schedule: {main: constant, warmup_shape: none}
+trainer: {eval_growth: 0.2, ladder: [0.25, 0.3, 0.4], ladder_stop: true, progress: false}
+comparison:
+  trials: 4
+  refine: 1
+  held_out: 3
+  select_rung: 0.3
+  space:
+    optimizer.lr: {low: 0.03, high: 0.3}
+  arms:
+    fixed_32: {overrides: [batch=fixed, batch.size=32], baseline: true}
+    adaptive:
+      overrides: [batch=adaptive, batch.find_micro_size=false, batch.adaptive.interval=5]
+      space:
+        batch.adaptive.c: {low: 0.5, high: 2.0, scale: log}
+"""
+TINY = ["data.num_samples=600", "data.val_size=100", "model.width=8", "logger=none", "trainer.threads=1"]
+
+
+def comparison(tmp_path, text=COMPARISON, name="two_arms"):
+    (tmp_path / "conf" / "comparison").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "conf" / "comparison" / f"{name}.yaml").write_text(text)
+    return [f"comparison={name}", f"hydra.searchpath=[file://{tmp_path / 'conf'}]"]
+
+
+def tune(data_root, cwd, args, **kwargs):
+    return subprocess.Popen(
+        [sys.executable, "-m", "bsexp.tune", *args],
+        cwd=cwd,
+        env=cli_env(data_root),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kwargs,
+    )
+
+
+def summaries(folder):
+    return {p.parent.name: json.loads(p.read_text()) for p in folder.glob("*/summary.json")}
+
+
+def paired_interval(arm, base):
+    """The ratio of means over paired seeds and its 95 % paired bootstrap (BCa; percentile where BCa
+    is undefined), as the protocol states it, computed here from the runs' own numbers."""
+    ratio = lambda x, y, axis=-1: np.mean(x, axis=axis) / np.mean(y, axis=axis)  # noqa: E731
+    for method in ("BCa", "percentile"):
+        ci = bootstrap(
+            (np.asarray(arm), np.asarray(base)),
+            ratio,
+            paired=True,
+            vectorized=True,
+            n_resamples=9999,
+            confidence_level=0.95,
+            method=method,
+            rng=np.random.default_rng(0),
+        ).confidence_interval
+        if math.isfinite(ci.low) and math.isfinite(ci.high):
+            return ratio(np.asarray(arm), np.asarray(base)), ci.low, ci.high
+    return ratio(np.asarray(arm), np.asarray(base)), ratio(arm, base), ratio(arm, base)
+
+
+def best_by_steps(runs, rung):
+    """The run with the fewest steps to `rung` by its own summary (the selection's objective)."""
+    reached = [r for r in runs if rung in (r["summary"]["ladder"] or {})]
+    return min(reached, key=lambda r: r["summary"]["ladder"][rung]["step"])
+
+
+@pytest.mark.slow  # about 3-6 minutes on 2 busy cores: scripts/test_slow.sh runs it
+def test_two_arms_tuned_alike_killed_and_continued_and_the_report_from_the_runs_own_files(data_root, tmp_path):
+    out = tmp_path / "cmp"
+    args = [str(out), *comparison(tmp_path), *TINY, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
+    proc = tune(data_root, tmp_path, args, start_new_session=True)
+    deadline = time.time() + 900
+    while len(list((out / "search").glob("*/*/summary.json"))) < 2:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.time() < deadline
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    done = {p: p.stat().st_mtime_ns for p in (out / "search").glob("*/*/summary.json")}
+    assert done and len(done) < 8
+    # Another command in its directory is refused, not taken as the same.
+    refused = tune(data_root, tmp_path, [*args, "epochs=4"])
+    _, stderr = refused.communicate(timeout=300)
+    assert refused.returncode == 2 and len(stderr.splitlines()) == 1, stderr
+    assert stderr.startswith("error: comparison=two_arms: the comparison in") and "another epochs" in stderr
+    proc = tune(data_root, tmp_path, args)  # the same command: continued
+    _, stderr = proc.communicate(timeout=1800)
+    assert proc.returncode == 0, stderr[-3000:]
+    assert {p: p.stat().st_mtime_ns for p in done} == done  # the runs that had finished were not run again
+    _check_stages_and_best(out)
+    _check_report(out)
+
+
+def _check_stages_and_best(out):
+    for arm in ("fixed_32", "adaptive"):
+        search, refine, held = (summaries(out / stage / arm) for stage in ("search", "refine", "held_out"))
+        assert (len(search), len(refine), len(held)) == (4, 1, 3)
+        assert {s["seed"] for s in search.values()} == {0} and {s["seed"] for s in held.values()} == {1, 2, 3}
+        best = json.loads((out / "best.json").read_text())[arm]
+        runs = [{"stage": "search", "dir": d, "summary": s} for d, s in search.items()]
+        runs += [{"stage": "refine", "dir": d, "summary": s} for d, s in refine.items()]
+        fewest = best_by_steps(runs, "0.3")
+        assert (best["stage"], best["runs"]) == (fewest["stage"], [fewest["dir"]])
+        # The best trial's LR, and every held-out run trained with it (given as it is, not resolved).
+        assert best["values"]["optimizer.lr"] == pytest.approx(fewest["summary"]["lr"])
+        assert all(s["lr"] == pytest.approx(best["values"]["optimizer.lr"]) for s in held.values())
+    # Four distinct points of the search, within its range.
+    lrs = sorted(s["lr"] for s in summaries(out / "search" / "fixed_32").values())
+    assert len(set(lrs)) == 4 and 0.03 <= lrs[0] and lrs[-1] <= 0.3
+    # The same comparison from Python (bsexp.api): every run, by stage and arm, its searched values resolved.
+    rows = api.points(out)
+    assert len(rows) == 16 and {(r["stage"], r["arm"]) for r in rows} == {
+        (stage, arm) for stage in ("search", "refine", "held_out") for arm in ("fixed_32", "adaptive")
+    }
+    assert all(r["optimizer.lr"] == pytest.approx(r["lr"]) for r in rows if r["arm"] == "fixed_32")
+
+
+def _check_report(out):
+    rows = list(csv.DictReader((out / "compare.csv").open()))
+    held = {arm: summaries(out / "held_out" / arm) for arm in ("fixed_32", "adaptive")}
+    checked = 0
+    for row in (r for r in rows if r["arm"] == "adaptive" and r["rung"] != "final"):
+        best = json.loads((out / "best.json").read_text())["fixed_32"]
+        chosen = summaries(out / best["stage"] / "fixed_32")[best["runs"][0]]
+        if row["rung"] not in chosen["ladder"]:  # its best did not reach this rung on the tuning seed
+            assert row["baseline"] == "" and row["no_verdict"].startswith("no fixed batch reached this rung")
+            continue
+        assert row["baseline"] == "fixed_32"
+        steps = {arm: {s["seed"]: s["ladder"].get(row["rung"]) for s in runs.values()} for arm, runs in held.items()}
+        pairs = sorted(s for s in (1, 2, 3) if steps["adaptive"][s] and steps["fixed_32"][s])
+        assert int(row["pairs"]) == len(pairs)
+        if len(pairs) < 3:
+            assert row["steps_verdict"] == "" and row["no_verdict"].startswith("too few seeds reach it")
+            continue
+        for measure in ("steps", "samples"):
+            key = "step" if measure == "steps" else "samples"
+            arm = [steps["adaptive"][s][key] for s in pairs]
+            base = [steps["fixed_32"][s][key] for s in pairs]
+            ratio, low, high = paired_interval(arm, base)
+            assert float(row[f"{measure}_ratio"]) == pytest.approx(ratio, rel=1e-9)
+            assert (float(row[f"{measure}_ratio_low"]), float(row[f"{measure}_ratio_high"])) == pytest.approx(
+                (low, high), rel=1e-9
+            )
+            word = "fewer" if high < 1 else "more" if low > 1 else "not distinguished"
+            assert row[f"{measure}_verdict"] == word
+        checked += 1
+    assert checked >= 1  # at least the lowest rung has a verdict
+    table = (out / "compare.md").read_text()
+    assert "| fixed_32 | `batch=fixed` `batch.size=32` | 5 trials (4 + 1 declared) |" in table
+    assert "### val_acc >= 25 %: baseline fixed_32" in table and (out / "compare_frontier.png").stat().st_size
+
+
+@pytest.mark.parametrize(
+    "extra, yaml_edit, line",
+    [
+        (["comparison=nosuch"], None, "error: comparison=nosuch: unknown option; valid: mnist1d, two_arms"),
+        ([], ("batch.adaptive.c", "batch.adaptive.cc"), "error: comparison.arms.adaptive="),
+        (["seed=3"], None, "error: seed=3: is set by the comparison for each run"),
+        ([], ("select_rung: 0.3", "select_rung: 0.35"), "error: comparison.select_rung=0.35: must be a rung"),
+    ],
+)
+def test_bad_input_to_a_comparison_is_one_line_and_exit_2(data_root, tmp_path, extra, yaml_edit, line):
+    text = COMPARISON if yaml_edit is None else COMPARISON.replace(*yaml_edit)
+    args = [str(tmp_path / "cmp"), *comparison(tmp_path, text), *TINY, *extra]
+    if extra[:1] == ["comparison=nosuch"]:
+        args = [a for a in args if not a.startswith("comparison=two_arms")]
+    command = [sys.executable, "-m", "bsexp.tune", *args]
+    done = subprocess.run(command, cwd=tmp_path, env=cli_env(data_root), capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.startswith(line) and len(done.stderr.splitlines()) == 1, done.stderr
+    assert not (tmp_path / "cmp").exists()
+
+
+def test_the_report_of_a_directory_that_holds_no_comparison_is_one_line_and_exit_2(data_root, tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "bsexp.report.compare", str(tmp_path)],
+        env=cli_env(data_root),
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2 and done.stderr.startswith(f"error: {tmp_path} holds no comparison"), done.stderr
+    assert len(done.stderr.splitlines()) == 1

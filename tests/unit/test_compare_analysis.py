@@ -1,0 +1,130 @@
+"""A comparison's analysis on runs made up for it (bsexp.report.compare): each arm's best chosen on
+the tuning seeds by the declared objective; the baseline at each rung chosen on the tuning seeds,
+never on the held-out seeds it is held against; ratios over the seeds both reached a rung on; no
+verdict where too few seeds reach it; rungs reached with a decayed LR counted; the frontier fitted."""
+
+import pytest
+
+from bsexp.report.compare.analysis import analyse
+from bsexp.report.compare.intervals import ratio_of_means
+from bsexp.report.compare.load import Run
+from bsexp.report.compare.plan import Plan
+
+SPACE = {"optimizer.lr": {"low": 0.01, "high": 1.0, "scale": "log", "type": "float"}}
+ARMS = {
+    "fixed_32": {"overrides": ["batch.size=32"], "space": {}, "baseline": True, "self_tuning": False},
+    "fixed_64": {"overrides": ["batch.size=64"], "space": {}, "baseline": True, "self_tuning": False},
+    "fixed_128": {"overrides": ["batch.size=128"], "space": {}, "baseline": True, "self_tuning": False},
+    "growing": {"overrides": ["batch=adaptive"], "space": {}, "baseline": False, "self_tuning": False},
+    "own": {"overrides": ["batch=adaptive"], "space": {}, "baseline": False, "self_tuning": True},
+}
+
+
+def plan(**changes):
+    comparison = {
+        "arms": ARMS,
+        "space": SPACE,
+        "trials": 2,
+        "refine": 0,
+        "refine_factor": 1.5,
+        "refine_width": 0.2,
+        "objective": "steps",
+        "select_rung": None,
+        "tuning_seeds": [0],
+        "held_out": 4,
+        "margin": 0.01,
+        "min_reached": 0.75,
+        "search_seed": 0,
+    } | changes
+    return Plan("made_up", comparison, (0.5, 0.9), "val_acc", True, 10.0)
+
+
+def reaches(steps_by_rung, batch, lr=0.1, peak=0.1):
+    return {r: {"step": s, "samples": s * batch, "lr": lr, "lr_peak": peak} for r, s in steps_by_rung.items() if s}
+
+
+def run(arm, stage, seed, steps, batch, trial=None, final=0.9, **lr):
+    return Run(arm, stage, trial, seed, "completed", f"{arm}-{stage}-{trial}-{seed}", batch=batch,
+               reaches=reaches(steps, batch, **lr), final=final, best=final)  # fmt: skip
+
+
+def tuning(arm, batch, trials):
+    """The search's runs of an arm on tuning seed 0: trial -> (steps to 0.5, steps to 0.9)."""
+    return [run(arm, "search", 0, {"0.5": a, "0.9": b}, batch, trial=t) for t, (a, b) in trials.items()]
+
+
+def held(arm, batch, steps, **kw):
+    """Held-out seeds 1..4: steps to 0.9 per seed (None: not reached), 0.5 at half of it."""
+    return [run(arm, "held_out", s, {"0.5": x and x / 2, "0.9": x}, batch, **kw) for s, x in zip((1, 2, 3, 4), steps)]
+
+
+RUNS = [
+    # On the tuning seed: trial 1 is each fixed batch's best; fixed_64 is the fastest to 0.9 (100 steps).
+    *tuning("fixed_32", 32, {0: (90, 300), 1: (70, 200)}),
+    *tuning("fixed_64", 64, {0: (60, None), 1: (40, 100)}),
+    *tuning("fixed_128", 128, {0: (50, 150), 1: (45, 130)}),
+    *tuning("growing", 32, {0: (30, 80), 1: (35, None)}),
+    # On the held-out seeds fixed_128 is faster than fixed_64: it must not become the baseline.
+    *held("fixed_32", 32, [210, 190, 205, 195]),
+    *held("fixed_64", 64, [110, 90, 100, 105]),
+    *held("fixed_128", 128, [60, 70, 65, 62]),
+    *held("growing", 32, [80, 70, None, 75], lr=0.04, peak=0.1),  # reached with the LR below half its peak
+    *held("own", 32, [None, 300, None, None]),
+]
+
+
+def test_each_arms_best_and_the_baseline_are_chosen_on_the_tuning_seeds():
+    result = analyse(plan(), RUNS, {})
+    assert {arm: (c.stage, c.trial) for arm, c in result.best.items()} == {
+        "fixed_32": ("search", 1),
+        "fixed_64": ("search", 1),
+        "fixed_128": ("search", 1),
+        "growing": ("search", 0),  # trial 1 never reached the top rung
+    }
+    assert result.best["growing"].objective(result.plan) == 80
+    assert "own" not in result.best  # self-tuning: no trials
+    # The fastest on the tuning seed at 0.9 is fixed_64, at 0.5 fixed_64 too (40 steps).
+    assert result.baselines == {"0.5": "fixed_64", "0.9": "fixed_64"}
+
+
+def test_the_ratios_are_over_the_seeds_both_reached_with_verdicts_and_too_few_seeds_give_none():
+    result = analyse(plan(), RUNS, {})
+    rows = {(v.arm, v.rung): v for v in result.versus}
+    growing = rows[("growing", "0.9")]
+    assert (growing.reached, growing.base_reached, growing.pairs) == (3, 4, 3)
+    expected = ratio_of_means([80, 70, 75], [110, 90, 105])
+    assert growing.steps_ratio == expected and growing.verdict(expected) == "fewer"
+    assert growing.samples_ratio.estimate == pytest.approx((225 * 32) / (305 * 64))
+    assert growing.decayed == 3  # every seed that reached it did with its LR below half its peak
+    fixed_128 = rows[("fixed_128", "0.9")]
+    assert fixed_128.verdict(fixed_128.steps_ratio) == "fewer"  # held-out figures, baseline from tuning
+    own = rows[("own", "0.9")]
+    assert own.steps_ratio is None and own.why_none.startswith("too few seeds reach it (the arm 1, the baseline 4 of 4")
+    assert rows[("fixed_64", "0.9")].why_none == "the baseline"
+
+
+def test_a_higher_bar_for_reaching_withholds_the_verdict():
+    result = analyse(plan(min_reached=1.0), RUNS, {})
+    growing = next(v for v in result.versus if v.arm == "growing" and v.rung == "0.9")
+    assert growing.steps_ratio is None and "a verdict needs 4 each" in growing.why_none
+
+
+def test_the_final_values_against_the_margin_and_the_frontier_through_the_fixed_batches():
+    runs = [r for r in RUNS if r.arm != "own"]
+    result = analyse(plan(), runs, {})
+    finals = {f.arm: f for f in result.finals}
+    assert finals["growing"].difference.estimate == pytest.approx(0.0) and finals["growing"].verdict == "non-inferior"
+    top = result.frontiers[-1]
+    assert [p[1] for p in top.points] == [32, 64, 128]
+    assert top.points[1][2:4] == pytest.approx((101.25, 101.25 * 64))
+    assert top.fit is not None and not top.fit.refused
+    assert top.intervals["B_crit"].low <= top.fit.b_crit <= top.intervals["B_crit"].high
+
+
+def test_the_objective_final_chooses_by_the_final_value_on_the_tuning_seeds():
+    runs = [
+        run("fixed_32", "search", 0, {"0.5": 10, "0.9": 100}, 32, trial=0, final=0.95),
+        run("fixed_32", "search", 0, {"0.5": 10, "0.9": 50}, 32, trial=1, final=0.93),
+    ]
+    result = analyse(plan(objective="final"), runs, {})
+    assert result.best["fixed_32"].trial == 0 and result.baselines["0.9"] == "fixed_32"
