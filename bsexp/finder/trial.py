@@ -283,6 +283,9 @@ class TrialRunner:
                 step_times.append(end - t)
                 fwd, opt = self._marks.get("forward", t), self._marks.get("optimizer", end)
                 parts.append((fwd - t, opt - fwd, end - opt))
+            if self.step.graphs is not None and self.step.graphs.eager_only:
+                # Training would run this size eagerly: the graphed step it was measured for does not fit.
+                raise torch.OutOfMemoryError(f"the CUDA graph of a step of {size} ran out of memory in its capture")
             return step_times, parts, self._peak() - base, None
         except Exception as exc:
             if not memory.is_oom(exc):

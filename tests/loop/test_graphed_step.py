@@ -201,3 +201,20 @@ def test_a_real_oom_in_the_static_step_halves_the_micro_batch_and_trains_as_the_
     assert eager["plan"] == plan and eager["oom_recoveries"] == static["oom_recoveries"]
     for key, value in static["params"].items():
         assert torch.equal(value, eager["params"][key]), key
+
+
+@pytest.mark.slow  # two finders' searches in probe processes: 30-60 s on 2 cores
+def test_the_finders_trials_run_the_static_step_and_find_what_the_eager_ones_find(make_cfg):
+    # The trials run past the warm-ups (their capture in the peak on a GPU) and set the gradients to
+    # None between sizes: the step allocates them anew. The found size trains as eagerly found.
+    finder = [*WIDE[:3], "data.num_samples=2000", "model=mlp", "model.hidden=[64]", "batch=finder"]
+    common = [*finder, "batch.finder.max_size=200", "trainer.max_steps=3", "trainer.progress=false"]
+    static = build_loop(make_cfg(*common, "trainer.cuda_graphs=static"))
+    eager = build_loop(make_cfg(*common, "trainer.cuda_graphs=off"))
+    assert static.batch_control.current.size == eager.batch_control.current.size
+    assert static.batch_control.found.trials and static.step.graphs is not None
+    for loop in (static, eager):
+        assert train(loop, TrainState()) == "completed"
+    assert static.step.graphs.summary()["replays"] == 1
+    a, b = params(static), params(eager)
+    assert all(torch.equal(a[k], b[k]) for k in a)

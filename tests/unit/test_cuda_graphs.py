@@ -11,6 +11,7 @@ from bsexp.engine.cuda_graphs import GraphCache, graph_key, graph_mode
 from bsexp.engine.datasets import TensorSplit
 from bsexp.engine.feed import PAD_LABEL, epoch_order, eval_batches, one_shape_size
 from bsexp.engine.gradient_noise import loss_scale, squared_norm
+from bsexp.engine.optim import graph_ready
 from bsexp.errors import ConfigError
 
 CUDA, CPU = torch.device("cuda", 0), torch.device("cpu")
@@ -131,3 +132,11 @@ def test_a_padded_evaluation_batch_is_one_shape_and_its_padding_is_labelled_to_b
     assert y.tolist() == [2, 0, PAD_LABEL, PAD_LABEL] and x[:, 0].tolist() == [8.0, 9.0, 9.0, 9.0]
     real = torch.cat([y for _, y in padded])
     assert torch.equal(real[real != PAD_LABEL], torch.cat([y for _, y in plain]))
+
+
+def test_an_update_is_graph_ready_only_fused_and_for_adam_capturable():
+    params = [torch.nn.Parameter(torch.zeros(3))]
+    assert "fused" in graph_ready(torch.optim.SGD(params, lr=0.1))  # foreach: reads a tensor LR on the host
+    assert graph_ready(torch.optim.SGD(params, lr=0.1, fused=True)) is None  # SGD has no capturable flag
+    assert "capturable" in graph_ready(torch.optim.AdamW(params, lr=0.1, fused=True))  # refused at capture
+    assert graph_ready(torch.optim.AdamW(params, lr=0.1, fused=True, capturable=True)) is None
