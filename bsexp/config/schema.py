@@ -35,6 +35,7 @@ DistributedKind = choice("DistributedKind", "none", "ddp", module=__name__)
 Backend = choice("Backend", "auto", "gloo", "nccl", module=__name__)
 NoiseMode = choice("NoiseMode", "auto", "off", "always", module=__name__)
 Speed = choice("Speed", "auto", "fast", "reproducible", module=__name__)
+CudaGraphs = choice("CudaGraphs", "auto", "on", "static", "off", module=__name__)
 WandbMode = choice("WandbMode", "offline", "online", "disabled", module=__name__)
 # The metrics a ladder of targets can climb (trainer.ladder), as the metrics records name them;
 # the losses are better lower, the accuracies higher.
@@ -301,6 +302,10 @@ class TrainerConfig:
     speed: Speed = Speed.auto
     # torch.compile's mode when fast: none (null: eager), default or max-autotune-no-cudagraphs; no CUDA graphs
     compile_mode: Optional[str] = None
+    # The whole step as one CUDA graph per shape, gradients kept in place so accumulation stays exact
+    # (docs: GPUs): auto where it applies (CUDA, fast path, fp32/bf16, one process), else eager; on:
+    # refused where it cannot; static: the same step without the capture, on any device; off: eager
+    cuda_graphs: CudaGraphs = CudaGraphs.auto
     deterministic: bool = True  # the reproducible path: torch's deterministic algorithms
     threads: Optional[int] = at_least(1, None)  # torch CPU threads; null: torch's default
     memory_limit_gb: Optional[float] = positive(None)  # train as on a smaller machine: a real cap on memory

@@ -18,11 +18,12 @@ from torch.nn.parallel import DistributedDataParallel
 from bsexp.batch.scaling import ScaledHparams
 from bsexp.config.checks import call_target
 from bsexp.config.schema import NoiseMode
+from bsexp.engine.cuda_graphs import StepGraphs, graph_mode
 from bsexp.engine.datasets import Splits
 from bsexp.engine.distributed import GradSync, World, sum_gradients_hook
 from bsexp.engine.gradient_noise import NoiseMeter, NoiseScale
 from bsexp.engine.models import checkpoint_blocks, ghost_batchnorm
-from bsexp.engine.optim import build_optimizer
+from bsexp.engine.optim import build_optimizer, graph_ready
 from bsexp.engine.step import Step
 from bsexp.engine.syncbn import convert_sync_batchnorm
 from bsexp.errors import ConfigError, one_line
@@ -99,6 +100,7 @@ def wrap_model(
     compiled with it). `process_group`: a group of its own (the finder's trials); None: the
     default one."""
     speed = run_speed(cfg, device, model)
+    torch.backends.cudnn.benchmark = speed.cudnn_benchmark  # now that the model is known (Speed)
     if speed.channels_last:
         model = model.to(memory_format=torch.channels_last)
     model, grad_sync = _distributed(cfg, model, device, distributed, process_group)
@@ -147,7 +149,7 @@ def make_step(
     `n_train`: the training set's size, which the noise scale's |G|² estimate is corrected for."""
     precision = str(cfg.precision)
     speed = run_speed(cfg, world.device, model)
-    optimizer = build_optimizer(cfg, model, hp, fused=speed.fused_optimizer)
+    optimizer, graphs = _optimizer_and_graphs(cfg, model, world, distributed, hp, speed.fused_optimizer)
     noise_mode = str(cfg.trainer.noise_scale)
     if measure_noise and noise_mode == "auto":
         noise_mode = "always"
@@ -182,7 +184,25 @@ def make_step(
         grad_sync=grad_sync,
         noise=noise,
         on_oom=on_oom,
+        graphs=None if graphs == "off" else StepGraphs(optimizer, model, world.device, capture=graphs == "capture"),
     )
+
+
+def _optimizer_and_graphs(
+    cfg: DictConfig, model: nn.Module, world: World, distributed: bool, hp: ScaledHparams, fused: bool
+) -> tuple[torch.optim.Optimizer, str]:
+    """The optimizer (capturable where a CUDA graph will hold its update), and how the step runs
+    (trainer.cuda_graphs, bsexp.engine.cuda_graphs.graph_mode): "capture", "static" or "off"."""
+    choice = str(cfg.trainer.cuda_graphs)
+    graphs, why = graph_mode(choice, world.device, fused=fused, precision=str(cfg.precision), distributed=distributed)
+    optimizer = build_optimizer(cfg, model, hp, fused=fused, capturable=graphs == "capture")
+    if graphs == "capture" and (why := graph_ready(optimizer)) is not None:
+        if choice == "on":
+            raise ConfigError("trainer.cuda_graphs", choice, f"{why}; valid here: auto, static, off")
+        graphs = "off"
+    if world.device.type == "cuda" and why is not None:
+        log.info("CUDA graphs off: %s", why)
+    return optimizer, graphs
 
 
 def build_sinks(

@@ -12,27 +12,37 @@ import torch.nn.functional as F
 
 from bsexp.engine.datasets import Split
 from bsexp.engine.distributed import World
-from bsexp.engine.feed import eval_batches, shard
+from bsexp.engine.feed import PAD_LABEL, eval_batches, shard
 
 log = logging.getLogger(__name__)
 
 
 @torch.no_grad()
 def evaluate(
-    net: torch.nn.Module, split: Split, world: World, autocast, batch_size: int, num_workers: int = 0
+    net: torch.nn.Module,
+    split: Split,
+    world: World,
+    autocast,
+    batch_size: int,
+    num_workers: int = 0,
+    one_shape: bool | None = None,
 ) -> tuple[float, float]:
     """Mean loss and accuracy over a whole split, in eval mode; each rank evaluates its shard
-    and the sums are all-reduced, so every sample counts once, whatever the world size."""
+    and the sums are all-reduced, so every sample counts once, whatever the world size. On CUDA
+    in batches of one shape per split (`one_shape`, None: on CUDA; bsexp.engine.feed.eval_batches:
+    its padding counts nowhere)."""
     was_training = net.training
     net.eval()
     world.sync_buffers(net)  # rank 0's BatchNorm statistics on every rank
     sums = torch.zeros(3, device=world.device, dtype=torch.float64)  # loss, correct, count
-    for x, y in eval_batches(shard(split, world.rank, world.size), batch_size, world.device, num_workers):
+    one_shape = world.device.type == "cuda" if one_shape is None else one_shape
+    batches = eval_batches(shard(split, world.rank, world.size), batch_size, world.device, num_workers, one_shape)
+    for x, y in batches:
         with autocast():
             logits = net(x)
-        sums[0] += F.cross_entropy(logits.float(), y, reduction="sum")
+        sums[0] += F.cross_entropy(logits.float(), y, reduction="sum", ignore_index=PAD_LABEL)
         sums[1] += (logits.argmax(dim=1) == y).sum()
-        sums[2] += len(y)
+        sums[2] += (y != PAD_LABEL).sum() if one_shape else len(y)
     net.train(was_training)
     loss, correct, count = world.all_reduce(sums).tolist()
     return loss / count, correct / count

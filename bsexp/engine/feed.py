@@ -7,6 +7,7 @@ Tensors held on the device are batched by index; a torch `Dataset` is read throu
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset
@@ -15,8 +16,14 @@ from bsexp.batch.plan import keep_final
 from bsexp.engine.datasets import Augment, Split, Splits, TensorSplit
 
 
-def epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
-    """One shuffle per epoch, shared by all ranks (Goyal et al. remark 4), epoch in the seed."""
+def epoch_order(n: int, seed: int, epoch: int, device: torch.device | None = None) -> torch.Tensor:
+    """One shuffle per epoch, shared by all ranks (Goyal et al. remark 4), epoch in the seed.
+    On a CUDA `device` it is drawn there (another order than the CPU's, the same on every rank):
+    a permutation drawn on the CPU and copied to the GPU makes the host wait for every step
+    queued before it. Elsewhere it is the CPU's, as it always was."""
+    if device is not None and device.type == "cuda":
+        generator = torch.Generator(device=device).manual_seed(seed * 100_003 + epoch)
+        return torch.randperm(n, generator=generator, device=device)
     generator = torch.Generator().manual_seed(seed * 100_003 + epoch)
     return torch.randperm(n, generator=generator)
 
@@ -45,12 +52,30 @@ def rank_share(step: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
     return step if world_size == 1 else torch.tensor_split(step, world_size)[rank]
 
 
+@dataclass(frozen=True)
+class Rows:
+    """A step's samples not gathered yet: their indices into a split held on the device. The
+    graphed step (bsexp.engine.cuda_graphs) gathers them inside its graph, from a static copy of
+    `index`; anything else calls `gather`."""
+
+    split: TensorSplit
+    index: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def gather(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.split.batch(self.index)
+
+
 class TensorBatches:
     """Optimizer steps of in-memory samples, gathered by index on the data's device: per step,
-    this rank's share of the step, which the trainer splits into micro-batches."""
+    this rank's share of the step, which the trainer splits into micro-batches. `deferred`: each
+    step's x and y are both its `Rows`, left to the step to gather (a set without augmentation)."""
 
-    def __init__(self, split: TensorSplit, seed: int, augment: Augment | None = None) -> None:
+    def __init__(self, split: TensorSplit, seed: int, augment: Augment | None = None, deferred: bool = False) -> None:
         self.split, self.seed, self.augment = split, seed, augment
+        self.deferred = deferred and augment is None
 
     def __len__(self) -> int:
         return len(self.split)
@@ -59,12 +84,17 @@ class TensorBatches:
         """(x, y, global samples of the step) for each step of `sizes` (global batches), from the
         step `skip` of the epoch on (a resumed run continues mid-epoch with the same data)."""
         device = self.split.x.device
-        order = epoch_order(len(self.split), self.seed, epoch).to(device)
+        order = epoch_order(len(self.split), self.seed, epoch, device).to(device)
         generator = torch.Generator(device=device)
         for index, (start, stop) in enumerate(step_spans(len(order), sizes, world_size, drop_last)):
             if index < skip:
                 continue
-            x, y = self.split.batch(rank_share(order[start:stop], rank, world_size))
+            share = rank_share(order[start:stop], rank, world_size)
+            if self.deferred:
+                rows = Rows(self.split, share)
+                yield rows, rows, stop - start
+                continue
+            x, y = self.split.batch(share)
             if self.augment is not None:
                 # Each step's crops and flips depend only on (seed, epoch, step, rank).
                 generator.manual_seed(augment_seed(self.seed, epoch, rank) * 1_000_003 + index)
@@ -133,9 +163,10 @@ class LoaderBatches:
             yield x.to(self.device, non_blocking=True), y.to(self.device), stop - start
 
 
-def train_feed(splits: Splits, seed: int, device: torch.device):
+def train_feed(splits: Splits, seed: int, device: torch.device, deferred: bool = False):
+    """`deferred`: in-memory steps come as `Rows`, for a step that gathers them itself."""
     if isinstance(splits.train, TensorSplit):
-        return TensorBatches(splits.train, seed, splits.augment)
+        return TensorBatches(splits.train, seed, splits.augment, deferred)
     return LoaderBatches(splits.train, seed, device, splits.num_workers)
 
 
@@ -149,13 +180,36 @@ def shard(split: Split, rank: int, world_size: int) -> Split:
     return Subset(split, idx.tolist())
 
 
+# The label of a row that pads an evaluation batch: F.cross_entropy's ignore_index, never a class.
+PAD_LABEL = -100
+
+
+def one_shape_size(n: int, batch_size: int) -> int:
+    """The batch that covers `n` samples in as few batches of at most `batch_size` as before,
+    each as full as can be: the last is padded to it by fewer rows than there are batches."""
+    batches = -(-n // batch_size)
+    return -(-n // batches) if batches else batch_size
+
+
 def eval_batches(
-    split: Split, batch_size: int, device: torch.device, num_workers: int = 0
+    split: Split, batch_size: int, device: torch.device, num_workers: int = 0, one_shape: bool = False
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """The whole split in order, in batches of `batch_size`."""
+    """The whole split in order, in batches of `batch_size`. `one_shape` (a split held in
+    memory): every batch of the split the same size, `one_shape_size`, the last one padded with
+    repeats of its own last sample labelled PAD_LABEL, which the loss, the accuracy and the count
+    leave out; cuDNN's autotuner and torch.compile then meet one evaluation shape per split."""
     if isinstance(split, TensorSplit):
-        for start in range(0, len(split), batch_size):
-            yield split.batch(torch.arange(start, min(start + batch_size, len(split)), device=split.x.device))
+        size = one_shape_size(len(split), batch_size) if one_shape else batch_size
+        for start in range(0, len(split), size):
+            stop = min(start + size, len(split))
+            index = torch.arange(start, stop, device=split.x.device)
+            if not one_shape or stop - start == size:
+                yield split.batch(index)
+                continue
+            x, y = split.batch(torch.cat([index, index[-1:].expand(size - len(index))]))
+            y = y.clone()
+            y[stop - start :] = PAD_LABEL
+            yield x, y
         return
     loader = DataLoader(split, batch_size=batch_size, num_workers=num_workers, pin_memory=device.type == "cuda")
     for x, y in loader:

@@ -48,6 +48,7 @@ class Step:
     grad_sync: GradSync | None = None  # the DDP communication hook's state
     noise: NoiseMeter | None = None
     on_oom: Callable[[BatchPlan], BatchPlan] | None = None  # the plan to retry with; None: an OOM propagates
+    graphs: Any = None  # bsexp.engine.cuda_graphs.StepGraphs: the step graphed per shape (None: eager)
 
     @property
     def net(self) -> nn.Module:
@@ -63,7 +64,16 @@ class Step:
 def train_step(step: Step, x: torch.Tensor, y: torch.Tensor, step_samples: int, plan: BatchPlan):
     """One optimizer step on this rank's share (x, y) of a step of `step_samples` samples, in
     micro-batches of `plan`. Returns the summed loss and correct count of this rank's samples
-    (detached) and the plan the step ended with (smaller after an out-of-memory error)."""
+    (detached) and the plan the step ended with (smaller after an out-of-memory error). With
+    `step.graphs` (trainer.cuda_graphs), the step runs there: captured in a CUDA graph per shape,
+    or eagerly on its static gradients; x and y may then be one `bsexp.engine.feed.Rows`."""
+    if step.graphs is not None:
+        return step.graphs.train_step(step, x, y, step_samples, plan)
+    return eager_step(step, x, y, step_samples, plan)
+
+
+def eager_step(step: Step, x: torch.Tensor, y: torch.Tensor, step_samples: int, plan: BatchPlan):
+    """`train_step` without a graph (the static gradients zeroed in place where `step.graphs` is on)."""
     if step.noise is not None:
         step.noise.begin(step, x, y, len(micro_sizes(len(y), step_samples, plan)))
     while True:
@@ -76,44 +86,63 @@ def train_step(step: Step, x: torch.Tensor, y: torch.Tensor, step_samples: int, 
         plan = _shrink(step, plan)
     if step.reduce == "flat":  # gradients were kept local (no_sync) until every rank had passed
         step.world.all_reduce_gradients(step.model.parameters(), step.grad_sync)
-    if step.noise is not None:
-        step.noise.end(step, len(y), step_samples)
+    measured = finish(step, len(y), step_samples)
+    if measured is not None:
+        step.noise.scale.update(*measured)
+    return outcome[0], outcome[1], plan
+
+
+def finish(step: Step, local: int, step_samples: int):
+    """After the backward: the noise meter's measurement of the step (tensors, not yet in its
+    averages), the clip of the whole step's gradient, the update. Returns the measurement."""
+    measured = step.noise.measure(step, local, step_samples) if step.noise is not None else None
     if step.clip_grad_norm is not None:
         step.scaler.unscale_(step.optimizer)  # clip the true gradient of the whole step
         nn.utils.clip_grad_norm_(step.model.parameters(), step.clip_grad_norm)
     step.scaler.step(step.optimizer)
     step.scaler.update()
-    return outcome[0], outcome[1], plan
+    return measured
+
+
+def _zero_grads(step: Step) -> None:
+    # Set to None, autograd hands the first micro-batch's gradient over as `.grad`; kept (the
+    # static gradients a graph reads and writes), it adds every micro-batch's into them in place.
+    step.optimizer.zero_grad(set_to_none=step.graphs is None)
 
 
 def _forward_backward(step: Step, x: torch.Tensor, y: torch.Tensor, step_samples: int, plan: BatchPlan):
     """Forward and backward over the micro-batches; None after an OOM (when the guard is on)."""
-    model = step.model
-    step.optimizer.zero_grad(set_to_none=True)
-    sizes = micro_sizes(len(y), step_samples, plan)
-    step_loss = correct = 0
+    _zero_grads(step)
     try:
-        for i, (xm, ym) in enumerate(zip(x.split(sizes), y.split(sizes))):
-            xm = _fast_input(step, xm)
-            sync = step.reduce == "none" or (step.reduce == "hook" and i == len(sizes) - 1)
-            with contextlib.nullcontext() if sync else model.no_sync():
-                with step.autocast():
-                    logits = model(xm)
-                    # This micro-batch's share of the mean loss over the step's samples (all
-                    # micro-steps, all ranks); when it is the whole step, that is the plain mean.
-                    if len(ym) == step_samples:
-                        loss = F.cross_entropy(logits, ym)
-                    else:
-                        loss = F.cross_entropy(logits, ym, reduction="sum") / step_samples
-                step.scaler.scale(loss).backward()
-            if step.noise is not None:
-                step.noise.after_micro(step, i, len(sizes), len(ym), step_samples)
-            step_loss = step_loss + loss.detach()
-            correct = correct + (logits.detach().argmax(dim=1) == ym).sum()
+        return micro_steps(step, x, y, step_samples, micro_sizes(len(y), step_samples, plan))
     except Exception as exc:
         if step.on_oom is None or not is_oom(exc):
             raise
         return None
+
+
+def micro_steps(step: Step, x: torch.Tensor, y: torch.Tensor, step_samples: int, sizes: list[int]):
+    """Forward and backward of each micro-batch of `sizes`, gradients added into `.grad`: the
+    summed loss and the correct count of this rank's samples (detached)."""
+    model = step.model
+    step_loss = correct = 0
+    for i, (xm, ym) in enumerate(zip(x.split(sizes), y.split(sizes))):
+        xm = _fast_input(step, xm)
+        sync = step.reduce == "none" or (step.reduce == "hook" and i == len(sizes) - 1)
+        with contextlib.nullcontext() if sync else model.no_sync():
+            with step.autocast():
+                logits = model(xm)
+                # This micro-batch's share of the mean loss over the step's samples (all
+                # micro-steps, all ranks); when it is the whole step, that is the plain mean.
+                if len(ym) == step_samples:
+                    loss = F.cross_entropy(logits, ym)
+                else:
+                    loss = F.cross_entropy(logits, ym, reduction="sum") / step_samples
+            step.scaler.scale(loss).backward()
+        if step.noise is not None:
+            step.noise.after_micro(step, i, len(sizes), len(ym), step_samples)
+        step_loss = step_loss + loss.detach()
+        correct = correct + (logits.detach().argmax(dim=1) == ym).sum()
     return step_loss * step_samples, correct
 
 
@@ -133,7 +162,7 @@ def _fast_input(step: Step, x: torch.Tensor) -> torch.Tensor:
 def _shrink(step: Step, plan: BatchPlan) -> BatchPlan:
     """Abandon the step (gradients, partial outputs) and ask for a smaller micro-batch. A
     GradScaler keeps no state of a step before unscale_/step, so there is nothing of it to undo."""
-    step.optimizer.zero_grad(set_to_none=True)
+    _zero_grads(step)
     release(step.device)
     if plan.micro_size == 1:
         raise torch.OutOfMemoryError(

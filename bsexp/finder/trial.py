@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 from bsexp.batch.plan import MIN_MICRO, make_plan
 from bsexp.batch.scaling import ScaledHparams
 from bsexp.engine.build import make_step, wrap_model
+from bsexp.engine.cuda_graphs import WARMUP_STEPS
 from bsexp.engine.datasets import Augment, Splits, TensorSplit
 from bsexp.engine.distributed import World
 from bsexp.engine.feed import augment_batch
@@ -86,6 +87,8 @@ class TrialRunner:
             total_steps=1,
         )
         self.step = make_step(cfg, self.model, World(device=device), distributed, hp, grad_sync)
+        if self.step.graphs is not None:  # a graphed step: its warm-ups, then its capture and replay
+            self.steps = max(self.steps, WARMUP_STEPS + 1)
         self.x, self.y = data.x.to(device), data.y.to(device)
         self.augment = data.augment
         self.fill = data.fill.to(device) if isinstance(data.fill, torch.Tensor) else data.fill
@@ -219,6 +222,8 @@ class TrialRunner:
             finally:
                 set_checkpointing(self.step.net, True)
         device = self.device
+        if self.step.graphs is not None:
+            self.step.graphs.clear()  # the sizes before's graphs, their memory back in the pool
         memory.release(device)
         if device.type == "cpu":
             # Not MKL's buffers from the sizes tried before: a step makes those of its size after
@@ -278,6 +283,9 @@ class TrialRunner:
                 step_times.append(end - t)
                 fwd, opt = self._marks.get("forward", t), self._marks.get("optimizer", end)
                 parts.append((fwd - t, opt - fwd, end - opt))
+            if self.step.graphs is not None and self.step.graphs.eager_only:
+                # Training would run this size eagerly: the graphed step it was measured for does not fit.
+                raise torch.OutOfMemoryError(f"the CUDA graph of a step of {size} ran out of memory in its capture")
             return step_times, parts, self._peak() - base, None
         except Exception as exc:
             if not memory.is_oom(exc):

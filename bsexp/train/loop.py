@@ -210,10 +210,13 @@ def build_loop(
     return Loop(
         step=step,
         batch_control=batch_control,
-        hyperparameters=Hyperparameters(step.optimizer, rules, batch_control.layout),
+        # With graphs the LR is a device tensor written in place, and the step gathers its own rows.
+        hyperparameters=Hyperparameters(
+            step.optimizer, rules, batch_control.layout, lr_device=None if step.graphs is None else world.device
+        ),
         regularisers=Regularisers(step.net, RegulariserRules.of(cfg)),
         splits=splits,
-        feed=train_feed(splits, cfg.seed, world.device),
+        feed=train_feed(splits, cfg.seed, world.device, deferred=step.graphs is not None),
         hp=hp,
         drop_last=cfg.batch.drop_last,
         evaluator=Evaluator(

@@ -86,7 +86,7 @@ def _speed_words(speed) -> str:
         return "reproducible (deterministic algorithms, no autotuner, eager)"
     parts = ["no deterministic algorithms"]
     if speed.cuda:
-        parts += ["cuDNN autotuner", "TF32"]
+        parts += [*(["cuDNN autotuner"] if speed.cudnn_benchmark else []), "TF32"]
     parts += [
         *(["fused optimizer"] if speed.fused_optimizer else []),
         *(["channels_last"] if speed.channels_last else []),
@@ -198,6 +198,7 @@ def make_summary(
         "threads": torch.get_num_threads(),
         "speed": run_speed_of(cfg, loop).summary(),
         "compiled_graphs": compiled_graphs() - loop.graphs_before,  # torch.compile's: 1 a graph, more on recompiles
+        "cuda_graphs": loop.step.graphs.summary() if loop.step.graphs is not None else None,  # trainer.cuda_graphs
         "finder": loop.batch_control.found.summary() if loop.batch_control.found is not None else None,
         **loop.batch_control.summary(state.samples_seen),
         **(noise.scale if noise is not None else NoiseScale()).summary(),

@@ -254,6 +254,7 @@ LATE_BAD_INPUTS = [
     (["model.norm=group", "model.ghost_batch=16"], "model.ghost_batch", "model.norm=batch"),
     (["data=digits", "data.val_size=1500"], "data.val_size", "between 1 and 898"),
     (["optimizer.nesterov=true", "optimizer.momentum=0"], "optimizer._target_", "Nesterov"),
+    (["device=cpu", "trainer.cuda_graphs=on"], "trainer.cuda_graphs", "CUDA graphs need a GPU; valid here: auto"),
     (
         ["model._target_=torch.nn.Identity", "model.activation_checkpointing=true"],
         "model.activation_checkpointing",

@@ -4,7 +4,7 @@
 
 composes bsexp's config with the overrides, builds the run as `bsexp.train.job` does, caps the
 process at what it holds plus ROOM_MB (ROOM_MB 0: no cap), trains, and writes to OUT (torch.save)
-the final parameters, the plan in force and the number of OOM recoveries. A test's own process
+the final parameters, the plan in force, the number of OOM recoveries and how a graphed step ran. A test's own process
 cannot be capped: the cap would outlive the test.
 """
 
@@ -45,6 +45,7 @@ def main(out: str, room_mb: str, *overrides: str) -> None:
             "plan": loop.batch_control.current,
             "oom_recoveries": loop.batch_control.oom_recoveries,
             "records": progress.records,
+            "graphs": loop.step.graphs.summary() if loop.step.graphs is not None else None,
         },
         out,
     )
