@@ -39,6 +39,20 @@ $BSEXP_DATA set)::
     python scripts/bench_overhead.py                           # mnist1d, cnn1d, batch 128
     python scripts/bench_overhead.py model=mlp batch.size=256  # any Hydra overrides
     python scripts/bench_overhead.py --rounds 40 batch=accumulation batch.micro_size=32
+
+The whole run (issue 54), `--whole`
+    `python -m bsexp.train logger=none` (the default run: start-up, Hydra, set-up, 20 epochs with
+    an evaluation and a checkpoint after each, the test split, the summary) against
+    `scripts/plain_run.py`, the same work written by hand, as whole processes: `--pairs` pairs,
+    the two taking turns (the one that starts alternating between pairs), each timed from its
+    start to its end (wall) and by the CPU time it used (user + system, which a busy machine
+    inflates less). Printed: each pair, the medians, and the median of the per-pair ratios;
+    the goal is <= 1.05 (at main 3ea6d43: 1.12, 9.5 s against 8.0 s). bsexp registers in a
+    registry of the benchmark's own (BSEXP_CORES_REGISTRY), so both take torch's default threads
+    (or `--threads N`, both)::
+
+    python scripts/bench_overhead.py --whole --pairs 5
+    python scripts/bench_overhead.py --whole --pairs 5 --threads 1    # a busy machine: no spinning
 """
 
 from __future__ import annotations
@@ -48,8 +62,13 @@ import contextlib
 import copy
 import gc
 import inspect
+import json
+import os
+import resource
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -67,7 +86,8 @@ from bsexp.runs.sweep import register_resolvers
 from bsexp.system.runtime import DTYPES
 from bsexp.train.loop import Loop, build_loop
 
-CONF = Path(__file__).resolve().parent.parent / "bsexp" / "conf"
+ROOT = Path(__file__).resolve().parent.parent
+CONF = ROOT / "bsexp" / "conf"
 GOAL = 1.05
 DEFAULTS = ["logger=none", "trainer.progress=false", "data=mnist1d", "model=cnn1d", "batch.size=128"]
 
@@ -76,6 +96,11 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="Hydra overrides follow the options.")
     parser.add_argument("--rounds", type=int, default=30, help="timed rounds, one epoch per side each (30)")
     parser.add_argument("--warmup-rounds", type=int, default=1, help="untimed rounds first (1)")
+    parser.add_argument(
+        "--whole", action="store_true", help="whole processes: bsexp's default run against plain_run.py"
+    )
+    parser.add_argument("--pairs", type=int, default=5, help="--whole: pairs of processes (5)")
+    parser.add_argument("--threads", type=int, default=None, help="--whole: the threads of both (torch's default)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=mlp batch.size=256")
     args = parser.parse_args()
     if args.rounds < 1 or args.warmup_rounds < 0:
@@ -189,8 +214,67 @@ def max_param_diff(a: torch.nn.Module, b: torch.nn.Module) -> float:
     return max(float((p - q).abs().max()) for p, q in pairs if p.is_floating_point())
 
 
+def timed(command: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """Wall seconds and CPU seconds (user + system) of one whole process."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    out = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if out.returncode != 0:
+        sys.exit(f"{' '.join(command)} failed:\n{out.stderr[-2000:]}")
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def whole(args: argparse.Namespace) -> None:
+    """bsexp's default run against the same work written by hand, as whole processes in turns."""
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "BSEXP_CORES_REGISTRY": str(Path(tmp) / "registry")}
+        threads = [] if args.threads is None else [f"trainer.threads={args.threads}"]
+        sides = {
+            "bsexp": lambda n: [
+                sys.executable,
+                "-m",
+                "bsexp.train",
+                "logger=none",
+                *threads,
+                *args.overrides,
+                f"hydra.run.dir={tmp}/bsexp-{n}",
+            ],
+            "plain": lambda n: [
+                sys.executable,
+                str(ROOT / "scripts" / "plain_run.py"),
+                f"{tmp}/plain-{n}",
+                *([] if args.threads is None else ["--threads", str(args.threads)]),
+            ],
+        }
+        timed(sides["bsexp"](-1), env)  # untimed: the data cached, the page cache warm for both
+        runs: dict[str, list[tuple[float, float]]] = {"bsexp": [], "plain": []}
+        print(f"{args.pairs} pairs of whole processes, taking turns; threads: {args.threads or 'torch default'}")
+        for n in range(args.pairs):
+            for side in ("bsexp", "plain") if n % 2 == 0 else ("plain", "bsexp"):
+                runs[side].append(timed(sides[side](n), env))
+            (bw, bc), (pw, pc) = runs["bsexp"][-1], runs["plain"][-1]
+            train = [
+                json.loads((Path(tmp) / f"{side}-{n}" / "summary.json").read_text())["train_time_s"] for side in sides
+            ]
+            print(
+                f"pair {n + 1}: bsexp {bw:.2f} s ({bc:.2f} s CPU, {train[0]:.2f} s training), plain {pw:.2f} s "
+                f"({pc:.2f} s CPU, {train[1]:.2f} s training): {bw / pw:.3f} wall, {bc / pc:.3f} CPU",
+                flush=True,
+            )
+    for what, i in (("wall", 0), ("CPU", 1)):
+        b, p = (statistics.median(r[i] for r in runs[side]) for side in ("bsexp", "plain"))
+        ratio = statistics.median(x[i] / y[i] for x, y in zip(runs["bsexp"], runs["plain"]))
+        verdict = "goal met" if ratio <= GOAL else "goal NOT met"
+        print(f"median {what}: bsexp {b:.2f} s, plain {p:.2f} s; median ratio {ratio:.3f} (goal <= {GOAL}) - {verdict}")
+
+
 def main() -> None:
     args = parse_args()
+    if args.whole:
+        whole(args)
+        return
     loop, precision = build(args.overrides, args.warmup_rounds + args.rounds)
     plain = Plain(loop, precision)
     loop.step.model.train()

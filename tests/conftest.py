@@ -33,6 +33,14 @@ def data_root(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("data")
 
 
+@pytest.fixture(autouse=True)
+def own_cores_registry(tmp_path_factory, monkeypatch):
+    """The runs of one test see each other in bsexp.system.cores' registry, not the runs of the tests
+    beside it or of anyone else on the machine: a run's share of the cores, which moves its
+    threads and so its rounding, depends on nothing outside the test (its processes inherit it)."""
+    monkeypatch.setenv("BSEXP_CORES_REGISTRY", str(tmp_path_factory.mktemp("cores")))
+
+
 @pytest.fixture
 def make_cfg(data_root, monkeypatch):
     """Compose the real config from conf/ with overrides, as the CLI would."""

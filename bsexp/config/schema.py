@@ -297,8 +297,9 @@ class TrainerConfig:
     progress: bool = True  # progress bars (off anyway when output is not a terminal)
     # fast: cuDNN's autotuner and TF32, channels_last for image models, fused optimizer kernels, and
     # torch.compile where trainer.compile_mode asks (eager else); reproducible: bit for bit the
-    # same run again (what the equivalence tests hold); auto: fast on CUDA, reproducible on the
-    # CPU (docs: GPUs)
+    # same run again (what the equivalence tests hold), its CPU threads pinned at torch's default;
+    # auto: fast on CUDA, reproducible's computation on the CPU with its threads shared with the
+    # machine's other bsexp runs (docs: GPUs)
     speed: Speed = Speed.auto
     # torch.compile's mode when fast: none (null: eager), default or max-autotune-no-cudagraphs; no CUDA graphs
     compile_mode: Optional[str] = None
@@ -307,7 +308,9 @@ class TrainerConfig:
     # refused where it cannot; static: the same step without the capture, on any device; off: eager
     cuda_graphs: CudaGraphs = CudaGraphs.auto
     deterministic: bool = True  # the reproducible path: torch's deterministic algorithms
-    threads: Optional[int] = at_least(1, None)  # torch CPU threads; null: torch's default
+    # torch CPU threads, pinned; null: a share of the cores beside the machine's other bsexp runs
+    # (torch's default alone), moved while training as they come and go (docs: Sweeps)
+    threads: Optional[int] = at_least(1, None)
     memory_limit_gb: Optional[float] = positive(None)  # train as on a smaller machine: a real cap on memory
     oom_recovery: bool = True  # on OOM: halve the micro-batch, accumulate, retry the same data
     # Gradient noise scale: auto measures it where it is free (accumulation, several ranks);

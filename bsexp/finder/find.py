@@ -20,11 +20,16 @@ from bsexp.errors import ConfigError
 from bsexp.finder.cache import cache_key, cache_load, cache_store
 from bsexp.finder.probe import ChildProber, InProcessProber
 from bsexp.finder.result import FinderResult, Trial, memory_breakdown, peak_line
-from bsexp.finder.search import Attempt, Searcher, largest_divisor_at_most, throughput_choice
+from bsexp.finder.search import Attempt, Searcher, largest_divisor_at_most, measured_edge, throughput_choice
 from bsexp.system import memory
 from bsexp.system.runtime import preserved_rng
 
 log = logging.getLogger(__name__)
+# batch.finder.margin=null: below an edge the trials measured (its headroom holds the kernels the
+# run adds: 1 % for a busier process and a long run), and below the largest pass where they
+# measured none (5 %, the margin before issue 54, on CUDA and across ranks).
+EDGE_MARGIN = 0.01
+PASS_MARGIN = 0.05
 
 
 def memory_limit(cfg: DictConfig, device: torch.device) -> int:
@@ -105,6 +110,8 @@ def _cached_result(
         bound=bound,
     )
     result.memory = cached.get("memory", {})  # a JSON file's contents (entries cached before there was one)
+    result.edge, result.headroom_mb = cached.get("edge"), cached.get("headroom_mb", 0.0)
+    result.margin = cached.get("margin", result.margin)
     return result
 
 
@@ -138,7 +145,11 @@ def _searched_result(
             if best is None:
                 raise _nothing_fits(node, trials, limit, budget)
             evaluation = _evaluation(cfg, world, prober, limit, best)
-            chosen = _choice(node, searcher, best, None if keep_size is None else keep_size // world.size)
+            headroom = _headroom(cfg, splits, prober)
+            edge = measured_edge(searcher.budget.attempts.values(), headroom)
+            margin = _margin(node, edge is not None)
+            per_rank = None if keep_size is None else keep_size // world.size
+            chosen = _choice(node, searcher, best, edge or best, margin, per_rank)
             checkpointed = bool(cfg.model.get("activation_checkpointing", False))  # a user's node may lack it
             if checkpointed:
                 plain_comparison = _compare_plain(world, prober, list(trials.values()), best, budget)
@@ -158,6 +169,7 @@ def _searched_result(
             bound=bound,
         )
         result.seconds = time.perf_counter() - started
+        result.edge, result.margin, result.headroom_mb = edge, margin, headroom / memory.MIB
         result.memory = memory_breakdown({**prober.model_memory, **evaluation}, result.trials)
         result.startup = prober.startup
         if checkpointed:
@@ -232,13 +244,43 @@ def _evaluation(cfg: DictConfig, world: World, prober, limit: int, best: int) ->
     return evaluation
 
 
-def _choice(node: DictConfig, searcher: Searcher, best: int, per_rank: int | None) -> int:
-    """The micro-batch per rank the run trains at, from `best`, the largest that fit: less the
-    margin (headroom for what trials cannot show: fragmentation over a long run, a busier
-    process); with objective=throughput, no larger than the smallest size within
-    batch.finder.throughput_tolerance of the fastest, timed on a ladder of sizes; where a global
-    batch is kept (`per_rank` of it), the largest divisor of that below."""
-    chosen = max(MIN_MICRO, math.floor(best * (1 - node.margin)))
+def _headroom(cfg: DictConfig, splits: Splits, prober) -> float:
+    """Bytes the answer leaves below the room the trials measured, for the shapes the run meets and
+    they do not run: the kernels oneDNN compiles for each, as large as the probe measured for the
+    training shape and the evaluation shape it ran (CPU; none where it measured none: CUDA, matrix
+    products). An epoch's short last batch (unless batch.drop_last) is one more training shape;
+    every evaluation batch size of the splits besides the one measured (the test split, a short
+    last batch) one more evaluation shape."""
+    measured = prober.model_memory
+    short_batch = 0 if cfg.batch.drop_last else 1
+    size = cfg.trainer.eval_batch_size
+    lengths = [len(s) for s in (splits.train_eval, splits.val, splits.test) if s is not None and len(s)]
+    shapes = {b for n in lengths for b in (size if n >= size else 0, n % size) if b}
+    ran = min(size, max(len(splits.val), len(splits.train_eval)))  # bsexp.finder.trial.TrialData.eval_size
+    return float(
+        short_batch * measured.get("kernel_cache_train_bytes", 0)
+        + len(shapes - {ran}) * measured.get("kernel_cache_eval_bytes", 0)
+    )
+
+
+def _margin(node: DictConfig, edge_measured: bool) -> float:
+    """batch.finder.margin, or where it is null, from what the trials measured: EDGE_MARGIN below
+    a measured edge (the kernels are in its headroom already; this is for a busier process and a
+    long run's fragmentation), PASS_MARGIN below the largest pass where no edge was measured."""
+    if node.margin is not None:
+        return float(node.margin)
+    return EDGE_MARGIN if edge_measured else PASS_MARGIN
+
+
+def _choice(node: DictConfig, searcher: Searcher, best: int, edge: int, margin: float, per_rank: int | None) -> int:
+    """The micro-batch per rank the run trains at: `margin` below `edge`, where the memory runs
+    out as the trials measured it (search.measured_edge; `best` where they measured none), never
+    above `best`, the largest that fit (the margin is memory's: where the data or max_size bound
+    the search far below the edge, `best` itself); with objective=throughput, no larger
+    than the smallest size within batch.finder.throughput_tolerance of the fastest, timed on a
+    ladder of sizes; where a global batch is kept (`per_rank` of it), the largest divisor of that
+    below."""
+    chosen = max(MIN_MICRO, min(best, math.floor(edge * (1 - margin))))
     if str(node.objective) == "throughput":
         size = min(node.init, best)
         while size < best:  # a ladder of sizes, each timed, up to the largest that fits
@@ -368,7 +410,7 @@ def _result(
         mode=str(node.mode),
         objective=str(node.objective),
         limit_gb=limit / memory.GIB,
-        margin=node.margin,
+        margin=node.margin if node.margin is not None else PASS_MARGIN,
         budget_mb=budget_mb,
         trials=trials,
         micro_size=micro,

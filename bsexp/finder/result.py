@@ -72,6 +72,8 @@ class FinderResult:
     noise_b_simple: float | None = None  # objective=noise_scale: the measured gradient noise scale
     max_size: int | None = None  # the largest micro-batch per rank considered
     max_size_by: str = ""  # what set it (memory aside): the data, batch.finder.max_size, ...
+    edge: int | None = None  # where the memory runs out, as the trials measured it (search.measured_edge)
+    headroom_mb: float = 0.0  # left below the measured room for the kernels the trials do not run
     memory: dict[str, Any] = field(default_factory=dict)  # where the memory goes (memory_breakdown)
     startup: dict[str, float] = field(default_factory=dict)  # seconds before the first trial, by part
     checkpointing: dict[str, Any] = field(default_factory=dict)  # model.activation_checkpointing: its trade
@@ -93,6 +95,8 @@ class FinderResult:
             "noise_b_simple",
             "max_size",
             "max_size_by",
+            "edge",
+            "headroom_mb",
         )
         return {
             **{k: getattr(self, k) for k in keys},
@@ -162,10 +166,26 @@ class FinderResult:
         if self.max_size is not None:
             lines.append(f"  sizes considered up to {self.max_size:,} per rank, set by {self.max_size_by}")
         lines.append(
-            f"  chosen: micro-batch {self.micro_size} -> batch {self.plan.size} = {self.plan.micro_size} "
-            f"x {self.plan.accum_steps} x {self.plan.world_size}. {self.note}".rstrip()
+            f"  chosen: micro-batch {self.micro_size}{self._chosen_by()} -> batch {self.plan.size} = "
+            f"{self.plan.micro_size} x {self.plan.accum_steps} x {self.plan.world_size}. {self.note}".rstrip()
         )
         return "\n".join(lines)
+
+    def _chosen_by(self) -> str:
+        """What set the chosen size: the bound on the sizes considered (the data, where memory is
+        far: the default run's), or the margin below the edge the trials measured."""
+        if self.edge is None:
+            passed = [t.size for t in self.trials if t.ok and not t.probe]
+            if not passed or self.micro_size != max(1, int(max(passed) * (1 - self.margin))):
+                return ""
+            return f", {100 * self.margin:g} % below {max(passed):,}, the largest that passed (no edge measured)"
+        if self.max_size is not None and self.micro_size >= self.max_size:
+            edge = f"the trials put its edge near {self.edge:,}"
+            return f", the largest {self.max_size_by} allows; memory is not met ({edge})"
+        if self.micro_size == max(1, int(self.edge * (1 - self.margin))):
+            kernels = f", {self.headroom_mb:,.1f} MB left for kernels" if self.headroom_mb else ""
+            return f", {100 * self.margin:g} % below {self.edge:,}, where the trials put memory's edge{kernels}"
+        return f" (the trials put memory's edge near {self.edge:,})"
 
 
 # Optimizer state per parameter, in parameter-sized tensors: momentum (SGD, LARS), or the first

@@ -31,6 +31,9 @@ AFTER_EDGE_PASS = 3
 # 1.4-2.7 s instead of 3.2-3.5 s; the line through 32 and 64 put its edge within 1 % of 32 and 128's).
 GROWN = 0.25
 PROBE_AIM = 0.3
+# measured_edge: where the peaks give no line, memory counts as far only where the peak of the
+# largest pass is at most 1/FAR of the room the cap left (the line through no samples and it).
+FAR = 8
 
 
 @dataclass(frozen=True)
@@ -388,6 +391,36 @@ def predict_size(a: Attempt, b: Attempt, budget_bytes: float, steeper: float = 1
         return None
     fixed = b.peak_bytes - per_sample * b.size
     return max(1, int((budget_bytes - fixed) / per_sample))
+
+
+def measured_edge(attempts, headroom_bytes: float = 0.0) -> int | None:
+    """Where the memory runs out, as the trials measured it (what the margin is taken from): the
+    size at which the line through the largest passes meets the room the cap left after the
+    largest full pass (CPU, where the room is measured) less `headroom_bytes` (below that pass,
+    where the headroom does not fit beside it), below the smallest size that failed above it.
+    Where the peaks do not grow measurably (a small model at sizes the data bounds), the line
+    through no samples and the largest pass, if that puts the edge FAR times beyond it (memory is
+    far: a few percent on the slope cannot bring it near). None where no edge was measured (no
+    room, or no line): the largest pass is all that is known."""
+    attempts = list(attempts)
+    passed = [a for a in attempts if a.ok and a.verified]
+    if not passed:
+        return None
+    best = max(passed, key=lambda a: a.size)
+    if best.room_bytes is None:
+        return None
+    room = best.room_bytes - headroom_bytes
+    fitted = _largest_measured(attempts, 2)
+    if all(a.mapped_bytes is not None for a in fitted):  # CPU: the quantity the cap limits
+        fitted = [replace(a, peak_bytes=a.mapped_bytes) for a in fitted]
+    line = predict_size(fitted[0], fitted[1], room) if len(fitted) == 2 else None
+    peak = best.mapped_bytes if best.mapped_bytes is not None else best.peak_bytes
+    if line is None and peak and room / peak >= FAR:
+        line = int(best.size * room / peak)
+    if line is None or line < best.size / 2:  # no line, or one that the pass itself belies
+        return None
+    failed = [a.size for a in attempts if not a.ok and a.size > best.size]
+    return min(line, min(failed) - 1) if failed else line
 
 
 def throughput_choice(attempts: list[Attempt], tolerance: float) -> int | None:

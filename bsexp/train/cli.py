@@ -54,7 +54,7 @@ def _job(cfg: DictConfig) -> float | None:
 
         job = lambda _, run_dir: tell_completed(done, run_dir)  # noqa: E731
     apply_wandb_identity(cfg)
-    _share_cores(cfg, hydra_cfg)
+    _split_cores_between_points(cfg, hydra_cfg)
     if hydra_cfg.mode == RunMode.MULTIRUN:
         return _point(job, cfg, run_dir, hydra_cfg.job.num)
     try:
@@ -143,9 +143,10 @@ def _no_room_line(exc: Exception) -> str:
     return str(full) if isinstance(full, DiskFull) else f"the disk is full ({one_line(full)})"
 
 
-def _share_cores(cfg: DictConfig, hydra_cfg: DictConfig) -> None:
+def _split_cores_between_points(cfg: DictConfig, hydra_cfg: DictConfig) -> None:
     """Points run side by side (Hydra's joblib launcher) split the cores between them, rather
-    than each taking them all (torch's default): trainer.threads, unless set."""
+    than each taking them all (torch's default): trainer.threads, unless set. (Runs launched apart
+    share the cores through bsexp.system.cores' registry instead.)"""
     launcher = hydra_cfg.launcher
     if cfg.trainer.threads is not None or "JoblibLauncher" not in str(launcher.get("_target_", "")):
         return

@@ -4,7 +4,6 @@ asked), its outputs (sinks, finder.json), training under signals, the test split
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import signal
@@ -77,43 +76,20 @@ def _figures(loop, records: list[dict], run_dir: Path) -> None:
         loop.sinks.image(key, run_dir / name)
 
 
-def _share_cores(cfg: DictConfig, world: World) -> contextlib.AbstractContextManager:
-    """Say where this run and others on the machine ask for more threads than it has cores, and
-    the share that would let each run near its speed alone (bsexp.system.cores): when it starts, or while
-    it trains (the context this returns keeps looking, until the function it gives is called).
-    Only where the threads are torch's default: a run told its threads (trainer.threads,
-    OMP_NUM_THREADS, a sweep's joblib share, DDP's workers) is counted, not told. A run on a GPU
-    takes no part."""
+def _cpu_threads(cfg: DictConfig, world: World) -> cores.Threads:
+    """This run's CPU threads, entered in the machine's registry of bsexp runs (bsexp.system.cores) before
+    anything trains (the finder's trials take them too): pinned where told (trainer.threads;
+    OMP_NUM_THREADS, which torchrun sets; trainer.speed=reproducible: torch's default, bit for bit
+    as the run alone, and told where the cores are oversubscribed), else the run's share of the
+    cores beside the other bsexp runs, moved while it trains. A run on a GPU takes no part."""
     if world.device.type != "cpu":
-        return contextlib.nullcontext(_nothing)
-    sharing = cores.register(torch.get_num_threads())
-    told = cfg.trainer.threads is not None or "OMP_NUM_THREADS" in os.environ or world.distributed
-    if told:
-        return contextlib.nullcontext(_nothing)
-    if sharing.oversubscribed:
-        _tell_share(sharing)
-        return contextlib.nullcontext(_nothing)
-    return cores.watching(sharing.threads, _tell_share)
-
-
-def _nothing() -> None:
-    pass
-
-
-def _tell_share(sharing: cores.Sharing) -> None:
-    others = len(sharing.others)
-    log.warning(
-        "%d other bsexp run%s train%s on this machine's %d cores beside this one (%d threads here, %d "
-        "there): each runs several times slower than alone (x3 to x8.5 measured for two runs on 2 cores); "
-        "give each its share with trainer.threads=%d",
-        others,
-        "s" if others > 1 else "",
-        "" if others > 1 else "s",
-        sharing.cores,
-        sharing.threads,
-        sum(sharing.others),
-        sharing.share,
-    )
+        return cores.Threads(threads=torch.get_num_threads())
+    if cfg.trainer.threads is not None:
+        return cores.take_threads(pinned=cfg.trainer.threads)
+    told = "OMP_NUM_THREADS" in os.environ
+    if told or str(cfg.trainer.speed) == "reproducible":
+        return cores.take_threads(pinned=cores.default_threads(), tell=not told)
+    return cores.take_threads(pinned=None)
 
 
 def _run_on(world: World, cfg: DictConfig, run_dir: Path, started: float) -> dict[str, Any]:
@@ -125,8 +101,14 @@ def _run_on(world: World, cfg: DictConfig, run_dir: Path, started: float) -> dic
     if world.is_main and (removed := remove_leftovers(run_dir)):  # this run's writes cut off by a kill
         log.info("removed %d temporary file(s) that writes into %s left unfinished", len(removed), run_dir)
     trunk = find_trunk(cfg) if resumed is None and cfg.branch.trunk is not None else None
+    threads = _cpu_threads(cfg, world)
     loop = build_loop(
-        cfg, world, run_dir, None if resumed is None else resumed[1], trunk=None if trunk is None else trunk[2]
+        cfg,
+        world,
+        run_dir,
+        None if resumed is None else resumed[1],
+        trunk=None if trunk is None else trunk[2],
+        threads=threads,
     )
     # A signal from here on (a preemption while the run sets up) stops it at its first step boundary,
     # checkpointed, as one during training does.
@@ -152,8 +134,9 @@ def _set_up_and_train(cfg: DictConfig, world: World, run_dir: Path, loop, resume
         _start_outputs(cfg, loop, run_dir, hparams, state.records if resumed else None, wandb_id)
     if trunk is not None:  # where the branch starts: the trunk's model, at the branch's batch
         loop.evaluator.log(loop, state, loop.batch_control.epochs_done(state))
-    with _share_cores(cfg, world) as trained:
+    with loop.threads.watching() as trained:
         if cfg.trainer.memory_limit_gb is not None:  # after the cores' watcher has started: a thread is room
+            loop.threads.no_more = True  # and no torch thread started anew under the cap (bsexp.system.memory.cap_room)
             limit_memory(world.device, int(cfg.trainer.memory_limit_gb * 2**30))
         return _train(cfg, loop, state, run_dir, hparams, resumed, changed, trained)
 
@@ -184,7 +167,7 @@ def _train(cfg: DictConfig, loop, state: TrainState, run_dir: Path, hparams: dic
             try:
                 status = train(loop, state)
             finally:
-                trained()  # the cores' watcher, done: what follows (test split, summary, sinks) trains nothing
+                trained()  # the cores given back: what follows (test split, summary, sinks) trains nothing
         if loop.splits.test is not None and status == "completed":
             test = loop.evaluator.split(loop, loop.splits.test)
     except KeyboardInterrupt:

@@ -41,6 +41,7 @@ from bsexp.finder import server
 from bsexp.finder.find import find_plan
 from bsexp.runs.checkpoint import Checkpointer
 from bsexp.runs.ladder import Ladder
+from bsexp.system.cores import Threads
 from bsexp.system.metrics import Sinks
 from bsexp.system.runtime import compiled_graphs, preserved_rng, resolve_device, run_speed, seed_everything
 
@@ -158,6 +159,7 @@ class Loop:
     graphs_before: int = 0  # graphs torch.compile had compiled in this process before this run
     stop_at: float | None = None  # end the run once val_acc reaches it (trainer.stop_at)
     stop_ladder: Ladder | None = None  # end the run once it reaches this ladder's top rung (trainer.ladder_stop)
+    threads: Threads  # the CPU threads: pinned, or a share of the cores moved between steps (bsexp.system.cores)
 
     @property
     def world(self) -> World:
@@ -180,12 +182,14 @@ def build_loop(
     run_dir: Path | None = None,
     resumed: dict | None = None,
     trunk: dict | None = None,
+    threads: Threads | None = None,
 ) -> Loop:
     """Check the config, seed, build data and model, let the batch policy lay the run out (the
     finder measures here, leaving every random generator as it was), then the step's parts.
     Every rank builds the same model from the same seed. `run_dir`: checkpoints go there.
     `resumed`: a checkpoint's state, whose batch policy is taken instead of resolved afresh.
-    `trunk`: where a branch starts (bsexp.runs.trunk.find)."""
+    `trunk`: where a branch starts (bsexp.runs.trunk.find). `threads`: the run's share of the cores
+    (bsexp.train.job), else the count torch has."""
     check(cfg)
     world = world or World(device=resolve_device(str(cfg.device)))
     if cfg.trainer.threads:
@@ -235,6 +239,7 @@ def build_loop(
         checkpointer=None if run_dir is None else Checkpointer.of(cfg, run_dir),
         show_progress=cfg.trainer.progress,
         graphs_before=compiled_graphs(),
+        threads=threads or Threads(threads=torch.get_num_threads()),
     )
 
 
@@ -299,6 +304,7 @@ def train(loop: Loop, state: TrainState) -> str:
         clock = _Clock(state)
         batches = loop.feed.steps(epoch, sizes, world.rank, world.size, loop.drop_last, skip=skip)
         for in_epoch, (x, y, samples) in enumerate(batches, start=skip + 1):
+            loop.threads.between_steps(state.step)  # a share of the cores moved since the last step
             state.lr = loop.hyperparameters.apply(state.step, batch_control.layout)
             plan = batch_control.plan(state.step)
             loop.regularisers.apply(plan.size)

@@ -195,7 +195,8 @@ def make_summary(
         "optimizer": cfg.optimizer._target_,
         "precision": str(cfg.precision),
         "device": str(device),
-        "threads": torch.get_num_threads(),
+        "threads": loop.threads.first,  # the CPU threads it started training with, then where they moved:
+        "threads_changes": [{"step": step, "threads": n} for step, n in loop.threads.changes],
         "speed": run_speed_of(cfg, loop).summary(),
         "compiled_graphs": compiled_graphs() - loop.graphs_before,  # torch.compile's: 1 a graph, more on recompiles
         "cuda_graphs": loop.step.graphs.summary() if loop.step.graphs is not None else None,  # trainer.cuda_graphs

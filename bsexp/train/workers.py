@@ -86,7 +86,8 @@ def _root_cause(exc: ChildFailedError) -> tuple[int, str]:
 def _worker(cfg: DictConfig, run_dir: str) -> dict[str, Any]:
     _worker_logging(Path(run_dir), env_rank())
     if "OMP_NUM_THREADS" not in os.environ and not cfg.trainer.threads:
-        # As torchrun does: the node's cores shared by its workers, not each taking them all.
+        # As torchrun does: the node's cores shared by its workers, not each taking them all; each
+        # worker's share beside other bsexp runs rises to this at most (bsexp.system.cores).
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["LOCAL_WORLD_SIZE"])))
     return run(cfg, Path(run_dir))
 

@@ -1,9 +1,8 @@
 """A user's first hour, round two (issue 42), through the real command line: a run killed before
-its first checkpoint is not stuck, a sweep's points are all checked before the first trains, runs
-that share a machine are told how to share it, and the small noises are gone."""
+its first checkpoint is not stuck, a sweep's points are all checked before the first trains, and
+the small noises are gone. (Runs that share a machine share its cores: tests/cli/test_shared_cores.py.)"""
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -119,85 +118,6 @@ def test_every_point_of_a_sweep_is_checked_before_the_first_one_trains(data_root
     [line] = out.stderr.strip().splitlines()
     assert line.startswith("error: sweep point 0 (batch.size=32 seed=0): batch.size=32:") and "divisible" in line
     assert not sweep.exists()
-
-
-def test_a_run_beside_another_on_the_same_cores_is_told_the_share_that_would_let_both_run(
-    data_root, tmp_path, monkeypatch
-):
-    # A registry of their own (bsexp.system.cores keeps it in the temporary directory): the two runs here
-    # see each other, not the runs of other tests on the machine.
-    (tmp_path / "tmp").mkdir()
-    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # torch's own thread count (gpu_check.sh sets one)
-    # The other run trains long enough to be there while this one starts, on 1 thread.
-    other = start(
-        data_root, tmp_path, *[o for o in SLOW if o != "epochs=3"], "epochs=100", f"hydra.run.dir={tmp_path / 'other'}"
-    )
-    try:
-        deadline = time.time() + 120
-        while not (tmp_path / "other" / "metrics.jsonl").exists():
-            assert other.poll() is None and time.time() < deadline
-            time.sleep(0.01)
-        cores = len(os.sched_getaffinity(0))
-        out = command(data_root, tmp_path, *TINY_RUN, f"hydra.run.dir={tmp_path / 'this'}")
-        assert out.returncode == 0, out.stderr[-3000:]
-        [line] = [line for line in out.stdout.splitlines() if "other bsexp run" in line]
-        assert (
-            f"1 other bsexp run trains on this machine's {cores} cores beside this one ({cores} threads here, 1 there)"
-            in line
-            and line.endswith(f"give each its share with trainer.threads={max(1, cores // 2)}")
-        )
-        # A run told its threads is not told again.
-        told = command(data_root, tmp_path, *TINY_RUN, "trainer.threads=1", f"hydra.run.dir={tmp_path / 'told'}")
-        assert told.returncode == 0 and "other bsexp run" not in told.stdout
-    finally:
-        other.kill()
-        other.communicate()
-
-
-def test_the_run_that_started_first_is_told_too_once_another_trains_beside_it(data_root, tmp_path, monkeypatch):
-    (tmp_path / "tmp").mkdir()
-    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))  # a registry of their own (bsexp.system.cores)
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    # The first run, at torch's default threads, alone when it starts; its log in a file, read as it grows.
-    log = tmp_path / "first.log"
-    default_threads = [o for o in SLOW if o not in ("epochs=3", "trainer.threads=1")]
-    with open(log, "w") as out:
-        first = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "bsexp.train",
-                *default_threads,
-                "epochs=100",
-                f"hydra.run.dir={tmp_path / 'first'}",
-            ],
-            cwd=tmp_path,
-            env=cli_env(data_root),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    second = None
-    try:
-        deadline = time.time() + 120
-        while not (tmp_path / "first" / "metrics.jsonl").exists():
-            assert first.poll() is None and time.time() < deadline, log.read_text()[-3000:]
-            time.sleep(0.01)
-        assert "other bsexp run" not in log.read_text()  # nobody else there when it started
-        second = start(data_root, tmp_path, *SLOW, f"hydra.run.dir={tmp_path / 'second'}")  # 1 thread
-        cores = len(os.sched_getaffinity(0))
-        deadline = time.time() + 60
-        while "other bsexp run" not in log.read_text():  # it looks every 2 s
-            assert first.poll() is None and time.time() < deadline, log.read_text()[-3000:]
-            time.sleep(0.1)
-        [line] = [line for line in log.read_text().splitlines() if "other bsexp run" in line]
-        assert f"1 other bsexp run trains on this machine's {cores} cores beside this one" in line
-        assert line.endswith(f"give each its share with trainer.threads={max(1, cores // 2)}")
-    finally:
-        for proc in (first, second):
-            if proc is not None:
-                proc.kill()
-                proc.communicate()
 
 
 def test_the_finder_run_prints_no_warning_of_its_probe_processes(data_root, tmp_path):

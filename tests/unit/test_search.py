@@ -9,6 +9,7 @@ from bsexp.finder.search import (
     Attempt,
     Searcher,
     largest_divisor_at_most,
+    measured_edge,
     predict_size,
     throughput_choice,
 )
@@ -359,3 +360,37 @@ def test_fits_probe_past_a_rising_slope_goes_at_least_half_the_chords_way():
     probe = _rising_edge(attempts, attempts[-1], predicted, 200 * mb, 50_000)
     way = (probe - 2048) / (predicted - 2048)
     assert 0.49 <= way <= 0.8, (probe, predicted, way)
+
+
+MB = 2**20
+
+
+def test_the_measured_edge_is_where_the_line_through_the_largest_passes_meets_the_room_left():
+    # 1 MB a sample above 10 MB; the pass at 1,000 left 1,210 MB of room: the edge at 1,200.
+    attempts = [
+        Attempt(500, True, 510 * MB, verified=False),
+        Attempt(1000, True, 1010 * MB, room_bytes=1210 * MB),
+        Attempt(1300, False),
+    ]
+    assert measured_edge(attempts) == 1200
+    # Less the headroom left for what the trials do not run (50 MB: 50 samples).
+    assert measured_edge(attempts, headroom_bytes=50 * MB) == 1150
+    # Below the smallest failure above the largest pass, whatever the line says.
+    assert measured_edge([*attempts[:2], Attempt(1100, False)]) == 1099
+    # Below the largest pass where the room it left holds less than the line needs there.
+    assert measured_edge([attempts[0], Attempt(1000, True, 1010 * MB, room_bytes=900 * MB)]) == 890
+    # No edge measured: the room unmeasured (CUDA, ranks that agree), one pass alone, only a probe.
+    assert measured_edge([attempts[0], Attempt(1000, True, 1010 * MB)]) is None
+    assert measured_edge([Attempt(1000, True, 1010 * MB, room_bytes=1210 * MB)]) is None
+    assert measured_edge([Attempt(1000, True, 1010 * MB, verified=False)]) is None
+    # Where the address space at the peak is measured (CPU), the line is drawn through it.
+    mapped = [
+        Attempt(500, True, 510 * MB, mapped_bytes=610 * MB, verified=False),
+        Attempt(1000, True, 1010 * MB, mapped_bytes=1110 * MB, room_bytes=1210 * MB),
+    ]
+    assert measured_edge(mapped) == 1100
+    # Peaks that do not grow measurably (a tiny model): memory is far where the largest pass's peak
+    # is at most an eighth of the room (the line through no samples and it); else nothing is known.
+    flat = [Attempt(128, True, 0.37 * MB, verified=False), Attempt(256, True, 0.28 * MB, room_bytes=17_180 * MB)]
+    assert measured_edge(flat) == int(256 * 17_180 / 0.28)
+    assert measured_edge([Attempt(256, True, 300 * MB, room_bytes=2000 * MB)]) is None  # 6.7x: not far

@@ -35,7 +35,11 @@ class FinderConfig:
     # given (McCandlish et al. 2018, Smith et al. 2018: the useful batch lies well below N);
     # null: only memory bounds it.
     data_fraction: Optional[float] = bounded(0.1, low=0, high=1, open_low=True)
-    margin: float = bounded(0.05, low=0, high=0.9)  # headroom: the answer is this fraction below the largest that fit
+    # headroom below where memory runs out: the answer is this fraction below the edge the trials
+    # measured, never above the largest that fit; null: from what they measured (the kernels a
+    # short last batch and the test split will add, then 1 %; 5 % below the largest pass where
+    # no edge is measured: CUDA, several ranks) (docs: Finder)
+    margin: Optional[float] = bounded(None, low=0, high=0.9)
     memory_limit_gb: Optional[float] = positive(None)  # null: the GPU's memory, or what the machine has free
     throughput_tolerance: float = bounded(0.05, low=0, high=0.5)  # objective=throughput: within this of the best
     noise_steps: int = at_least(1, 100)  # objective=noise_scale: training steps that measure B_simple
