@@ -13,6 +13,12 @@ import pytest
 # and from every process they start; tests/gpu tests the GPU, with BSEXP_TEST_GPU=1 (README).
 if os.environ.get("BSEXP_TEST_GPU") != "1":
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
+# Two test workers, each training in its own processes, put more OpenMP threads on the cores than
+# there are cores (each test's runs see only each other: own_cores_registry). OpenMP's threads then
+# spin while they wait for each other and training crawls: two runs of 2 threads on 2 cores took
+# 89 s each, 6 s with waiting threads that sleep (OMP_WAIT_POLICY=PASSIVE; the same runs, same
+# results: the policy moves no sum). Set before torch loads here and inherited by every process.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from hydra import compose, initialize_config_dir  # noqa: E402
 

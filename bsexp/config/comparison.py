@@ -1,7 +1,7 @@
 """The schema of a comparison (`comparison:`, set by a file of conf/comparison/): its arms, the
 search space each is tuned over, the budget of trials every arm gets alike, and the objective,
-seeds and margin fixed before any run (python -m bsexp.tune DIR comparison=NAME; docs: Comparing
-arms). The ladder of targets it counts steps to is the runs' own `trainer.ladder`, its budget the
+seeds and margin fixed before any run (python -m bsexp.tune DIR comparison=NAME;
+docs: Comparing arms). The ladder of targets it counts steps to is the runs' own `trainer.ladder`, its budget the
 runs' `epochs`: a comparison file sets both for every arm."""
 
 from __future__ import annotations

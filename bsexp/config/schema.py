@@ -309,7 +309,7 @@ class TrainerConfig:
     cuda_graphs: CudaGraphs = CudaGraphs.auto
     deterministic: bool = True  # the reproducible path: torch's deterministic algorithms
     # torch CPU threads, pinned; null: a share of the cores beside the machine's other bsexp runs
-    # (torch's default alone), moved while training as they come and go (docs: Sweeps)
+    # (torch's default alone), moved while training as they come and go (docs: Sweeps and the report)
     threads: Optional[int] = at_least(1, None)
     memory_limit_gb: Optional[float] = positive(None)  # train as on a smaller machine: a real cap on memory
     oom_recovery: bool = True  # on OOM: halve the micro-batch, accumulate, retry the same data

@@ -153,8 +153,7 @@ def _searched_result(
             checkpointed = bool(cfg.model.get("activation_checkpointing", False))  # a user's node may lack it
             if checkpointed:
                 plain_comparison = _compare_plain(world, prober, list(trials.values()), best, budget)
-            # The answer lies at or below a size that passed, and memory grows with the size: it is
-            # not tried again (a confirmation cost a large trial and could only pass).
+            # The answer is at or below a size that passed: not tried again (it could only pass).
         finally:
             prober.close()
         result = _result(

@@ -223,13 +223,7 @@ def build_loop(
         feed=train_feed(splits, cfg.seed, world.device, deferred=step.graphs is not None),
         hp=hp,
         drop_last=cfg.batch.drop_last,
-        evaluator=Evaluator(
-            cfg.trainer.eval_every_steps,
-            cfg.trainer.eval_batch_size,
-            sinks,
-            batch_control.layout.eval_steps,
-            growth=cfg.trainer.get("eval_growth"),
-        ),
+        evaluator=_evaluator(cfg, sinks, batch_control),
         stop_at=cfg.trainer.get("stop_at"),
         stop_ladder=Ladder.of(cfg.trainer) if cfg.trainer.get("ladder_stop") else None,
         watch=Watch(every=1 if world.device.type == "cpu" else 16),
@@ -240,6 +234,17 @@ def build_loop(
         show_progress=cfg.trainer.progress,
         graphs_before=compiled_graphs(),
         threads=threads or Threads(threads=torch.get_num_threads()),
+    )
+
+
+def _evaluator(cfg: DictConfig, sinks: Sinks, batch_control: BatchControl) -> Evaluator:
+    """When the run evaluates (every so many steps, or at steps growing by `trainer.eval_growth`)."""
+    return Evaluator(
+        cfg.trainer.eval_every_steps,
+        cfg.trainer.eval_batch_size,
+        sinks,
+        batch_control.layout.eval_steps,
+        growth=cfg.trainer.get("eval_growth"),
     )
 
 

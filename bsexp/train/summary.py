@@ -181,12 +181,7 @@ def make_summary(
         "samples_per_s": (
             (state.samples_seen - state.samples_before) / state.train_time_s if state.train_time_s else None
         ),
-        # After a failure a collective could meet a peer stuck in another one: this rank's figure.
-        "peak_memory_mb": (
-            peak_memory_mb(device)
-            if status in ("failed", "preempted")
-            else _max_over_ranks(loop.world, peak_memory_mb(device))
-        ),
+        "peak_memory_mb": _peak_memory_mb(loop.world, status),
         "seed": cfg.seed,
         "data": loop.splits.name,
         "model": cfg.model._target_,
@@ -205,6 +200,13 @@ def make_summary(
         **(noise.scale if noise is not None else NoiseScale()).summary(),
         "provenance": provenance(),
     }
+
+
+def _peak_memory_mb(world: World, status: str) -> float:
+    """The most any rank held; after a failure this rank's (a collective could meet a peer stuck in
+    another one)."""
+    mine = peak_memory_mb(world.device)
+    return mine if status in ("failed", "preempted") else _max_over_ranks(world, mine)
 
 
 def _max_over_ranks(world: World, value: float) -> float:
