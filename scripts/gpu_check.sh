@@ -16,7 +16,7 @@
 #   graphed      tests/gpu's graphed-step tests (trainer.cuda_graphs): accumulation equals one batch
 #                in fp32 and bf16, a batch that changes between keys, resume after kill -9, the finder
 #   bench-large  scripts/bench_gpu.py on ResNet-18 (3 x 32 x 32, bf16, batch 512), not compiled
-#   first        the users' first command, `python -m bsexp.train`, on CUDA: as it comes (graphed),
+#   first        the users' first command, `python -m bsexp.train`, on CUDA: graphed (cuda_graphs=auto),
 #                eager (trainer.cuda_graphs=off) and reproducible: samples/s end to end
 #   gpu-rest     the rest of tests/gpu (the eager CUDA paths), heaviest first, in what time is left
 # and writes OUT/gpu_check.md (the GPU, torch, each part's outcome, time and figures) and
@@ -166,8 +166,9 @@ for part in bench-small graphed bench-large first gpu-rest; do
     first)
         runs=$root/.gpu/runs
         rm -rf "$runs"
-        for name in auto eager reproducible; do
-            args=(); [[ $name == eager ]] && args=(trainer.cuda_graphs=off)
+        for name in graphed eager reproducible; do
+            args=(); [[ $name == graphed ]] && args=(trainer.cuda_graphs=auto)
+            [[ $name == eager ]] && args=(trainer.cuda_graphs=off)
             [[ $name == reproducible ]] && args=(trainer.speed=reproducible)
             step "python -m bsexp.train device=$device${args[*]:+ ${args[*]}}" 40 "$py" -m bsexp.train "device=$device" logger=none \
                 trainer.progress=false "${args[@]}" "hydra.run.dir=$runs/$name"
@@ -179,7 +180,7 @@ from pathlib import Path
 
 print("\nThe users' first command (python -m bsexp.train, logger=none):\n")
 print("| run | status | samples/s | train time | test acc | peak memory | CUDA graphs |\n| --- | --- | --- | --- | --- | --- | --- |")
-for name in ("auto", "eager", "reproducible"):
+for name in ("graphed", "eager", "reproducible"):
     path = Path(sys.argv[1]) / name / "summary.json"
     if not path.exists():
         print(f"| {name} | no summary.json | | | | | |")

@@ -305,8 +305,9 @@ class TrainerConfig:
     compile_mode: Optional[str] = None
     # The whole step as one CUDA graph per shape, gradients kept in place so accumulation stays exact
     # (docs: GPUs): auto where it applies (CUDA, fast path, fp32/bf16, one process), else eager; on:
-    # refused where it cannot; static: the same step without the capture, on any device; off: eager
-    cuda_graphs: CudaGraphs = CudaGraphs.auto
+    # refused where it cannot; static: the same step without the capture, on any device; off (the
+    # default until a GPU has run tests/gpu's graphed cases: scripts/gpu_check.sh): eager
+    cuda_graphs: CudaGraphs = CudaGraphs.off
     deterministic: bool = True  # the reproducible path: torch's deterministic algorithms
     # torch CPU threads, pinned; null: a share of the cores beside the machine's other bsexp runs
     # (torch's default alone), moved while training as they come and go (docs: Sweeps and the report)

@@ -27,6 +27,7 @@ ADAPTIVE = [
 STEPS_WARMUP = ["schedule.unit=steps", "schedule.warmup=40"]
 
 
+@pytest.mark.slow  # 17-32 s on 2 cores: scripts/test_slow.sh (the default tiers' time)
 def test_an_adaptive_run_stopped_after_a_change_of_batch_resumes_bit_identically(make_cfg, data_root, tmp_path):
     run_dir = tmp_path / "run"
     args = [*SLOW, *ADAPTIVE, *STEPS_WARMUP, f"hydra.run.dir={run_dir}"]

@@ -131,6 +131,7 @@ def test_a_continued_sweep_that_would_change_its_points_is_one_line(data_root, t
         }
 
 
+@pytest.mark.slow  # 17-32 s on 2 cores: scripts/test_slow.sh (the default tiers' time)
 def test_a_point_that_failed_is_run_again_and_the_sweep_ends_as_if_it_never_had(data_root, tmp_path):
     # A model of the user's (tests/helpers/user_models.py) that fails while a file names its size:
     # point 1 (hidden 32) fails at its third step, point 0 completes; the fault is then fixed.

@@ -48,6 +48,7 @@ def test_a_fast_run_stopped_mid_way_resumes_to_the_same_end(make_cfg, data_root,
     assert_ends_as(run_dir, loop)  # bit for bit: the same compiled code, the same steps
 
 
+@pytest.mark.slow  # 17-32 s on 2 cores: scripts/test_slow.sh (the default tiers' time)
 def test_a_run_says_how_it_computes_in_its_log_and_its_summary(run_cli, tmp_path):
     lines, fused = {}, {}
     for name, args in {

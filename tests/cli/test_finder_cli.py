@@ -238,6 +238,7 @@ def test_the_probe_process_works_from_the_runs_data_without_loading_it_again(run
     assert len(loads.read_text().split()) == 1
 
 
+@pytest.mark.slow  # 17-32 s on 2 cores: scripts/test_slow.sh (the default tiers' time)
 def test_the_finder_searches_in_a_joblib_sweep(run_cli, tmp_path):
     # Hydra's joblib launcher runs each point in a loky worker, whose default start method (loky's)
     # a forkserver child cannot set again: every capped finder in such a sweep failed with

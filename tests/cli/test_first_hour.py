@@ -53,6 +53,7 @@ def test_a_resume_continues_the_runs_own_config_whatever_the_command_line_omits(
     assert "resume=auto" in resume_overrides and "batch.size=64" in resume_overrides
 
 
+@pytest.mark.slow  # 17-32 s on 2 cores: scripts/test_slow.sh (the default tiers' time)
 def test_a_resume_that_would_change_the_run_is_refused_or_taken_and_recorded(data_root, tmp_path):
     run_dir = tmp_path / "run"
     code, _ = stop_mid_run(

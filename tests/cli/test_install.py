@@ -8,9 +8,12 @@ import subprocess
 import sys
 import sysconfig
 
+import pytest
+
 from conftest import ROOT, TINY_RUN, cli_env
 
 
+@pytest.mark.slow  # 17-32 s on 2 cores: scripts/test_slow.sh (the default tiers' time)
 def test_a_plain_install_runs_from_another_directory(data_root, tmp_path):
     # A fresh virtual environment that sees the test environment's dependencies (torch and the
     # rest, through a .pth line) but not its editable bsexp, which is installed anew, not editable.

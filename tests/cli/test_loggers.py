@@ -229,6 +229,7 @@ def test_the_command_a_mlflow_run_prints_opens_it_in_mlflows_ui(data_root, out):
         server.wait(timeout=60)
 
 
+@pytest.mark.slow  # 17-32 s on 2 cores: scripts/test_slow.sh (the default tiers' time)
 def test_three_loggers_at_once_each_where_the_config_says(data_root, out):
     """logger=[wandb,tensorboard,mlflow], the TensorBoard log and the MLflow store moved by config."""
     run_dir, tb_dir, store = out / "all", out / "tb-elsewhere", out / "shared" / "mlflow.db"
@@ -280,6 +281,7 @@ def test_a_sweeps_points_side_by_side_share_one_mlflow_store(data_root, out):
         assert not (point / "mlflow.db").exists()
 
 
+@pytest.mark.slow  # 17-32 s on 2 cores: scripts/test_slow.sh (the default tiers' time)
 def test_a_resumed_run_continues_its_tensorboard_log_and_mlflow_run_without_doubles(data_root, out):
     """Resumed from a checkpoint before its end, the run logs its later records again: TensorBoard
     shows each once (its own purge), MLflow holds each once (the same values are not logged twice)."""

@@ -45,6 +45,7 @@ def tune(data_root, cwd, out, *args, **kwargs):
     )
 
 
+@pytest.mark.slow  # 17-32 s on 2 cores: scripts/test_slow.sh (the default tiers' time)
 def test_the_lr_tuned_at_each_batch_size_and_the_best_rerun_over_seeds(data_root, tmp_path):
     out = tmp_path / "tune"
     # The trials two at a time, as the docs run them (Hydra's joblib launcher): each stage a sweep.

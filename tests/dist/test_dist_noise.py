@@ -10,6 +10,7 @@ from exact_noise import LOGISTIC, exact_noise
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
 
 
+@pytest.mark.slow  # 17-32 s on 2 cores: scripts/test_slow.sh (the default tiers' time)
 def test_two_ranks_measure_it_from_each_ranks_gradient_before_the_all_reduce(make_cfg):
     cfg = make_cfg(*LOGISTIC, "batch.size=64", "distributed=ddp", "distributed.nproc_per_node=2",
                    "trainer.oom_recovery=false")  # one micro-batch a rank: DDP's communication hook sees it

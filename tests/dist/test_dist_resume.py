@@ -36,6 +36,7 @@ def test_two_ranks_stopped_by_sigterm_resume_bit_identically(make_cfg, data_root
     assert_same_state(final_state(run_dir)["model"], reference["params"])
 
 
+@pytest.mark.slow  # 17-32 s on 2 cores: scripts/test_slow.sh (the default tiers' time)
 def test_torchrun_restarts_a_killed_worker_and_the_job_resumes_and_finishes(data_root, tmp_path):
     conf = tmp_path / "my_conf" / "model"
     conf.mkdir(parents=True)

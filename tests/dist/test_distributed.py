@@ -202,6 +202,7 @@ def test_torchrun_job_shares_one_output_directory_written_by_rank_0(data_root, t
     assert out.stdout.count("status") == 1  # one final table, from rank 0
 
 
+@pytest.mark.slow  # 17-32 s on 2 cores: scripts/test_slow.sh (the default tiers' time)
 def test_torchrun_without_a_distributed_option_trains_data_parallel_and_an_explicit_none_is_a_clear_error(
     data_root, tmp_path
 ):
@@ -238,6 +239,7 @@ def test_torchrun_without_a_distributed_option_trains_data_parallel_and_an_expli
     assert "error: distributed=none: torchrun started 2 ranks; add distributed=ddp" in out.stderr
 
 
+@pytest.mark.slow  # 17-32 s on 2 cores: scripts/test_slow.sh (the default tiers' time)
 def test_a_self_launched_sweep_runs_each_job_as_its_own_worker_group(run_cli, tmp_path):
     sweep = tmp_path / "sweep"
     out = run_cli(
@@ -303,6 +305,7 @@ def test_the_slurm_launcher_config_composes(data_root, monkeypatch):
     assert check(cfg).world_size == 4  # each job's plan counts the workers it will launch
 
 
+@pytest.mark.slow  # 17-32 s on 2 cores: scripts/test_slow.sh (the default tiers' time)
 def test_sweep_jobs_pickled_by_the_submitit_launcher_run_in_fresh_processes(run_cli, tmp_path):
     # The SLURM launcher pickles the job function and runs it elsewhere; submitit's local executor
     # does the same here, in new processes, so the job must be importable and self-contained.
