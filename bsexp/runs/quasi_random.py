@@ -13,28 +13,18 @@ any keys (bsexp.runs.search_space) through the same resolver.
 
 from __future__ import annotations
 
-import functools
 import math
 from pathlib import Path
 
 from bsexp.errors import ConfigError
+from bsexp.runs.search_space import value_for
+from bsexp.runs.sobol import sobol
 from bsexp.system.io import Unreadable, read_json_object
 
 # Searched dimensions, in the order of the Sobol point's coordinates; the warmup's is drawn only
 # where it is searched, so that a search of the LR (and momentum) keeps its points.
 DIMENSIONS = ("lr", "momentum", "warmup")
 ONE_MINUS_MOMENTUM = (0.01, 0.5)
-
-
-@functools.cache
-def sobol(points: int, dimensions: int, seed: int) -> tuple[tuple[float, ...], ...]:
-    """The first `points` points of a scrambled Sobol sequence in [0, 1)^dimensions (a power of
-    two of them drawn, as the sequence's balance holds for those)."""
-    from scipy.stats import qmc
-
-    m = max(0, math.ceil(math.log2(max(points, 1))))
-    drawn = qmc.Sobol(d=dimensions, scramble=True, seed=seed).random_base2(m)
-    return tuple(tuple(float(v) for v in row) for row in drawn[:points])
 
 
 def log_uniform(u: float, low: float, high: float) -> float:
@@ -63,8 +53,6 @@ def tuned(name: str, default=None, *, _root_):
     arm's space (bsexp.runs.search_space)."""
     node = _root_.tune
     if node.get("arm") is not None:
-        from bsexp.runs.search_space import value_for  # it draws its points with `sobol` above
-
         return value_for(_root_, name, default)
     if node.best is not None:
         best = _best_of(str(node.best), str(_root_.batch.size))

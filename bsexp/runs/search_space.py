@@ -1,6 +1,6 @@
 """A comparison's search space (comparison.space and each arm's own): any config keys, each with a
 range, a scale and a type; a trial's values, drawn from a scrambled Sobol sequence
-(bsexp.runs.quasi_random.sobol) by its number alone, so a search stopped half-way continues with
+(bsexp.runs.sobol) by its number alone, so a search stopped half-way continues with
 the same points; and the refinement's trials, drawn the same way from a box around the search's best.
 
 Scales: `log` (log-uniform: an LR, a weight decay, a policy's c), `linear` (uniform: a warmup's
@@ -26,7 +26,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from bsexp.errors import ConfigError
-from bsexp.runs.quasi_random import sobol
+from bsexp.runs.sobol import sobol
 from bsexp.system.io import Unreadable, read_json_object
 
 EDGE = 0.05  # a best within this fraction of its range (on its scale) of an end is on the space's edge

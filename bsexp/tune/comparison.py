@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from bsexp.errors import ConfigError, config_errors, exit_on_config_error, one_line
 from bsexp.report.compare.plan import BEST, COMPARISON, HELD_OUT, REFINE, SEARCH, SEARCH_BEST, Plan
 from bsexp.runs.search_space import Dimension
-from bsexp.tune.cli import _free, _refuse, sweep
+from bsexp.tune.stage import free, refuse, sweep
 
 DRIVEN = ("seed", "tune")  # keys the driver sets on every run: not the command line's
 FIXED_FOR_ALL = ("epochs", "trainer.ladder", "trainer.ladder_metric", "trainer.ladder_stop", "seed", "tune")
@@ -68,7 +68,7 @@ def declare(args: list[str]) -> tuple[Plan, list[str], list[str]]:
     for arg in given:
         if _sets(arg, DRIVEN):
             raise ConfigError(_key(arg), arg.split("=", 1)[-1], "is set by the comparison for each run; leave it out")
-    computes, runs_how = [a for a in given if not _free(a)], [a for a in given if _free(a)]
+    computes, runs_how = [a for a in given if not free(a)], [a for a in given if free(a)]
     searchpath = [a for a in runs_how if _key(a) == "hydra.searchpath"]
     cfg = compose([f"comparison={name}", *searchpath, *computes])
     node = OmegaConf.to_container(cfg.comparison, resolve=True)
@@ -177,7 +177,7 @@ def record(tune_dir: Path, plan: Plan) -> None:
         now = plan.as_json()
         if before != now:
             differs = next(k for k in now if now[k] != before.get(k))
-            _refuse(
+            refuse(
                 f"comparison={plan.name}: the comparison in {tune_dir} was started with another {differs} "
                 f"({path}); run the command it was started with to continue it, or give another TUNE_DIR"
             )
