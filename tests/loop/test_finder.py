@@ -74,8 +74,10 @@ def test_finding_leaves_the_run_exactly_as_a_fixed_run_at_that_size(make_cfg):
         *[o for o in WIDE if o != "batch=finder"], "model.hidden=[64]", f"batch.size={size}", "trainer.max_steps=3"
     )
     fixed_loop = build_loop(fixed_cfg)
-    # 200 (max_size) fits, memory far beyond it: the bound itself (at 3ea6d43: 190, 5 % below it).
-    assert size == 200 and finder_loop.batch_control.found.trials
+    # 200 (max_size) fits, memory far beyond it: the bound itself (at 3ea6d43: 190, 5 % below it);
+    # where the trials measured no edge (once in CI, on a machine busy with an install), 5 % below.
+    found = finder_loop.batch_control.found
+    assert found.trials and size == (200 if found.edge is not None else 190)
     assert torch.equal(torch.get_rng_state(), rng_after_finder)
     for loop in (finder_loop, fixed_loop):
         train(loop, TrainState())
