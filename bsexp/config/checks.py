@@ -17,6 +17,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from bsexp.config import schema
 from bsexp.errors import ConfigError, did_you_mean
+from bsexp.targets import Target
 
 
 def check(cfg: DictConfig) -> None:
@@ -35,6 +36,7 @@ def check(cfg: DictConfig) -> None:
             "optimizer.betas", list(cfg.optimizer.betas), "must be two values in [0, 1), e.g. [0.9,0.999]"
         )
     _check_increasing("schedule.milestones", list(cfg.schedule.milestones))
+    _check_stop_target(cfg.trainer)
     if cfg.schedule.main == schema.MainSchedule.step and not cfg.schedule.milestones:
         raise ConfigError("schedule.milestones", [], "schedule.main=step needs at least one milestone")
     node = cfg.get("branch")
@@ -159,6 +161,20 @@ def _check_list(key: str, values: list, bound: schema.Bound) -> None:
     if (bound.nonempty and not values) or not all(isinstance(v, (int, float)) and bound.holds(v) for v in values):
         noun = "sizes" if bound.low is not None and bound.low >= 1 else "values"
         raise ConfigError(key, values, f"must be a {'non-empty ' if bound.nonempty else ''}list of {noun} {bound.text}")
+
+
+def _check_stop_target(trainer: DictConfig) -> None:
+    """trainer.stop_at with trainer.stop_metric: an accuracy's target is a fraction (bsexp.targets)."""
+    if trainer.get("stop_at") is None:
+        return
+    try:
+        Target(str(trainer.get("stop_metric", "val_acc")), float(trainer.stop_at))
+    except ValueError:
+        raise ConfigError(
+            "trainer.stop_at",
+            trainer.stop_at,
+            f"trainer.stop_metric={trainer.stop_metric} is an accuracy: valid: a fraction in [0, 1]",
+        ) from None
 
 
 def _check_increasing(key: str, values: list) -> None:

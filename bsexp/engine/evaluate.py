@@ -8,11 +8,12 @@ import math
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from bsexp.engine.datasets import Split
 from bsexp.engine.distributed import World
 from bsexp.engine.feed import eval_batches, shard
+from bsexp.engine.losses import correct as count_correct
+from bsexp.engine.losses import summed_loss
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +31,8 @@ def evaluate(
     for x, y in eval_batches(shard(split, world.rank, world.size), batch_size, world.device, num_workers):
         with autocast():
             logits = net(x)
-        sums[0] += F.cross_entropy(logits.float(), y, reduction="sum")
-        sums[1] += (logits.argmax(dim=1) == y).sum()
+        sums[0] += summed_loss(logits.float(), y)
+        sums[1] += count_correct(logits, y)
         sums[2] += len(y)
     net.train(was_training)
     loss, correct, count = world.all_reduce(sums).tolist()
@@ -77,7 +78,7 @@ class Evaluator:
         val_loss, val_acc = self.split(loop, loop.splits.val)
         state.best_val_acc = max(state.best_val_acc, val_acc)
         plan, noise = loop.batch_control.current, loop.step.noise
-        return {
+        record = {
             "epoch": round(epoch, 4),
             "step": state.step,
             "samples_seen": state.samples_seen,
@@ -98,6 +99,9 @@ class Evaluator:
             **(noise.scale.record() if noise is not None else {}),
             **loop.batch_control.record(),
         }
+        if loop.splits.tokens is not None:  # a language model's: tokens seen, tokens/s, bits per byte
+            record.update(loop.splits.tokens.record(state.samples_seen, record["samples_per_s"], val_loss))
+        return record
 
     def log(self, loop, state, epoch: float) -> None:
         record = self.record(loop, state, epoch)

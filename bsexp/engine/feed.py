@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from bsexp.batch.plan import keep_final
-from bsexp.engine.datasets import Augment, Split, Splits, TensorSplit
+from bsexp.engine.datasets import INDEXED, Augment, Split, Splits, TensorSplit, TokenWindows
 
 
 def epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
@@ -49,7 +49,7 @@ class TensorBatches:
     """Optimizer steps of in-memory samples, gathered by index on the data's device: per step,
     this rank's share of the step, which the trainer splits into micro-batches."""
 
-    def __init__(self, split: TensorSplit, seed: int, augment: Augment | None = None) -> None:
+    def __init__(self, split: TensorSplit | TokenWindows, seed: int, augment: Augment | None = None) -> None:
         self.split, self.seed, self.augment = split, seed, augment
 
     def __len__(self) -> int:
@@ -58,7 +58,7 @@ class TensorBatches:
     def steps(self, epoch: int, sizes, rank: int = 0, world_size: int = 1, drop_last: bool = False, skip: int = 0):
         """(x, y, global samples of the step) for each step of `sizes` (global batches), from the
         step `skip` of the epoch on (a resumed run continues mid-epoch with the same data)."""
-        device = self.split.x.device
+        device = self.split.device
         order = epoch_order(len(self.split), self.seed, epoch).to(device)
         generator = torch.Generator(device=device)
         for index, (start, stop) in enumerate(step_spans(len(order), sizes, world_size, drop_last)):
@@ -134,7 +134,7 @@ class LoaderBatches:
 
 
 def train_feed(splits: Splits, seed: int, device: torch.device):
-    if isinstance(splits.train, TensorSplit):
+    if isinstance(splits.train, INDEXED):
         return TensorBatches(splits.train, seed, splits.augment)
     return LoaderBatches(splits.train, seed, device, splits.num_workers)
 
@@ -144,8 +144,8 @@ def shard(split: Split, rank: int, world_size: int) -> Split:
     if world_size == 1:
         return split
     idx = torch.tensor_split(torch.arange(len(split)), world_size)[rank]
-    if isinstance(split, TensorSplit):
-        return split.subset(idx.to(split.x.device))
+    if isinstance(split, INDEXED):
+        return split.subset(idx.to(split.device))
     return Subset(split, idx.tolist())
 
 
@@ -153,9 +153,9 @@ def eval_batches(
     split: Split, batch_size: int, device: torch.device, num_workers: int = 0
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """The whole split in order, in batches of `batch_size`."""
-    if isinstance(split, TensorSplit):
+    if isinstance(split, INDEXED):
         for start in range(0, len(split), batch_size):
-            yield split.batch(torch.arange(start, min(start + batch_size, len(split)), device=split.x.device))
+            yield split.batch(torch.arange(start, min(start + batch_size, len(split)), device=split.device))
         return
     loader = DataLoader(split, batch_size=batch_size, num_workers=num_workers, pin_memory=device.type == "cuda")
     for x, y in loader:

@@ -37,11 +37,13 @@ from bsexp.engine.feed import train_feed
 from bsexp.engine.optim import Hyperparameters
 from bsexp.engine.regularisers import RegulariserRules, Regularisers
 from bsexp.engine.step import Step, train_step
+from bsexp.errors import ConfigError
 from bsexp.finder import server
 from bsexp.finder.find import find_plan
 from bsexp.runs.checkpoint import Checkpointer
 from bsexp.system.metrics import Sinks
 from bsexp.system.runtime import compiled_graphs, preserved_rng, resolve_device, run_speed, seed_everything
+from bsexp.targets import Target
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +157,7 @@ class Loop:
     checkpointer: Checkpointer | None = None
     show_progress: bool = True
     graphs_before: int = 0  # graphs torch.compile had compiled in this process before this run
-    stop_at: float | None = None  # end the run once val_acc reaches it (trainer.stop_at)
+    stop_at: Target | None = None  # end the run once its metric reaches it (trainer.stop_at, trainer.stop_metric)
 
     @property
     def world(self) -> World:
@@ -221,7 +223,7 @@ def build_loop(
             batch_control.layout.eval_steps,
             growth=cfg.trainer.get("eval_growth"),
         ),
-        stop_at=cfg.trainer.get("stop_at"),
+        stop_at=_stop_target(cfg, splits),
         watch=Watch(every=1 if world.device.type == "cpu" else 16),
         sinks=sinks,
         sync_batchnorm=sync_batchnorm(cfg, world.distributed),
@@ -230,6 +232,18 @@ def build_loop(
         show_progress=cfg.trainer.progress,
         graphs_before=compiled_graphs(),
     )
+
+
+def _stop_target(cfg: DictConfig, splits: Splits) -> Target | None:
+    """trainer.stop_at of trainer.stop_metric (checked with the config), where the data has that metric."""
+    if cfg.trainer.get("stop_at") is None:
+        return None
+    target = Target(str(cfg.trainer.get("stop_metric", "val_acc")), float(cfg.trainer.stop_at))
+    if target.metric == "val_bpb" and (splits.tokens is None or splits.tokens.bytes_per_token is None):
+        raise ConfigError(
+            "trainer.stop_metric", "val_bpb", f"data {splits.name} has no bits per byte; valid: val_loss, val_acc"
+        )
+    return target
 
 
 def _lay_out(cfg: DictConfig, world: World, state: dict | None, trunk: dict | None):
@@ -341,12 +355,13 @@ def _after_step(loop: Loop, state: TrainState, at_epoch_end: bool, bar: tqdm, cl
     if eval_due:
         with clock.paused():
             loop.evaluator.log(loop, state, loop.batch_control.epochs_done(state))
-        reached = loop.stop_at is not None and state.records[-1]["val_acc"] >= loop.stop_at
+        reached = loop.stop_at is not None and loop.stop_at.reached_by(state.records[-1])
     if reached:  # steps to result: the run has what it was for (every rank saw the same record)
         state.stopped_at = state.step
         log.info(
-            "val_acc %.4f reached trainer.stop_at=%g at step %d: the run ends here",
-            state.records[-1]["val_acc"],
+            "%s %.4f reached trainer.stop_at (%s) at step %d: the run ends here",
+            loop.stop_at.metric,
+            state.records[-1][loop.stop_at.metric],
             loop.stop_at,
             state.step,
         )
