@@ -21,8 +21,9 @@ from bsexp.config.schema import NoiseMode
 from bsexp.engine.cuda_graphs import StepGraphs, graph_mode
 from bsexp.engine.datasets import Splits
 from bsexp.engine.distributed import GradSync, World, sum_gradients_hook
+from bsexp.engine.gpt import GPT
 from bsexp.engine.gradient_noise import NoiseMeter, NoiseScale
-from bsexp.engine.models import checkpoint_blocks, ghost_batchnorm
+from bsexp.engine.models import BUILT_IN_CLASSIFIERS, checkpoint_blocks, ghost_batchnorm
 from bsexp.engine.optim import build_optimizer, graph_ready
 from bsexp.engine.step import Step
 from bsexp.engine.syncbn import convert_sync_batchnorm
@@ -61,6 +62,7 @@ def build_model(cfg: DictConfig, splits: Splits) -> nn.Module:
         raise ConfigError(
             "model._target_", cfg.model._target_, f"must return a torch.nn.Module, got {type(model).__name__}"
         )
+    _check_tokens(cfg, model, splits)
     ghost = cfg.model.get("ghost_batch")
     if ghost is not None:
         model, converted = ghost_batchnorm(model, ghost)
@@ -79,9 +81,21 @@ def build_model(cfg: DictConfig, splits: Splits) -> nn.Module:
             raise ConfigError(
                 "model.activation_checkpointing",
                 "true",
-                f"{exc}; valid for mlp, cnn, cnn1d, resnet18 and any nn.Sequential",
+                f"{exc}; valid for mlp, cnn, cnn1d, resnet18, gpt and any nn.Sequential",
             ) from None
     return model
+
+
+def _check_tokens(cfg: DictConfig, model: nn.Module, splits: Splits) -> None:
+    """A language model on token sequences, a built-in classifier on anything else."""
+    if isinstance(model, GPT) and splits.tokens is None:
+        raise ConfigError("data", splits.name, "model=gpt reads token sequences; valid: data=text")
+    if splits.tokens is not None and isinstance(model, BUILT_IN_CLASSIFIERS):
+        raise ConfigError(
+            "model._target_",
+            cfg.model._target_,
+            "data=text holds token sequences; valid: model=gpt, or a model of your own that reads token ids",
+        )
 
 
 def sync_batchnorm(cfg: DictConfig, distributed: bool) -> bool:
