@@ -80,9 +80,9 @@ class TokenWindows:
         return len(self.starts)
 
     def batch(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        starts = self.starts[idx.cpu()]
+        starts = self.starts[idx.to(self.starts.device)]
         if isinstance(self.tokens, torch.Tensor):
-            span = starts.to(self.tokens.device)[:, None] + torch.arange(self.context + 1, device=self.tokens.device)
+            span = starts[:, None] + torch.arange(self.context + 1, device=self.tokens.device)
             windows = self.tokens[span].long()
         else:  # read from disk: only these windows
             span = starts.numpy()[:, None] + np.arange(self.context + 1)
@@ -90,11 +90,14 @@ class TokenWindows:
         return windows[:, :-1], windows[:, 1:]
 
     def subset(self, idx: torch.Tensor) -> TokenWindows:
-        return TokenWindows(self.tokens, self.context, self.starts[idx.cpu()], self.device)
+        return TokenWindows(self.tokens, self.context, self.starts[idx.to(self.starts.device)], self.device)
 
     def to(self, device: torch.device) -> TokenWindows:
-        tokens = self.tokens.to(device) if isinstance(self.tokens, torch.Tensor) else self.tokens
-        return TokenWindows(tokens, self.context, self.starts, device)
+        """Tokens held in memory move with their window starts (a batch is then gathered on the
+        device alone); tokens on disk stay there, read into batches sent to `device`."""
+        if isinstance(self.tokens, torch.Tensor):
+            return TokenWindows(self.tokens.to(device), self.context, self.starts.to(device), device)
+        return TokenWindows(self.tokens, self.context, self.starts, device)
 
 
 # Splits whose samples are batched by index on the training device (bsexp.engine.feed).

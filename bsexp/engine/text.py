@@ -115,12 +115,17 @@ def _read_text(path: Path) -> np.ndarray:
     if path.is_file():
         files = [path]
     elif path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and not any(s.startswith(".") for s in p.parts))
+        files = sorted(p for p in path.rglob("*") if p.is_file() and not _hidden(p.relative_to(path)))
     else:
         raise ConfigError("data.path", str(path), "no such file or folder")
     if not files:
         raise ConfigError("data.path", str(path), "the folder holds no files")
     return np.concatenate([np.fromfile(f, dtype=np.uint8) for f in files])
+
+
+def _hidden(relative: Path) -> bool:
+    """A file under a hidden folder of data.path, or hidden itself (.git, .DS_Store): not text of the corpus."""
+    return any(part.startswith(".") for part in relative.parts)
 
 
 def _byte_splits(

@@ -173,7 +173,8 @@ def make_summary(
     """summary.json: the run's final figures (docs: Outputs and logging), with what it used."""
     last = state.records[-1] if state.records else {}
     plan, device, noise = loop.batch_control.current, loop.world.device, loop.step.noise
-    summary = {
+    samples_per_s = (state.samples_seen - state.samples_before) / state.train_time_s if state.train_time_s else None
+    return {
         "status": status,
         **hparams,
         "diverged_at_step": state.diverged_at_step,
@@ -196,9 +197,7 @@ def make_summary(
         "test_acc": test[1] if test else None,
         "wall_time_s": wall_time_s,
         "train_time_s": state.train_time_s,
-        "samples_per_s": (
-            (state.samples_seen - state.samples_before) / state.train_time_s if state.train_time_s else None
-        ),
+        "samples_per_s": samples_per_s,
         "peak_memory_mb": _peak_memory_mb(loop.world, status),
         "seed": cfg.seed,
         "data": loop.splits.name,
@@ -217,13 +216,13 @@ def make_summary(
         **loop.batch_control.summary(state.samples_seen),
         **(noise.scale if noise is not None else NoiseScale()).summary(),
         "provenance": provenance(),
+        **_in_tokens_summary(loop.splits.tokens, hparams["batch_size"], state, samples_per_s, last.get("val_loss")),
     }
-    tokens = loop.splits.tokens
-    if tokens is not None:  # a language model's: tokens beside samples, the loss against its floor
-        summary.update(
-            tokens.summary(hparams["batch_size"], state.samples_seen, summary["samples_per_s"], summary["val_loss"])
-        )
-    return summary
+
+
+def _in_tokens_summary(tokens, batch_size: int, state, samples_per_s: float | None, val_loss: float | None):
+    """A language model's: tokens beside samples, the loss against the data's floor, bits per byte."""
+    return {} if tokens is None else tokens.summary(batch_size, state.samples_seen, samples_per_s, val_loss)
 
 
 def _peak_memory_mb(world: World, status: str) -> float:
