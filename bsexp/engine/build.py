@@ -23,7 +23,7 @@ from bsexp.engine.datasets import Splits
 from bsexp.engine.distributed import GradSync, World, sum_gradients_hook
 from bsexp.engine.gpt import GPT
 from bsexp.engine.gradient_noise import NoiseMeter, NoiseScale
-from bsexp.engine.models import BUILT_IN_CLASSIFIERS, checkpoint_blocks, ghost_batchnorm
+from bsexp.engine.models import checkpoint_blocks, ghost_batchnorm
 from bsexp.engine.optim import build_optimizer, graph_ready
 from bsexp.engine.step import Step
 from bsexp.engine.syncbn import convert_sync_batchnorm
@@ -51,6 +51,7 @@ def build_data(cfg: DictConfig) -> Splits:
 
 
 def build_model(cfg: DictConfig, splits: Splits) -> nn.Module:
+    _check_tokens(cfg, splits)
     model = call_target(
         "model",
         cfg.model,
@@ -62,7 +63,6 @@ def build_model(cfg: DictConfig, splits: Splits) -> nn.Module:
         raise ConfigError(
             "model._target_", cfg.model._target_, f"must return a torch.nn.Module, got {type(model).__name__}"
         )
-    _check_tokens(cfg, model, splits)
     ghost = cfg.model.get("ghost_batch")
     if ghost is not None:
         model, converted = ghost_batchnorm(model, ghost)
@@ -86,14 +86,16 @@ def build_model(cfg: DictConfig, splits: Splits) -> nn.Module:
     return model
 
 
-def _check_tokens(cfg: DictConfig, model: nn.Module, splits: Splits) -> None:
-    """A language model on token sequences, a built-in classifier on anything else."""
-    if isinstance(model, GPT) and splits.tokens is None:
+def _check_tokens(cfg: DictConfig, splits: Splits) -> None:
+    """A language model on token sequences, a built-in classifier on anything else: said before
+    either is built, as the model's own check of its input shape would say it less plainly."""
+    target = str(cfg.model._target_)
+    if target == f"{GPT.__module__}.{GPT.__qualname__}" and splits.tokens is None:
         raise ConfigError("data", splits.name, "model=gpt reads token sequences; valid: data=text")
-    if splits.tokens is not None and isinstance(model, BUILT_IN_CLASSIFIERS):
+    if splits.tokens is not None and target.rpartition(".")[0] == "bsexp.engine.models":
         raise ConfigError(
             "model._target_",
-            cfg.model._target_,
+            target,
             "data=text holds token sequences; valid: model=gpt, or a model of your own that reads token ids",
         )
 

@@ -138,10 +138,6 @@ def _drop_input(dropout: nn.Dropout, module: nn.Module, args: tuple) -> tuple:
     return (_dropped(dropout, args[0]), *args[1:])
 
 
-# The built-in models that classify inputs of numbers (not token ids); resnet18 is torchvision's.
-BUILT_IN_CLASSIFIERS = (MLP, _ConvNet)
-
-
 # ---------------------------------------------------------------------------- ghost batch normalisation
 
 
