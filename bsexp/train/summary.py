@@ -159,6 +159,13 @@ def _caution(cfg: DictConfig, loop, h: dict[str, Any]) -> None:
         h["bn_momentum"] if h["bn_momentum_rule"] != "none" else None,
     ):
         log.warning("%s: %s", key, what)
+    adam = "adam" in str(cfg.optimizer._target_).lower()  # Adam, AdamW, a user's Adam of their own
+    if adam and h["lr_rule"] == "linear" and h["k"] != 1:
+        log.warning(
+            "scaling.lr_rule: linear with %s: Adam's step is scale-free, and the rule derived for it is the "
+            "square root (Malladi et al. 2022: batch x k, LR x sqrt(k)); scaling.lr_rule=sqrt applies it",
+            cfg.optimizer._target_,
+        )
 
 
 def make_summary(

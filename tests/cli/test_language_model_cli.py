@@ -48,6 +48,14 @@ def test_a_language_model_counts_tokens_and_its_loss_falls_towards_the_floor(run
     printed = out.stdout + out.stderr
     assert "(sequences of 16: 512 tokens a step)" in printed and "tokens/s)" in printed
     assert "epochs / steps / tokens  3 / 48 / 24,576" in printed and "nats/token; floor" in printed
+    assert "lr 0.01 (sqrt rule from 0.02)" in printed and "scaling.lr_rule: linear" not in printed
+
+
+def test_the_linear_rule_with_adam_is_one_warning(run_cli, tmp_path):
+    out = run_cli(*TINY_LM, "scaling.lr_rule=linear", "trainer.max_steps=1", f"hydra.run.dir={tmp_path / 'run'}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    warned = [line for line in (out.stdout + out.stderr).splitlines() if "scaling.lr_rule: linear" in line]
+    assert len(warned) == 1 and "torch.optim.AdamW" in warned[0] and "scaling.lr_rule=sqrt" in warned[0]
 
 
 def test_a_run_ends_at_the_evaluation_that_first_reaches_its_loss_target(run_cli, tmp_path):
