@@ -3,6 +3,7 @@ exactly as one large batch (LayerNorm normalises each token alone: no coupling b
 its evaluation leaves a padded batch's rows out."""
 
 import contextlib
+import copy
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from bsexp.engine.distributed import World
 from bsexp.engine.evaluate import evaluate
 from bsexp.engine.gpt import GPT
 from bsexp.engine.losses import mean_loss, summed_loss
+from bsexp.engine.models import Checkpointed, checkpoint_blocks
 from bsexp.train.loop import TrainState, build_loop, train
 from tiny import assert_close, params
 
@@ -83,3 +85,15 @@ def test_a_padded_evaluation_batch_gives_the_loss_of_the_unpadded_ones():
     plain = evaluate(model, split, World(), contextlib.nullcontext, 5, one_shape=False)
     padded = evaluate(model, split, World(), contextlib.nullcontext, 5, one_shape=True)  # 5, 5, 3 + 2 padding
     assert padded == pytest.approx(plain, rel=1e-6)
+
+
+def test_activation_checkpointing_wraps_each_block_and_gives_the_same_gradients():
+    torch.manual_seed(0)
+    plain = GPT((16,), 64, layers=3, heads=2, width=16)
+    checkpointed = checkpoint_blocks(copy.deepcopy(plain))
+    assert all(isinstance(block, Checkpointed) for block in checkpointed.blocks)
+    x = torch.randint(0, 64, (4, 16))
+    for model in (plain, checkpointed):
+        mean_loss(model(x[:, :-1].contiguous()), x[:, 1:].contiguous()).backward()
+    for (name, a), b in zip(plain.named_parameters(), checkpointed.parameters()):
+        assert torch.allclose(a.grad, b.grad, atol=1e-7), name
