@@ -36,6 +36,7 @@ def check(cfg: DictConfig) -> None:
         )
     _check_increasing("schedule.milestones", list(cfg.schedule.milestones))
     _check_ladder(cfg.trainer)
+    _check_stop_target(cfg.trainer)
     if cfg.schedule.main == schema.MainSchedule.step and not cfg.schedule.milestones:
         raise ConfigError("schedule.milestones", [], "schedule.main=step needs at least one milestone")
     node = cfg.get("branch")
@@ -160,6 +161,17 @@ def _check_list(key: str, values: list, bound: schema.Bound) -> None:
     if (bound.nonempty and not values) or not all(isinstance(v, (int, float)) and bound.holds(v) for v in values):
         noun = "sizes" if bound.low is not None and bound.low >= 1 else "values"
         raise ConfigError(key, values, f"must be a {'non-empty ' if bound.nonempty else ''}list of {noun} {bound.text}")
+
+
+def _check_stop_target(trainer: DictConfig) -> None:
+    """trainer.stop_at of trainer.stop_metric: an accuracy's target is a fraction (a loss's any value >= 0)."""
+    metric = str(trainer.stop_metric)
+    if trainer.stop_at is not None and metric not in schema.LOWER_IS_BETTER and trainer.stop_at > 1:
+        raise ConfigError(
+            "trainer.stop_at",
+            trainer.stop_at,
+            f"trainer.stop_metric={metric} is an accuracy: valid: a fraction in [0, 1]",
+        )
 
 
 def _check_increasing(key: str, values: list) -> None:

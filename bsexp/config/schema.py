@@ -37,10 +37,12 @@ NoiseMode = choice("NoiseMode", "auto", "off", "always", module=__name__)
 Speed = choice("Speed", "auto", "fast", "reproducible", module=__name__)
 CudaGraphs = choice("CudaGraphs", "auto", "on", "static", "off", module=__name__)
 WandbMode = choice("WandbMode", "offline", "online", "disabled", module=__name__)
-# The metrics a ladder of targets can climb (trainer.ladder), as the metrics records name them;
-# the losses are better lower, the accuracies higher.
-LadderMetric = choice("LadderMetric", "val_acc", "val_loss", "train_acc", "train_loss", module=__name__)
-LOWER_IS_BETTER = ("val_loss", "train_loss")
+# The metrics a target can name (trainer.stop_at, trainer.ladder), as the metrics records name them;
+# the losses (nats per sample, or per token for a language model; val_bpb: bits per byte of text) are
+# better lower, the accuracies higher.
+LadderMetric = choice("LadderMetric", "val_acc", "val_loss", "train_acc", "train_loss", "val_bpb", module=__name__)
+LOWER_IS_BETTER = ("val_loss", "train_loss", "val_bpb")
+TextSource = choice("TextSource", "auto", "markov", "files", "shards", "hf", module=__name__)
 # The torchvision sets bsexp knows: name -> (torchvision class, number of classes).
 VISION_SETS = {
     "mnist": ("MNIST", 10),
@@ -104,6 +106,26 @@ class SyntheticData(DataConfig):
     num_workers: int = at_least(0, 0)
 
 
+@dataclass
+class TextData(DataConfig):
+    """A language model's data (bsexp.engine.text): sequences of `context` tokens, next tokens as targets."""
+
+    _target_: str = "bsexp.engine.text.text"
+    # auto: markov without data.path; shards where data.path holds .bin files; else files
+    source: TextSource = TextSource.auto
+    path: Optional[str] = None  # a text file or a folder of them (files), or a folder of token shards (shards)
+    context: int = at_least(1, 16)  # tokens per sequence (one sample); tokens per step = batch.size x this
+    val_size: int = at_least(1, 1024)  # validation sequences (the first of the held-out tokens)
+    val_fraction: float = bounded(0.1, low=0, high=1, open_low=True, open_high=True)  # of files' and hf's bytes
+    train_tokens: int = at_least(1, 262_144)  # markov: training tokens generated (in sequences of context)
+    order: int = bounded(2, low=1, high=8)  # markov: the symbols a next one depends on
+    symbols: int = bounded(16, low=2, high=256)  # markov: the alphabet (bytes a, b, c, ... up to 26)
+    branching: int = at_least(1, 4)  # markov: the possible next symbols of each context
+    vocab: Optional[int] = at_least(2, None)  # null: 256 for bytes, 50257 (GPT-2's) for shards
+    name: Optional[str] = None  # hf: the dataset, e.g. roneneldan/TinyStories (pip install -e '.[text]')
+    max_bytes: int = at_least(1, 16_000_000)  # hf: the bytes of text read
+
+
 # ---------------------------------------------------------------------------- models
 
 
@@ -138,6 +160,17 @@ class CNN1dModel(ModelConfig):
 class CNNModel(ModelConfig):
     _target_: str = "bsexp.engine.models.CNN"
     width: int = at_least(1, 32)
+
+
+@dataclass
+class GPTModel(ModelConfig):
+    """A decoder-only transformer (bsexp.engine.gpt): its context is data.context, its vocabulary the data's."""
+
+    _target_: str = "bsexp.engine.gpt.GPT"
+    norm: Norm = Norm.layer  # layer (pre-LayerNorm, GPT-2's) or none
+    layers: int = at_least(1, 2)
+    heads: int = at_least(1, 4)
+    width: int = at_least(1, 64)  # features per token; a multiple of model.heads
 
 
 @dataclass
@@ -284,7 +317,10 @@ class TrainerConfig:
     # Besides: evaluate at steps growing by this fraction (0.04: 1, 2, ..., 25, 26, 28, 30, 32, ...), so
     # that the step a run reached a target is resolved to about that fraction, at any batch size
     eval_growth: Optional[float] = positive(None)
-    stop_at: Optional[float] = bounded(None, low=0, high=1)  # end the run once val_acc reaches this (steps to result)
+    # End the run once trainer.stop_metric reaches this (steps to result): an accuracy at or above it (a
+    # fraction), a loss at or below it (nats per token for a language model, or bits per byte: val_bpb)
+    stop_at: Optional[float] = bounded(None, low=0)
+    stop_metric: LadderMetric = LadderMetric.val_acc
     # Targets of trainer.ladder_metric, easiest first (a loss's falling): summary.json's `ladder` holds
     # the step, samples and LR at which the run first reached each (a comparison's rungs)
     ladder: List[float] = bounded(low=0, factory=list)
@@ -379,10 +415,12 @@ SCHEMAS = {
     "schema_data_digits": DigitsData,
     "schema_data_torchvision": TorchvisionData,
     "schema_data_synthetic": SyntheticData,
+    "schema_data_text": TextData,
     "schema_model_mlp": MLPModel,
     "schema_model_cnn1d": CNN1dModel,
     "schema_model_cnn": CNNModel,
     "schema_model_resnet18": ResNet18Model,
+    "schema_model_gpt": GPTModel,
     "schema_optimizer": OptimizerConfig,  # for optimizers of your own
     "schema_optimizer_sgd": SGDOptimizer,
     "schema_optimizer_adamw": AdamWOptimizer,

@@ -21,6 +21,7 @@ from bsexp.config.schema import NoiseMode
 from bsexp.engine.cuda_graphs import StepGraphs, graph_mode
 from bsexp.engine.datasets import Splits
 from bsexp.engine.distributed import GradSync, World, sum_gradients_hook
+from bsexp.engine.gpt import GPT
 from bsexp.engine.gradient_noise import NoiseMeter, NoiseScale
 from bsexp.engine.models import checkpoint_blocks, ghost_batchnorm
 from bsexp.engine.optim import build_optimizer, graph_ready
@@ -50,6 +51,7 @@ def build_data(cfg: DictConfig) -> Splits:
 
 
 def build_model(cfg: DictConfig, splits: Splits) -> nn.Module:
+    _check_tokens(cfg, splits)
     model = call_target(
         "model",
         cfg.model,
@@ -79,9 +81,23 @@ def build_model(cfg: DictConfig, splits: Splits) -> nn.Module:
             raise ConfigError(
                 "model.activation_checkpointing",
                 "true",
-                f"{exc}; valid for mlp, cnn, cnn1d, resnet18 and any nn.Sequential",
+                f"{exc}; valid for mlp, cnn, cnn1d, resnet18, gpt and any nn.Sequential",
             ) from None
     return model
+
+
+def _check_tokens(cfg: DictConfig, splits: Splits) -> None:
+    """A language model on token sequences, a built-in classifier on anything else: said before
+    either is built, as the model's own check of its input shape would say it less plainly."""
+    target = str(cfg.model._target_)
+    if target == f"{GPT.__module__}.{GPT.__qualname__}" and splits.tokens is None:
+        raise ConfigError("data", splits.name, "model=gpt reads token sequences; valid: data=text")
+    if splits.tokens is not None and target.rpartition(".")[0] == "bsexp.engine.models":
+        raise ConfigError(
+            "model._target_",
+            target,
+            "data=text holds token sequences; valid: model=gpt, or a model of your own that reads token ids",
+        )
 
 
 def sync_batchnorm(cfg: DictConfig, distributed: bool) -> bool:

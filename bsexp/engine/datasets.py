@@ -8,6 +8,7 @@ a builder may instead return torch `Dataset`s, which are read through a `DataLoa
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,6 +36,10 @@ class TensorSplit:
         return len(self.y)
 
     @property
+    def device(self) -> torch.device:
+        return self.x.device
+
+    @property
     def black(self) -> float | torch.Tensor:
         """The normalised value of a zero pixel: what crop padding fills with."""
         return 0.0 if self.mean is None else -self.mean / self.std
@@ -53,7 +58,51 @@ class TensorSplit:
         return TensorSplit(move(self.x), move(self.y), move(self.mean), move(self.std))
 
 
-Split = TensorSplit | Dataset
+class TokenWindows:
+    """Samples that are windows of a token stream (a language model's data): sample i is the
+    `context` tokens from `starts[i]` (the model's input) and the `context` tokens one further on
+    (its targets: each position's next token). The stream may be a tensor on the training device
+    or a numpy array or memmap on disk, of which only the windows a batch asks for are read."""
+
+    def __init__(self, tokens, context: int, starts: torch.Tensor, device: torch.device | None = None) -> None:
+        self.tokens, self.context, self.starts = tokens, context, starts
+        self.device = device or (tokens.device if isinstance(tokens, torch.Tensor) else torch.device("cpu"))
+
+    @classmethod
+    def of(cls, tokens, context: int, stride: int | None = None, limit: int | None = None) -> TokenWindows:
+        """Every window of `tokens` `stride` apart (default `context`: each token a target once),
+        the first `limit` of them where given."""
+        count = max(0, (len(tokens) - context - 1) // (stride or context) + 1)
+        count = count if limit is None else min(count, limit)
+        return cls(tokens, context, torch.arange(count, dtype=torch.long) * (stride or context))
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def batch(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        starts = self.starts[idx.to(self.starts.device)]
+        if isinstance(self.tokens, torch.Tensor):
+            span = starts[:, None] + torch.arange(self.context + 1, device=self.tokens.device)
+            windows = self.tokens[span].long()
+        else:  # read from disk: only these windows
+            span = starts.numpy()[:, None] + np.arange(self.context + 1)
+            windows = torch.from_numpy(np.asarray(self.tokens[span], dtype=np.int64)).to(self.device)
+        return windows[:, :-1], windows[:, 1:]
+
+    def subset(self, idx: torch.Tensor) -> TokenWindows:
+        return TokenWindows(self.tokens, self.context, self.starts[idx.to(self.starts.device)], self.device)
+
+    def to(self, device: torch.device) -> TokenWindows:
+        """Tokens held in memory move with their window starts (a batch is then gathered on the
+        device alone); tokens on disk stay there, read into batches sent to `device`."""
+        if isinstance(self.tokens, torch.Tensor):
+            return TokenWindows(self.tokens.to(device), self.context, self.starts.to(device), device)
+        return TokenWindows(self.tokens, self.context, self.starts, device)
+
+
+# Splits whose samples are batched by index on the training device (bsexp.engine.feed).
+INDEXED = (TensorSplit, TokenWindows)
+Split = TensorSplit | TokenWindows | Dataset
 
 
 @dataclass(frozen=True)
@@ -62,6 +111,50 @@ class Augment:
 
     crop_padding: int = 0
     hflip: bool = False
+
+
+@dataclass(frozen=True)
+class TokenInfo:
+    """What a language model's data is in tokens: the tokens a sample holds (its context), the
+    bytes of text a token stands for on average (1 for bytes; None where unknown, as for shards
+    of another tokenizer's tokens), and the loss a perfect model would reach (nats per token;
+    None where unknown): the source's entropy rate, and the floor over a window of the context,
+    whose first tokens have less to condition on."""
+
+    context: int
+    bytes_per_token: float | None = 1.0
+    entropy_rate: float | None = None
+    floor: float | None = None
+    source: str = ""  # where the tokens came from, in words
+
+    def bits_per_byte(self, loss: float | None) -> float | None:
+        """A loss in nats per token as bits per byte of text, where a token's bytes are known."""
+        if loss is None or self.bytes_per_token is None:
+            return None
+        return loss / math.log(2) / self.bytes_per_token
+
+    def record(self, samples_seen: int, samples_per_s: float, val_loss: float) -> dict[str, float | None]:
+        """What a metrics record adds for a language model: tokens seen, tokens/s, bits per byte."""
+        return {
+            "tokens_seen": samples_seen * self.context,
+            "tokens_per_s": samples_per_s * self.context,
+            "val_bpb": self.bits_per_byte(val_loss),
+        }
+
+    def summary(self, batch_size: int, samples_seen: int, samples_per_s: float | None, val_loss: float | None):
+        """What summary.json adds for a language model: the batch and throughput in tokens, the
+        loss against the data's floor, and bits per byte."""
+        return {
+            "context": self.context,
+            "tokens_per_step": batch_size * self.context,
+            "tokens_seen": samples_seen * self.context,
+            "tokens_per_s": None if samples_per_s is None else samples_per_s * self.context,
+            "val_bpb": self.bits_per_byte(val_loss),
+            "loss_floor": self.floor,  # nats per token: what a perfect model reaches on windows of the context
+            "entropy_rate": self.entropy_rate,
+            "loss_above_floor": None if val_loss is None or self.floor is None else val_loss - self.floor,
+            "text_source": self.source,
+        }
 
 
 @dataclass(kw_only=True)
@@ -75,10 +168,11 @@ class Splits:
     num_classes: int
     augment: Augment | None = None  # applied to in-memory train batches
     num_workers: int = 0  # for Dataset splits
+    tokens: TokenInfo | None = None  # a language model's data: what its samples are in tokens
 
     @property
     def in_memory(self) -> bool:
-        return isinstance(self.train, TensorSplit)
+        return isinstance(self.train, INDEXED)
 
     def to(self, device: torch.device) -> Splits:
         if not self.in_memory:

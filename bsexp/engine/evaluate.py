@@ -8,11 +8,12 @@ import math
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from bsexp.engine.datasets import Split
 from bsexp.engine.distributed import World
 from bsexp.engine.feed import PAD_LABEL, eval_batches, shard
+from bsexp.engine.losses import correct as count_correct
+from bsexp.engine.losses import counted, summed_loss
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +41,9 @@ def evaluate(
     for x, y in batches:
         with autocast():
             logits = net(x)
-        sums[0] += F.cross_entropy(logits.float(), y, reduction="sum", ignore_index=PAD_LABEL)
-        sums[1] += (logits.argmax(dim=1) == y).sum()
-        sums[2] += (y != PAD_LABEL).sum() if one_shape else len(y)
+        sums[0] += summed_loss(logits.float(), y)  # PAD_LABEL is F.cross_entropy's ignore_index
+        sums[1] += count_correct(logits, y)
+        sums[2] += counted(y, PAD_LABEL) if one_shape else len(y)
     net.train(was_training)
     loss, correct, count = world.all_reduce(sums).tolist()
     return loss / count, correct / count
@@ -87,7 +88,7 @@ class Evaluator:
         val_loss, val_acc = self.split(loop, loop.splits.val)
         state.best_val_acc = max(state.best_val_acc, val_acc)
         plan, noise = loop.batch_control.current, loop.step.noise
-        return {
+        record = {
             "epoch": round(epoch, 4),
             "step": state.step,
             "samples_seen": state.samples_seen,
@@ -108,6 +109,9 @@ class Evaluator:
             **(noise.scale.record() if noise is not None else {}),
             **loop.batch_control.record(),
         }
+        if loop.splits.tokens is not None:  # a language model's: tokens seen, tokens/s, bits per byte
+            record.update(loop.splits.tokens.record(state.samples_seen, record["samples_per_s"], val_loss))
+        return record
 
     def log(self, loop, state, epoch: float) -> None:
         record = self.record(loop, state, epoch)

@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from bsexp.batch.plan import keep_final
-from bsexp.engine.datasets import Augment, Split, Splits, TensorSplit
+from bsexp.engine.datasets import INDEXED, Augment, Split, Splits, TensorSplit, TokenWindows
 
 
 def epoch_order(n: int, seed: int, epoch: int, device: torch.device | None = None) -> torch.Tensor:
@@ -73,9 +73,12 @@ class TensorBatches:
     this rank's share of the step, which the trainer splits into micro-batches. `deferred`: each
     step's x and y are both its `Rows`, left to the step to gather (a set without augmentation)."""
 
-    def __init__(self, split: TensorSplit, seed: int, augment: Augment | None = None, deferred: bool = False) -> None:
+    def __init__(
+        self, split: TensorSplit | TokenWindows, seed: int, augment: Augment | None = None, deferred: bool = False
+    ) -> None:
         self.split, self.seed, self.augment = split, seed, augment
-        self.deferred = deferred and augment is None
+        # token windows are gathered before the step (their gather is not written for a graph's capture)
+        self.deferred = deferred and augment is None and isinstance(split, TensorSplit)
 
     def __len__(self) -> int:
         return len(self.split)
@@ -83,7 +86,7 @@ class TensorBatches:
     def steps(self, epoch: int, sizes, rank: int = 0, world_size: int = 1, drop_last: bool = False, skip: int = 0):
         """(x, y, global samples of the step) for each step of `sizes` (global batches), from the
         step `skip` of the epoch on (a resumed run continues mid-epoch with the same data)."""
-        device = self.split.x.device
+        device = self.split.device
         order = epoch_order(len(self.split), self.seed, epoch, device).to(device)
         generator = torch.Generator(device=device)
         for index, (start, stop) in enumerate(step_spans(len(order), sizes, world_size, drop_last)):
@@ -165,7 +168,7 @@ class LoaderBatches:
 
 def train_feed(splits: Splits, seed: int, device: torch.device, deferred: bool = False):
     """`deferred`: in-memory steps come as `Rows`, for a step that gathers them itself."""
-    if isinstance(splits.train, TensorSplit):
+    if isinstance(splits.train, INDEXED):
         return TensorBatches(splits.train, seed, splits.augment, deferred)
     return LoaderBatches(splits.train, seed, device, splits.num_workers)
 
@@ -175,8 +178,8 @@ def shard(split: Split, rank: int, world_size: int) -> Split:
     if world_size == 1:
         return split
     idx = torch.tensor_split(torch.arange(len(split)), world_size)[rank]
-    if isinstance(split, TensorSplit):
-        return split.subset(idx.to(split.x.device))
+    if isinstance(split, INDEXED):
+        return split.subset(idx.to(split.device))
     return Subset(split, idx.tolist())
 
 
@@ -196,13 +199,14 @@ def eval_batches(
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """The whole split in order, in batches of `batch_size`. `one_shape` (a split held in
     memory): every batch of the split the same size, `one_shape_size`, the last one padded with
-    repeats of its own last sample labelled PAD_LABEL, which the loss, the accuracy and the count
-    leave out; cuDNN's autotuner and torch.compile then meet one evaluation shape per split."""
-    if isinstance(split, TensorSplit):
+    repeats of its own last sample labelled PAD_LABEL (every token of a sequence), which the loss,
+    the accuracy and the count leave out; cuDNN's autotuner and torch.compile then meet one
+    evaluation shape per split."""
+    if isinstance(split, INDEXED):
         size = one_shape_size(len(split), batch_size) if one_shape else batch_size
         for start in range(0, len(split), size):
             stop = min(start + size, len(split))
-            index = torch.arange(start, stop, device=split.x.device)
+            index = torch.arange(start, stop, device=split.device)
             if not one_shape or stop - start == size:
                 yield split.batch(index)
                 continue

@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
+from bsexp.engine.losses import mean_loss
 from bsexp.system.memory import is_oom, release
 
 log = logging.getLogger(__name__)
@@ -250,7 +250,7 @@ class NoiseMeter:
         try:
             with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
                 with step.autocast():
-                    loss = F.cross_entropy(net(x)[:half] if whole_batch else net(x[:half]), y[:half])
+                    loss = mean_loss(net(x)[:half] if whole_batch else net(x[:half]), y[:half])
                 grads = torch.autograd.grad(step.scaler.scale(loss), params, allow_unused=True)
         except Exception as exc:
             if not is_oom(exc):

@@ -14,6 +14,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from bsexp.config.schema import NORMS
+from bsexp.engine.gpt import GPT
 
 
 def norm_layer(kind: str, channels: int, dims: int) -> nn.Module:
@@ -224,12 +225,15 @@ def _buffers_kept(module: nn.Module):
 
 def checkpoint_blocks(model: nn.Module) -> nn.Module:
     """`model.activation_checkpointing=true`: each block of a built-in model checkpointed (the
-    conv nets' conv-norm-ReLU blocks, ResNet-18's residual blocks, the MLP's hidden layers), or
-    for any other nn.Sequential its children in about sqrt(n) segments (Chen et al.'s choice:
-    memory ~ 2 sqrt(n) layers' activations). Anything else: ValueError."""
+    conv nets' conv-norm-ReLU blocks, ResNet-18's residual blocks, the GPT's transformer blocks,
+    the MLP's hidden layers), or for any other nn.Sequential its children in about sqrt(n)
+    segments (Chen et al.'s choice: memory ~ 2 sqrt(n) layers' activations). Anything else: ValueError."""
     from torchvision.models import ResNet
 
-    if isinstance(model, _ConvNet):
+    if isinstance(model, GPT):
+        for i, block in enumerate(model.blocks):
+            model.blocks[i] = Checkpointed(block)
+    elif isinstance(model, _ConvNet):
         for i, block in enumerate(model.features):
             model.features[i] = Checkpointed(block)
     elif isinstance(model, MLP):  # Flatten, (Linear, norm, ReLU, Dropout) per hidden layer, Linear

@@ -17,13 +17,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from bsexp.batch.plan import BatchPlan, micro_sizes
 from bsexp.engine.distributed import GradSync, World
 from bsexp.engine.gradient_noise import NoiseMeter
+from bsexp.engine.losses import correct as count_correct
+from bsexp.engine.losses import mean_loss, summed_loss
 from bsexp.system.memory import is_oom, release
 
 # How gradients meet over the ranks: not at all (one process); in the last micro-step's backward
@@ -135,14 +136,14 @@ def micro_steps(step: Step, x: torch.Tensor, y: torch.Tensor, step_samples: int,
                 # This micro-batch's share of the mean loss over the step's samples (all
                 # micro-steps, all ranks); when it is the whole step, that is the plain mean.
                 if len(ym) == step_samples:
-                    loss = F.cross_entropy(logits, ym)
+                    loss = mean_loss(logits, ym)
                 else:
-                    loss = F.cross_entropy(logits, ym, reduction="sum") / step_samples
+                    loss = summed_loss(logits, ym) / step_samples
             step.scaler.scale(loss).backward()
         if step.noise is not None:
             step.noise.after_micro(step, i, len(sizes), len(ym), step_samples)
         step_loss = step_loss + loss.detach()
-        correct = correct + (logits.detach().argmax(dim=1) == ym).sum()
+        correct = correct + count_correct(logits.detach(), ym)
     return step_loss * step_samples, correct
 
 

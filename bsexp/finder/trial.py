@@ -16,7 +16,7 @@ from bsexp.batch.plan import MIN_MICRO, make_plan
 from bsexp.batch.scaling import ScaledHparams
 from bsexp.engine.build import make_step, wrap_model
 from bsexp.engine.cuda_graphs import WARMUP_STEPS
-from bsexp.engine.datasets import Augment, Splits, TensorSplit
+from bsexp.engine.datasets import INDEXED, Augment, Splits, TensorSplit
 from bsexp.engine.distributed import World
 from bsexp.engine.feed import augment_batch
 from bsexp.engine.models import set_checkpointing
@@ -353,7 +353,7 @@ def _left_after(device: torch.device, mapped: int, vm_high: int, mapped_high: in
 def _cached_batch(split, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Up to n real training samples, as the training step receives them (normalised floats)."""
     count = min(n, len(split))
-    if isinstance(split, TensorSplit):
-        return split.batch(torch.arange(count, device=split.x.device))
+    if isinstance(split, INDEXED):
+        return split.batch(torch.arange(count, device=split.device))
     xs, ys = zip(*(split[i] for i in range(count)))
     return torch.stack([torch.as_tensor(x) for x in xs]), torch.as_tensor(ys)

@@ -37,6 +37,7 @@ from bsexp.engine.feed import train_feed
 from bsexp.engine.optim import Hyperparameters
 from bsexp.engine.regularisers import RegulariserRules, Regularisers
 from bsexp.engine.step import Step, train_step
+from bsexp.errors import ConfigError
 from bsexp.finder import server
 from bsexp.finder.find import find_plan
 from bsexp.runs.checkpoint import Checkpointer
@@ -157,7 +158,8 @@ class Loop:
     checkpointer: Checkpointer | None = None
     show_progress: bool = True
     graphs_before: int = 0  # graphs torch.compile had compiled in this process before this run
-    stop_at: float | None = None  # end the run once val_acc reaches it (trainer.stop_at)
+    # End the run once it reaches trainer.stop_at (a ladder of that one rung of trainer.stop_metric)
+    stop_at: Ladder | None = None
     stop_ladder: Ladder | None = None  # end the run once it reaches this ladder's top rung (trainer.ladder_stop)
     threads: Threads  # the CPU threads: pinned, or a share of the cores moved between steps (bsexp.system.cores)
 
@@ -224,7 +226,7 @@ def build_loop(
         hp=hp,
         drop_last=cfg.batch.drop_last,
         evaluator=_evaluator(cfg, sinks, batch_control),
-        stop_at=cfg.trainer.get("stop_at"),
+        stop_at=_stop_target(cfg, splits),
         stop_ladder=Ladder.of(cfg.trainer) if cfg.trainer.get("ladder_stop") else None,
         watch=Watch(every=1 if world.device.type == "cpu" else 16),
         sinks=sinks,
@@ -246,6 +248,20 @@ def _evaluator(cfg: DictConfig, sinks: Sinks, batch_control: BatchControl) -> Ev
         batch_control.layout.eval_steps,
         growth=cfg.trainer.get("eval_growth"),
     )
+
+
+def _stop_target(cfg: DictConfig, splits: Splits) -> Ladder | None:
+    """trainer.stop_at, a ladder of one rung of trainer.stop_metric (its bounds checked with the
+    config); bits per byte only where the data has them (text whose tokens' bytes are known)."""
+    has_bpb = splits.tokens is not None and splits.tokens.bytes_per_token is not None
+    for key in ("stop_metric", "ladder_metric"):
+        if str(cfg.trainer[key]) == "val_bpb" and not has_bpb:
+            raise ConfigError(
+                f"trainer.{key}", "val_bpb", f"data {splits.name} has no bits per byte; valid: val_loss, val_acc"
+            )
+    if cfg.trainer.get("stop_at") is None:
+        return None
+    return Ladder(str(cfg.trainer.stop_metric), (float(cfg.trainer.stop_at),))
 
 
 def _lay_out(cfg: DictConfig, world: World, state: dict | None, trunk: dict | None):
@@ -376,8 +392,9 @@ def _after_step(loop: Loop, state: TrainState, at_epoch_end: bool, bar: tqdm, cl
 def _target_reached(loop: Loop, record: dict[str, Any]) -> str | None:
     """What the run was for, where this evaluation reached it: trainer.stop_at, or the top rung of
     its ladder (trainer.ladder_stop); None where it goes on."""
-    if loop.stop_at is not None and record["val_acc"] >= loop.stop_at:
-        return f"val_acc {record['val_acc']:.4f} reached trainer.stop_at={loop.stop_at:g}"
+    if loop.stop_at is not None and loop.stop_at.top_reached(record):
+        metric = loop.stop_at.metric
+        return f"{metric} {record[metric]:.4f} reached trainer.stop_at={loop.stop_at.top:g}"
     ladder = loop.stop_ladder
     if ladder is not None and ladder.top_reached(record):
         return f"{ladder.metric} {record[ladder.metric]:.4f} reached the ladder's top rung {ladder.top:g}"

@@ -52,7 +52,7 @@ def announce(cfg: DictConfig, loop, hparams: dict[str, Any]) -> None:
     """The run's set-up, logged before it trains: its data, model and speed, its batch and what the
     rules derived from it, and the cautions about that set-up."""
     _announce_setup(cfg, loop)
-    _announce_batch(hparams)
+    _announce_batch(hparams, loop.splits.tokens.context if loop.splits.tokens is not None else None)
     if loop.batch_control.hooks.own_setup:  # the trunk's set-up was cautioned about; a branch only continues it
         _caution(cfg, loop, hparams)
 
@@ -69,8 +69,20 @@ def _announce_setup(cfg: DictConfig, loop) -> None:
         splits.input_shape,
         splits.num_classes,
     )
+    if splits.tokens is not None:
+        _announce_tokens(splits.tokens)
     log.info("model %s: %s parameters, on %s, %s", cfg.model._target_, f"{params:,}", loop.world.device, cfg.precision)
     log.info("speed %s: %s", cfg.trainer.speed, _speed_words(run_speed_of(cfg, loop)))
+
+
+def _announce_tokens(tokens) -> None:
+    floor = (
+        f"its loss floor {tokens.floor:.4f} nats per token over windows of {tokens.context} "
+        f"(entropy rate {tokens.entropy_rate:.4f})"
+        if tokens.floor is not None
+        else "no known loss floor"
+    )
+    log.info("text: %s; a sample is %d tokens; %s", tokens.source, tokens.context, floor)
 
 
 def run_speed_of(cfg: DictConfig, loop):
@@ -95,9 +107,10 @@ def _speed_words(speed) -> str:
     return f"fast ({', '.join(parts)})"
 
 
-def _announce_batch(h: dict[str, Any]) -> None:
+def _announce_batch(h: dict[str, Any], context: int | None = None) -> None:
+    """`context`: a language model's tokens per sequence; its batches (sequences) are said in tokens too."""
     log.info(
-        "batch %d = micro %d x accum %d x world %d; k = %d/%d = %g",
+        "batch %d = micro %d x accum %d x world %d; k = %d/%d = %g%s",
         h["batch_size"],
         h["micro_size"],
         h["accum_steps"],
@@ -105,6 +118,10 @@ def _announce_batch(h: dict[str, Any]) -> None:
         h["batch_size"],
         h["ref_batch"],
         h["k"],
+        ""
+        if context is None
+        else f" (sequences of {context} tokens: {h['batch_size'] * context:,} tokens a step, "
+        f"{h['ref_batch'] * context:,} at scaling.ref_batch)",
     )
     log.info(
         "lr %.4g (%s rule from %g), weight decay %.4g (%s rule from %g), warmup %d of %d steps",
@@ -142,6 +159,13 @@ def _caution(cfg: DictConfig, loop, h: dict[str, Any]) -> None:
         h["bn_momentum"] if h["bn_momentum_rule"] != "none" else None,
     ):
         log.warning("%s: %s", key, what)
+    adam = "adam" in str(cfg.optimizer._target_).lower()  # Adam, AdamW, a user's Adam of their own
+    if adam and h["lr_rule"] == "linear" and h["k"] != 1:
+        log.warning(
+            "scaling.lr_rule: linear with %s: Adam's step is scale-free, and the rule derived for it is the "
+            "square root (Malladi et al. 2022: batch x k, LR x sqrt(k)); scaling.lr_rule=sqrt applies it",
+            cfg.optimizer._target_,
+        )
 
 
 def make_summary(
@@ -156,11 +180,13 @@ def make_summary(
     """summary.json: the run's final figures (docs: Outputs and logging), with what it used."""
     last = state.records[-1] if state.records else {}
     plan, device, noise = loop.batch_control.current, loop.world.device, loop.step.noise
+    samples_per_s = (state.samples_seen - state.samples_before) / state.train_time_s if state.train_time_s else None
     return {
         "status": status,
         **hparams,
         "diverged_at_step": state.diverged_at_step,
-        "stopped_at": state.stopped_at,  # where val_acc reached trainer.stop_at (or the ladder's top) and it ended
+        # where trainer.stop_metric reached trainer.stop_at (or the ladder's top) and the run ended
+        "stopped_at": state.stopped_at,
         # Where the run first reached each rung of trainer.ladder (bsexp.runs.ladder): step, samples, LR
         "ladder": Ladder.of(cfg.trainer).read(state.records) if cfg.trainer.get("ladder") else None,
         "last_finite_loss": state.last_finite_loss,
@@ -178,9 +204,7 @@ def make_summary(
         "test_acc": test[1] if test else None,
         "wall_time_s": wall_time_s,
         "train_time_s": state.train_time_s,
-        "samples_per_s": (
-            (state.samples_seen - state.samples_before) / state.train_time_s if state.train_time_s else None
-        ),
+        "samples_per_s": samples_per_s,
         "peak_memory_mb": _peak_memory_mb(loop.world, status),
         "seed": cfg.seed,
         "data": loop.splits.name,
@@ -199,7 +223,13 @@ def make_summary(
         **loop.batch_control.summary(state.samples_seen),
         **(noise.scale if noise is not None else NoiseScale()).summary(),
         "provenance": provenance(),
+        **_in_tokens_summary(loop.splits.tokens, hparams["batch_size"], state, samples_per_s, last.get("val_loss")),
     }
+
+
+def _in_tokens_summary(tokens, batch_size: int, state, samples_per_s: float | None, val_loss: float | None):
+    """A language model's: tokens beside samples, the loss against the data's floor, bits per byte."""
+    return {} if tokens is None else tokens.summary(batch_size, state.samples_seen, samples_per_s, val_loss)
 
 
 def _peak_memory_mb(world: World, status: str) -> float:
@@ -250,5 +280,34 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
         ("peak memory", f"{summary['peak_memory_mb']:,.0f} MB"),
         ("outputs", str(run_dir)),
     ]
+    if summary.get("context") is not None:
+        rows = _in_tokens(summary, rows)
     width = max(len(name) for name, _ in rows)
     print("\n".join(f"  {name:<{width}}  {value}" for name, value in rows), flush=True)
+
+
+def _in_tokens(summary: dict[str, Any], rows: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """A language model's table: batches, data and speed in tokens beside sequences, and the loss
+    (nats per token) against the data's floor where it has one, instead of the accuracies."""
+    number = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
+    floor = summary.get("loss_floor")
+    above = "" if floor is None else f"; floor {floor:.4f}, {summary['loss_above_floor']:+.4f} above it"
+    bpb = "" if summary.get("val_bpb") is None else f"; {summary['val_bpb']:.4f} bits per byte"
+    loss_rows = [
+        ("train loss", f"{number(summary['train_loss'], '.4f')} nats/token"),
+        ("val loss", f"{number(summary['val_loss'], '.4f')} nats/token{above}{bpb}"),
+        ("val token acc", f"{number(summary['val_acc'] and 100 * summary['val_acc'], '.2f')} %"),
+    ]
+    out = []
+    for name, value in rows:
+        if name == "batch":
+            value += f" (sequences of {summary['context']}: {summary['tokens_per_step']:,} tokens a step)"
+        elif name == "epochs / steps":
+            name, value = "epochs / steps / tokens", f"{value} / {summary['tokens_seen']:,}"
+        elif name == "train time":
+            value = value[:-1] + f", {summary['tokens_per_s'] or 0:,.0f} tokens/s)"
+        elif name == "train acc":
+            out += loss_rows
+        if name not in ("train acc", "val acc (best)", "test acc", "generalisation gap"):
+            out.append((name, value))
+    return out

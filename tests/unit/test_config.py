@@ -13,8 +13,17 @@ def options(group):
 
 
 def test_every_group_has_its_options():
-    assert options("data") == ["cifar10", "cifar100", "digits", "fashion_mnist", "mnist", "mnist1d", "synthetic"]
-    assert options("model") == ["cnn", "cnn1d", "mlp", "resnet18"]
+    assert options("data") == [
+        "cifar10",
+        "cifar100",
+        "digits",
+        "fashion_mnist",
+        "mnist",
+        "mnist1d",
+        "synthetic",
+        "text",
+    ]
+    assert options("model") == ["cnn", "cnn1d", "gpt", "mlp", "resnet18"]
     assert options("optimizer") == ["adamw", "lamb", "lars", "sgd"]
     assert options("batch") == ["accumulation", "adaptive", "finder", "fixed", "scheduled"]
     assert options("distributed") == ["ddp", "none"]
