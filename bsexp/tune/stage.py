@@ -3,7 +3,6 @@ directory, or its continuation where it was stopped (bsexp.tune.cli, bsexp.tune.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +10,7 @@ from typing import NoReturn
 
 from bsexp.errors import CONFIG, DIVERGED, exit_on_config_error
 from bsexp.runs import resume
+from bsexp.system.io import Unreadable, read_json_object
 
 
 def refuse(line: str) -> NoReturn:
@@ -63,7 +63,6 @@ def finished(out: Path) -> bool:
 
 def _status(job: Path) -> str | None:
     try:
-        summary = json.loads((job / "summary.json").read_text())
-    except (OSError, ValueError):
+        return read_json_object(job / "summary.json", "run summary").get("status")
+    except Unreadable:
         return None
-    return summary.get("status") if isinstance(summary, dict) else None
