@@ -16,7 +16,7 @@ from bsexp.batch.plan import MIN_MICRO, make_plan
 from bsexp.batch.scaling import ScaledHparams
 from bsexp.engine.build import make_step, wrap_model
 from bsexp.engine.cuda_graphs import WARMUP_STEPS
-from bsexp.engine.datasets import INDEXED, Augment, Splits, TensorSplit
+from bsexp.engine.datasets import INDEXED, Augment, Splits, TensorSplit, TokenInfo
 from bsexp.engine.distributed import World
 from bsexp.engine.feed import augment_batch
 from bsexp.engine.models import set_checkpointing
@@ -31,8 +31,8 @@ CACHED_BATCH = 256  # real samples kept for probing, tiled to each trial's size
 class TrialData:
     """What trials need of a run's data, small enough to hand to the probe process instead of
     loading the whole dataset again there: real training samples as the step receives them
-    (tiled to each size), their augmentation, the evaluation batch's size, and the input's shape
-    and classes (what `build_model` reads)."""
+    (tiled to each size), their augmentation, the evaluation batch's size, and the input's shape,
+    classes and tokens (what `build_model` reads)."""
 
     x: torch.Tensor
     y: torch.Tensor
@@ -41,6 +41,7 @@ class TrialData:
     eval_size: int
     input_shape: tuple[int, ...]
     num_classes: int
+    tokens: TokenInfo | None = None  # a language model's data: `build_model` checks the model reads it
 
     @classmethod
     def of(cls, splits: Splits, eval_batch_size: int) -> TrialData:
@@ -54,6 +55,7 @@ class TrialData:
             eval_size=min(eval_batch_size, max(len(splits.val), len(splits.train_eval))),
             input_shape=splits.input_shape,
             num_classes=splits.num_classes,
+            tokens=splits.tokens,
         )
 
 

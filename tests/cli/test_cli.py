@@ -56,10 +56,10 @@ def test_help_lists_every_group_and_its_options(run_cli):
     assert out.returncode == 0, out.stderr
     for line in [
         "batch: accumulation, adaptive, finder, fixed, scheduled",
-        "data: cifar10, cifar100, digits, fashion_mnist, mnist, mnist1d, synthetic",
+        "data: cifar10, cifar100, digits, fashion_mnist, mnist, mnist1d, synthetic, text",
         "distributed: ddp, none",
         "logger: mlflow, none, tensorboard, wandb",
-        "model: cnn, cnn1d, mlp, resnet18",
+        "model: cnn, cnn1d, gpt, mlp, resnet18",
         "optimizer: adamw, lamb, lars, sgd",
     ]:
         assert line in out.stdout
@@ -258,7 +258,7 @@ LATE_BAD_INPUTS = [
     (
         ["model._target_=torch.nn.Identity", "model.activation_checkpointing=true"],
         "model.activation_checkpointing",
-        "valid for mlp, cnn, cnn1d, resnet18 and any nn.Sequential",
+        "valid for mlp, cnn, cnn1d, resnet18, gpt and any nn.Sequential",
     ),
 ]
 
