@@ -36,7 +36,9 @@ class ArmConfig:
     """One arm: a config (its overrides) and what is searched of it."""
 
     overrides: List[str] = field(default_factory=list)  # what makes the arm: batch=adaptive, batch.size=64, ...
-    space: Dict[str, SearchKey] = field(default_factory=dict)  # its own keys, beside (or over) comparison.space's
+    # Its own keys, beside (or over) comparison.space's; a shared key set to null is not searched by this
+    # arm (momentum, for an arm whose optimizer has none)
+    space: Dict[str, Optional[SearchKey]] = field(default_factory=dict)
     # A fixed batch: the best of these on the tuning seeds is the baseline the others are held against,
     # and they draw the steps-samples frontier S(E)
     baseline: bool = False

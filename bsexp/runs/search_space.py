@@ -102,12 +102,12 @@ class Dimension:
 
 def arm_space(comparison: Mapping[str, Any], arm: str) -> list[Dimension]:
     """The keys an arm searches: comparison.space's, then its own (an own key of the same name
-    replaces the shared one's range, in its place)."""
+    replaces the shared one's range, in its place; an own key set to null drops the shared one)."""
     arms = comparison.get("arms") or {}
     if arm not in arms:
         raise ConfigError("tune.arm", arm, f"is not an arm of the comparison; its arms: {', '.join(arms) or 'none'}")
     shared, own = dict(comparison.get("space") or {}), dict(arms[arm].get("space") or {})
-    keys = [*shared, *(k for k in own if k not in shared)]
+    keys = [k for k in [*shared, *(k for k in own if k not in shared)] if own.get(k, shared.get(k)) is not None]
     return [
         Dimension.of(
             key,

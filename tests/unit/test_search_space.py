@@ -41,6 +41,16 @@ def test_an_arm_searches_the_shared_keys_then_its_own_an_own_range_replacing_the
         arm_space(COMPARISON, "nosuch")
 
 
+def test_an_arm_whose_optimizer_lacks_a_shared_key_drops_it_with_null_and_keeps_the_rest():
+    comparison = {**COMPARISON, "arms": {"seesaw": {"space": {"optimizer.momentum": None}}}}
+    assert [d.key for d in arm_space(comparison, "seesaw")] == ["optimizer.lr"]
+    # through the declaration's schema as the driver reads it: null is allowed there, and only there
+    from bsexp.config.comparison import ArmConfig
+
+    arm = OmegaConf.merge(OmegaConf.structured(ArmConfig), {"space": {"optimizer.momentum": None}})
+    assert [d.key for d in arm_space({**COMPARISON, "arms": {"seesaw": arm}}, "seesaw")] == ["optimizer.lr"]
+
+
 def test_trials_fill_every_dimension_within_its_range_on_its_scale_and_depend_on_their_number_alone():
     dims = arm_space(COMPARISON, "adaptive")
     trials = [trial_values(dims, n, seed=0) for n in range(32)]
