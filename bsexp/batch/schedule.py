@@ -41,7 +41,7 @@ class BatchSchedule:
         """The global batch of the optimizer step `step` (counted over the run), in `epoch`."""
         if self.kind == "step":
             reached = sum((step if self.unit == "steps" else epoch) >= m for m in self.milestones)
-            return _exact(self.start * self.factor**reached)
+            return _exact(self.start, self.factor, reached)
         if self.kind in ("linear", "exponential"):
             t = min(1.0, epoch / (self.epochs - 1)) if self.epochs > 1 else 1.0
             end = self.end if self.end is not None else self.start
@@ -192,8 +192,13 @@ class RunSteps:
         return self.taken[start:stop]
 
 
-def _exact(size: float) -> int:
+def _exact(start: int, factor: float, reached: int) -> int:
+    size = start * factor**reached
     rounded = round(size)
     if abs(size - rounded) > 1e-6 * max(1.0, size):
-        raise PlanError("batch.schedule.factor", size, "must make every scheduled batch a whole number")
+        raise PlanError(
+            "batch.schedule.factor",
+            factor,
+            f"must make every scheduled batch a whole number; batch {start} x {factor:g}^{reached} = {size:g}",
+        )
     return rounded

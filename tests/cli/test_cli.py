@@ -184,7 +184,11 @@ BAD_INPUTS = [
         "batch.schedule",
         "multiple of the world size 2",
     ),
-    (["batch=scheduled", "batch.size=33", "batch.schedule.factor=1.5"], "batch.schedule.factor", "whole number"),
+    (
+        ["batch=scheduled", "batch.size=33", "batch.schedule.factor=1.5"],
+        "batch.schedule.factor",
+        "factor=1.5: must make every scheduled batch a whole number; batch 33 x 1.5^1 = 49.5",  # the factor, not the batch
+    ),
     (["batch=scheduled", "batch.schedule.kind=linear"], "batch.schedule.end", "needs the final batch"),
     (["trainer.noise_scale=sometimes"], "trainer.noise_scale", "auto, off, always"),
     (["checkpoint.keep=0"], "checkpoint.keep", ">= 1"),
