@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -179,7 +180,12 @@ def _check_report(out):
 @pytest.mark.parametrize(
     "extra, yaml_edit, line",
     [
-        (["comparison=nosuch"], None, "error: comparison=nosuch: unknown option; valid: mnist1d, two_arms"),
+        (
+            ["comparison=nosuch"],
+            None,
+            "error: comparison=nosuch: unknown option; valid: headline_arms, headline_digits, headline_mnist1d, "
+            "mnist1d, two_arms",
+        ),
         ([], ("batch.adaptive.c", "batch.adaptive.cc"), "error: comparison.arms.adaptive="),
         (["seed=3"], None, "error: seed=3: is set by the comparison for each run"),
         ([], ("select_rung: 0.3", "select_rung: 0.35"), "error: comparison.select_rung=0.35: must be a rung"),
@@ -194,6 +200,22 @@ def test_bad_input_to_a_comparison_is_one_line_and_exit_2(data_root, tmp_path, e
     done = subprocess.run(command, cwd=tmp_path, env=cli_env(data_root), capture_output=True, text=True)
     assert done.returncode == 2 and done.stderr.startswith(line) and len(done.stderr.splitlines()) == 1, done.stderr
     assert not (tmp_path / "cmp").exists()
+
+
+SHIPPED = sorted(p.stem for p in (Path(__file__).parents[2] / "bsexp" / "conf" / "comparison").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_shipped_comparison_passes_the_drivers_checks_before_any_run(name):
+    """What `python -m bsexp.tune DIR comparison=NAME` checks before it writes anything: the
+    declaration, and each arm's first trial composed and checked by the runs' own checks (a
+    searched factor that makes a batch of 67.98 samples is refused there, not an hour in)."""
+    from bsexp.tune.comparison import check_arms, declare
+
+    plan, computes, runs_how = declare([f"comparison={name}"])
+    check_arms(plan, computes, runs_how)
+    assert len(plan.arms) >= 2 and any(arm.get("baseline") for arm in plan.arms.values())
+    assert plan.comparison["held_out"] >= 10  # a headline's held-out seeds (docs: Comparing arms)
 
 
 def test_the_report_of_a_directory_that_holds_no_comparison_is_one_line_and_exit_2(data_root, tmp_path):
