@@ -187,7 +187,7 @@ BAD_INPUTS = [
     (
         ["batch=scheduled", "batch.size=33", "batch.schedule.factor=1.5"],
         "batch.schedule.factor",
-        "factor=1.5: must make every scheduled batch a whole number; batch 33 x 1.5^1 = 49.5",  # the factor, not the batch
+        "factor=1.5: must make every scheduled batch a whole number; batch 33 x 1.5^1 = 49.5",
     ),
     (["batch=scheduled", "batch.schedule.kind=linear"], "batch.schedule.end", "needs the final batch"),
     (["trainer.noise_scale=sometimes"], "trainer.noise_scale", "auto, off, always"),

@@ -128,3 +128,23 @@ def test_the_objective_final_chooses_by_the_final_value_on_the_tuning_seeds():
     ]
     result = analyse(plan(objective="final"), runs, {})
     assert result.best["fixed_32"].trial == 0 and result.baselines["0.9"] == "fixed_32"
+
+
+def test_a_loss_ladder_is_read_lower_better_in_the_choice_the_finals_and_the_margin():
+    """A language model's comparison (trainer.ladder_metric=val_loss, rungs falling): the best
+    final value is the lowest, and an arm whose final loss is higher is worse, not better."""
+    loss_plan = Plan("lm", plan(objective="final").comparison, (2.0, 1.5), "val_loss", False, 10.0)
+    runs = [
+        run("fixed_32", "search", 0, {"2.0": 10, "1.5": 100}, 32, trial=0, final=1.40),
+        run("fixed_32", "search", 0, {"2.0": 10, "1.5": 50}, 32, trial=1, final=1.30),
+        run("growing", "search", 0, {"2.0": 8, "1.5": 40}, 32, trial=0, final=1.32),
+        *(run("fixed_32", "held_out", s, {"2.0": 10, "1.5": 60}, 32, final=1.30 + 0.001 * s) for s in (1, 2, 3, 4)),
+        *(run("growing", "held_out", s, {"2.0": 8, "1.5": 45}, 32, final=1.40 + 0.001 * s) for s in (1, 2, 3, 4)),
+    ]
+    result = analyse(loss_plan, runs, {})
+    assert result.best["fixed_32"].trial == 1  # 1.30 nats, not 1.40
+    growing = next(f for f in result.finals if f.arm == "growing")
+    assert growing.difference.estimate == pytest.approx(-0.10)  # 0.10 nats worse, in the direction of better
+    assert growing.verdict == "inferior"  # its whole interval below -margin (0.01)
+    steps = next(v for v in result.versus if v.arm == "growing" and v.rung == "1.5")
+    assert steps.steps_ratio.estimate == pytest.approx(45 / 60) and steps.verdict(steps.steps_ratio) == "fewer"
