@@ -18,7 +18,7 @@ import traceback
 
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from bsexp.engine.build import build_model
 from bsexp.engine.datasets import Splits
@@ -52,6 +52,10 @@ class ChildProber:
         memory.trim_freed_memory()
         parent_held = memory.held()
         data = TrialData.of(splits, cfg.trainer.eval_batch_size)  # not the whole dataset again
+        # The config as this process reads it: its interpolations resolved here, since a child
+        # starts without the resolvers this process registered (a comparison's ${bsexp_tuned:...})
+        cfg = copy.deepcopy(cfg)
+        OmegaConf.resolve(cfg)
         self.args = (cfg, data, limit_bytes, parent_held, distributed, torch.get_num_threads())
         self.context = multiprocessing.get_context("forkserver")
         self.startup: dict[str, float] | None = None  # the first start's, by part

@@ -9,6 +9,7 @@ import threading
 import pytest
 import torch
 from forkservers import forkservers
+from omegaconf import OmegaConf
 
 from bsexp.engine.build import build_data, build_model
 from bsexp.engine.distributed import World
@@ -115,6 +116,20 @@ def test_max_size_reached_while_doubling_is_tried_not_assumed(make_cfg):
     # Memory runs out far above 100 (the machine's free memory): the margin, headroom for memory,
     # leaves 100 itself (at 3ea6d43: 95, the margin below it whatever bounded the search).
     assert result.edge > 100 / 0.95 and result.micro_size == 100
+
+
+def test_the_probe_processes_read_values_only_this_process_can_resolve(make_cfg):
+    """A comparison's run sets its searched keys by `${bsexp_tuned:...}`, a resolver its own process
+    registered; the probe processes start without it (every run of a comparison's goodput arm, which
+    finds its micro-batch, failed there: "Unsupported interpolation type bsexp_tuned")."""
+    OmegaConf.register_new_resolver("only_in_this_process", lambda: 0.05, replace=True)
+    try:
+        result = find(
+            make_cfg, "model.hidden=[64]", "batch.finder.max_size=64", "optimizer.lr=${only_in_this_process:}"
+        )
+    finally:
+        OmegaConf.clear_resolver("only_in_this_process")
+    assert len(result.trials) >= 2 and 32 <= result.micro_size <= 64  # searched in the probes, not failed there
 
 
 def test_the_answer_leaves_room_for_the_kernels_of_the_shapes_the_run_meets_and_the_trials_do_not(make_cfg):
