@@ -41,7 +41,7 @@ WandbMode = choice("WandbMode", "offline", "online", "disabled", module=__name__
 # the losses (nats per sample, or per token for a language model; val_bpb: bits per byte of text) are
 # better lower, the accuracies higher.
 LadderMetric = choice("LadderMetric", "val_acc", "val_loss", "train_acc", "train_loss", "val_bpb", module=__name__)
-LOWER_IS_BETTER = ("val_loss", "train_loss", "val_bpb")
+LOWER_IS_BETTER = ("val_loss", "train_loss", "val_bpb", "test_loss")  # test_loss: the sweep report's --metric
 TextSource = choice("TextSource", "auto", "markov", "files", "shards", "hf", module=__name__)
 # The torchvision sets bsexp knows: name -> (torchvision class, number of classes).
 VISION_SETS = {

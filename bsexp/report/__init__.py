@@ -16,6 +16,11 @@ to the first DIR:
   accuracy (default: the highest every point reached within the first half of its training
   samples), refused with its reason for fewer than 3 batch sizes or a degenerate fit; beside it
   the gradient noise scale B_simple the runs measured, or why they did not;
+- by a loss (`--metric val_loss`, `test_loss` or `val_bpb`: better lower), the best row is the
+  lowest mean, the breaking point a loss that rises past the tolerance (in the loss's units), a
+  target a loss reached at or below it (default: the lowest every point reached within the first
+  half of its training samples), the loss in a column of its own and `<metric>_by_batch.png` in
+  place of `accuracy.png`;
 - `accuracy.png`, `val_loss.png`, `throughput_memory.png`, `noise_scale.png` (B_simple over
   training, where the runs measured it) and `grid.png` when the sweep varies two settings besides
   the batch (`experiment=scaling_rules`).

@@ -3,24 +3,47 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
 from bsexp.report.analysis import METRICS, TOLERANCE_SE, analyse, target_rule
+from bsexp.runs.ladder import Ladder
 from bsexp.runs.sweep import INDEX, sweep_name
 
+# --metric's choices in words: "val_acc, test_acc, ... or val_bpb".
+METRIC_CHOICES = f"{', '.join(METRICS[:-1])} or {METRICS[-1]}"
 
-def _fraction(low_open: bool):
+
+def _number(holds):
+    """A parser of a number `holds` accepts (else argparse's error, which `_checked` turns to None)."""
+
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError("not a number") from None
-        if not (0 < value <= 1 if low_open else 0 <= value < 1):
+        if not holds(value):  # nan holds nothing
             raise argparse.ArgumentTypeError("out of range")
         return value
 
     return parse
+
+
+def _value_checks(metric: str, higher: bool, target: str | None, tolerance: str | None):
+    """(flag, given, parse, what is valid) of --target and --tolerance: an accuracy's fractions, or
+    a loss's values in its own units: a target above 0 (which no cross-entropy reaches), reached at
+    or below it, and a tolerance of 0 or more; both finite."""
+    if higher:
+        return [
+            ("--target", target, _number(lambda v: 0 < v <= 1), "an accuracy fraction in (0, 1]"),
+            ("--tolerance", tolerance, _number(lambda v: 0 <= v < 1), "an accuracy fraction in [0, 1)"),
+        ]
+    above, at_least = _number(lambda v: 0 < v < math.inf), _number(lambda v: 0 <= v < math.inf)
+    return [
+        ("--target", target, above, f"a {metric} above 0 (a loss, reached at or below it)"),
+        ("--tolerance", tolerance, at_least, f"a difference of {metric} of 0 or more (in its own units)"),
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,29 +53,33 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m bsexp.report", description=doc.split("\n\n")[0])
     parser.add_argument("dirs", nargs="+", type=Path, help="multirun directories (outputs/multirun/<date>/<time>)")
-    parser.add_argument("--metric", default="val_acc", help=f"what picks the best row: {' or '.join(METRICS)}")
+    parser.add_argument(
+        "--metric",
+        default="val_acc",
+        help=f"what picks the best row: {METRIC_CHOICES} (an accuracy: the highest mean; a loss, "
+        f"nats per sample or token, or val_bpb, bits per byte: the lowest)",
+    )
     parser.add_argument(
         "--tolerance",
         default=None,
-        help=f"accuracy (a fraction in [0, 1)) within which a larger batch still counts as good as "
-        f"the best; default: {TOLERANCE_SE:g} standard errors of the difference of the two "
-        f"rows' means",
+        help=f"accuracy (a fraction in [0, 1)), or with a loss metric a loss difference (0 or more), within "
+        f"which a larger batch still counts as good as the best; default: {TOLERANCE_SE:g} standard errors "
+        f"of the difference of the two rows' means",
     )
     parser.add_argument(
         "--target",
         default=None,
-        help=f"accuracy (a fraction in (0, 1]) for the steps-to-target fit of the critical batch; "
-        f"default: {target_rule('accuracy')}",
+        help=f"accuracy (a fraction in (0, 1], reached at or above it), or with a loss metric a loss (above "
+        f"0, reached at or below it), for the steps-to-target fit of the critical batch; default: "
+        f"{target_rule('accuracy')}; for a loss, {target_rule('loss', higher=False)}",
     )
     parser.add_argument("--no-wandb", action="store_true", help="do not log the report to W&B")
     args = parser.parse_args(argv)
-    checks = [
-        ("--metric", args.metric, lambda v: v if v in METRICS else None, " or ".join(METRICS)),
-        ("--target", args.target, _checked(_fraction(True)), "an accuracy fraction in (0, 1]"),
-        ("--tolerance", args.tolerance, _checked(_fraction(False)), "an accuracy fraction in [0, 1)"),
-    ]
-    for flag, given, parse, valid in checks:
-        if given is not None and parse(given) is None:
+    if args.metric not in METRICS:
+        return _refuse(f"--metric={args.metric}: valid: {METRIC_CHOICES}")
+    higher = Ladder(args.metric).higher  # an accuracy better higher, a loss (schema.LOWER_IS_BETTER) lower
+    for flag, given, parse, valid in _value_checks(args.metric, higher, args.target, args.tolerance):
+        if given is not None and _checked(parse)(given) is None:
             return _refuse(f"{flag}={given}: valid: {valid}")
     target = None if args.target is None else float(args.target)
     tolerance = None if args.tolerance is None else float(args.tolerance)
@@ -69,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             return _refuse(f"{d}: {_what_else(d)}")
         points += found
     out_dir = args.dirs[0]
-    analysis = analyse(points, args.metric, tolerance, target)
+    analysis = analyse(points, args.metric, tolerance, target, higher)
     names = render.figures(analysis, out_dir)
     (out_dir / "report.md").write_text(render.markdown(analysis, args.dirs, names))
     render.write_csv(analysis, out_dir / "report.csv")

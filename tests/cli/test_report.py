@@ -647,7 +647,7 @@ def test_a_plain_sweep_says_why_it_has_no_noise_scale_and_how_to_get_it(two_batc
     [
         (["--target", "1.5"], "error: --target=1.5: valid: an accuracy fraction in (0, 1]"),
         (["--tolerance", "abc"], "error: --tolerance=abc: valid: an accuracy fraction in [0, 1)"),
-        (["--metric", "loss"], "error: --metric=loss: valid: val_acc or test_acc"),
+        (["--metric", "loss"], "error: --metric=loss: valid: val_acc, test_acc, val_loss, test_loss or val_bpb"),
     ],
 )
 def test_bad_report_arguments_get_one_line_naming_the_argument_value_and_what_is_valid(
@@ -656,6 +656,30 @@ def test_bad_report_arguments_get_one_line_naming_the_argument_value_and_what_is
     sweep, _ = two_batches
     out = report(data_root, sweep, "--no-wandb", *args)
     assert out.returncode == 2 and out.stderr.strip() == message
+
+
+LOSS_TARGET = "valid: a val_loss above 0 (a loss, reached at or below it)"
+LOSS_TOLERANCE = "valid: a difference of val_loss of 0 or more (in its own units)"
+
+
+@pytest.mark.parametrize(
+    "args, valid",
+    [
+        (["--target", "-1"], LOSS_TARGET),
+        (["--target", "0"], LOSS_TARGET),
+        (["--target", "nan"], LOSS_TARGET),
+        (["--tolerance", "-0.1"], LOSS_TOLERANCE),
+        (["--tolerance", "inf"], LOSS_TOLERANCE),
+    ],
+)
+def test_bad_loss_targets_get_one_line_naming_the_flag_value_and_what_a_loss_may_be(
+    two_batches, data_root, args, valid
+):
+    sweep, _ = two_batches
+    before = sorted(p.name for p in sweep.iterdir())
+    out = report(data_root, sweep, "--no-wandb", "--metric", "val_loss", *args)
+    assert out.returncode == 2 and out.stderr.strip() == f"error: {args[0]}={args[1]}: {valid}"
+    assert sorted(p.name for p in sweep.iterdir()) == before  # nothing written
 
 
 # ----------------------------------------------------------------------------- the figures
@@ -860,3 +884,89 @@ def test_the_accuracy_axis_fits_the_points_that_trained(epoch_end_sweep):
     assert low <= min(ends) and max(ends) <= high <= 100
     assert (high - low) <= 1.3 * (max(ends) - min(ends)) + 1 and low > 10
     assert any("under-trained" in text for text in gap_ax.get_legend_handles_labels()[1])
+
+
+# ----------------------------------------------------------------------------- a sweep reported by its loss
+
+
+def steps_to(records: list[dict], target: float) -> tuple[float, float]:
+    """Steps and samples at which val_loss first came down to `target`, interpolated linearly
+    from the evaluation before (the test's own reading of metrics.jsonl)."""
+    i = next(i for i, r in enumerate(records) if r["val_loss"] <= target)
+    assert i > 0, "reached by the first evaluation"
+    a, b = records[i - 1], records[i]
+    f = (target - a["val_loss"]) / (b["val_loss"] - a["val_loss"])
+    return (
+        a["step"] + f * (b["step"] - a["step"]),
+        a["samples_seen"] + f * (b["samples_seen"] - a["samples_seen"]),
+    )
+
+
+def test_a_real_sweep_reported_by_its_validation_loss_picks_the_lowest_and_reads_steps_down_to_a_loss_target(
+    data_root, tmp_path
+):
+    # 3 batches of MNIST-1D, one seed, a few seconds each; an LR high enough, and no warmup, for
+    # every batch's loss to fall below where any started.
+    sweep = tmp_path / "sweep"
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bsexp.train",
+            "-m",
+            "batch.size=32,64,128",
+            *TINY_RUN,
+            "epochs=3",
+            "trainer.threads=1",
+            "trainer.eval_growth=0.2",
+            "schedule.warmup=0",
+            "optimizer.lr=0.4",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        cwd=tmp_path,
+        env=cli_env(data_root),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    runs = {
+        s["batch_size"]: [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+        for d in sweep.iterdir()
+        if (d / "summary.json").exists() and (s := json.loads((d / "summary.json").read_text()))
+    }
+    assert sorted(runs) == [32, 64, 128]
+    final = {b: records[-1]["val_loss"] for b, records in runs.items()}
+    # A target every run comes down to, after its first evaluation: between the highest of the
+    # runs' lowest losses and the lowest of their first.
+    lowest = max(min(r["val_loss"] for r in records) for records in runs.values())
+    first = min(records[0]["val_loss"] for records in runs.values())
+    assert lowest < first, {b: [r["val_loss"] for r in rs] for b, rs in runs.items()}
+    target = round((lowest + first) / 2, 4)
+    reported = report(data_root, sweep, "--no-wandb", "--metric", "val_loss", "--target", target, "--tolerance", "0.05")
+    assert reported.returncode == 0, reported.stderr[-3000:]
+
+    with open(sweep / "report.csv") as f:
+        rows = {int(r["batch"]): r for r in csv.DictReader(f)}
+    assert sorted(rows) == [32, 64, 128]
+    for batch, row in rows.items():  # the loss as measured, steps and samples interpolated down to the target
+        steps, samples = steps_to(runs[batch], target)
+        assert float(row["val_loss"]) == pytest.approx(final[batch]) and row["val_loss_std"] == ""
+        assert float(row["steps_to_target"]) == pytest.approx(steps)
+        assert float(row["samples_to_target"]) == pytest.approx(samples)
+    table = (sweep / "report.md").read_text()
+    best = min(final, key=final.get)
+    assert f"has the lowest mean, val_loss {final[best]:.4f} (1 seed)" in table
+    assert f"reach val_loss <= {target:.4f} (given (--target))" in table
+    assert "val_loss as measured (lower is better)" in table and "| wd | val loss | val acc (%) |" in table
+    # The breaking point: the first batch above the best whose loss rises more than 0.05 above it.
+    breaking = next((b for b in sorted(final) if b > best and final[b] - final[best] > 0.05), None)
+    if breaking is None:
+        assert "**Breaking point**: none within the swept range" in table
+    else:
+        assert (
+            f"**Breaking point**: batch {breaking}, the first batch above the best, batch {best}, at val_loss "
+            f"{final[best]:.4f}, whose val_loss ({final[breaking]:.4f}) rises more than the tolerance (0.0500 in "
+            f"val_loss: --tolerance) above it"
+        ) in table
+    assert (sweep / "val_loss_by_batch.png").read_bytes().startswith(PNG) and not (sweep / "accuracy.png").exists()

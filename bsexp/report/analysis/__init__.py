@@ -9,14 +9,17 @@
 (the critical batch fitted to them, McCandlish et al. 2018, and the schedule bound), `noise` (the
 noise scale) and `sweep` (all of it as one `Analysis`). `render` turns an
 `Analysis` into report.md, report.csv, figures and a W&B run; `load` reads points from disk.
-Accuracies are fractions here; rendering decides the units.
+Accuracies are fractions here, losses as measured (nats, or bits per byte); rendering decides the
+units. A metric is better higher (an accuracy) or lower (a loss: `METRICS` holds both kinds); each
+function takes `higher`, which the command line reads from `bsexp.runs.ladder.Ladder(metric).higher`
+(this package imports nothing outside the standard library).
 
 The pieces compose for later tables without restructuring: a Pareto front (per arm: steps to a
 target, `reach_row`, against the final accuracy, `Row.mean`) and the critical batch over training
 (`steps_critical_batch` of one family at a rising list of targets).
 """
 
-from bsexp.report.analysis.breaking import TOLERANCE_SE, Breaking, best_row, breaking_point, difference_se
+from bsexp.report.analysis.breaking import TOLERANCE_SE, Breaking, best_row, breaking_point, difference_se, worse_by
 from bsexp.report.analysis.fit import (
     Fit,
     ScheduleBound,
@@ -50,6 +53,7 @@ from bsexp.report.analysis.to_target import (
     choose_target,
     reach,
     reach_row,
+    shown,
     target_rule,
 )
 
@@ -93,7 +97,9 @@ __all__ = [
     "reach_row",
     "schedule_bound",
     "separate",
+    "shown",
     "steps_critical_batch",
     "target_rule",
     "welch_p",
+    "worse_by",
 ]

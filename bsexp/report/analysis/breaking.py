@@ -1,5 +1,7 @@
 """The best row and each family's breaking point: the first batch above the best whose mean
-accuracy falls more than a tolerance below the best's (pure)."""
+accuracy falls more than a tolerance below the best's, or whose mean loss rises more than it above
+(pure). `higher`: the metric is better higher (an accuracy) or lower (a loss); the caller says
+which (`bsexp.runs.ladder.Ladder(metric).higher`)."""
 
 from __future__ import annotations
 
@@ -15,10 +17,18 @@ from bsexp.report.analysis.points import Row
 TOLERANCE_SE = 2.0
 
 
-def best_row(rows: Sequence[Row], metric: str) -> Row | None:
-    """The row with the highest mean `metric` (the smaller batch on a tie)."""
+def best_row(rows: Sequence[Row], metric: str, higher: bool = True) -> Row | None:
+    """The row with the best mean `metric`: the highest, or the lowest where `higher` is false (the
+    smaller batch on a tie)."""
     scored = [r for r in rows if r.mean(metric) is not None]
-    return max(scored, key=lambda r: r.mean(metric), default=None)
+    return (max if higher else min)(scored, key=lambda r: r.mean(metric), default=None)
+
+
+def worse_by(best: Row, row: Row, metric: str, higher: bool = True) -> float:
+    """How far `row`'s mean `metric` lies on the worse side of `best`'s (in the metric's units):
+    below it for an accuracy, above it for a loss."""
+    gap = best.mean(metric) - row.mean(metric)
+    return gap if higher else -gap
 
 
 def difference_se(a: Row, b: Row, metric: str) -> float | None:
@@ -33,8 +43,8 @@ def difference_se(a: Row, b: Row, metric: str) -> float | None:
 
 @dataclass
 class Breaking:
-    """One family's breaking point: the first batch above its best row whose mean `metric` falls
-    more than the tolerance below the best's."""
+    """One family's breaking point: the first batch above its best row whose mean `metric` lies
+    more than the tolerance on the worse side of the best's (`worse_by`)."""
 
     family: tuple[str, ...]
     best: Row
@@ -50,15 +60,18 @@ class Breaking:
         return self.best is self.members[0]
 
 
-def breaking_point(members: Sequence[Row], metric: str, tolerance: float | None = None) -> Breaking | None:
-    """Walks up from the family's best batch; the first batch whose mean is more than the tolerance
-    below the best's is the breaking point. The tolerance is `tolerance` where given, else
-    TOLERANCE_SE standard errors of the difference of the two rows' means (both rows' spread).
-    None for a family of fewer than two scored batches."""
+def breaking_point(
+    members: Sequence[Row], metric: str, tolerance: float | None = None, higher: bool = True
+) -> Breaking | None:
+    """Walks up from the family's best batch; the first batch whose mean is worse than the best's
+    by more than the tolerance (below it for an accuracy, above it for a loss) is the breaking
+    point. The tolerance is `tolerance` where given (in the metric's units), else TOLERANCE_SE
+    standard errors of the difference of the two rows' means (both rows' spread). None for a
+    family of fewer than two scored batches."""
     scored = [r for r in members if r.mean(metric) is not None and r.batch]
     if len({r.batch for r in scored}) < 2:
         return None
-    best = max(scored, key=lambda r: r.mean(metric))
+    best = best_row(scored, metric, higher)
     found = Breaking(scored[0].family, best, scored, held=best, tolerance=tolerance, given=tolerance is not None)
     for row in (r for r in scored if r.batch > best.batch):
         tol = tolerance
@@ -72,7 +85,7 @@ def breaking_point(members: Sequence[Row], metric: str, tolerance: float | None 
                 return found
             tol = TOLERANCE_SE * se
         found.tolerance = tol
-        if best.mean(metric) - row.mean(metric) > tol:
+        if worse_by(best, row, metric, higher) > tol:
             found.row = row
             return found
         found.held = row

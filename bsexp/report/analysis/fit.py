@@ -148,19 +148,22 @@ class StepsCritical:
         return [row.batch for row, _ in self.reached]
 
 
-def steps_critical_batch(members: Sequence[Row], metric: str, target: float | None = None) -> StepsCritical:
+def steps_critical_batch(
+    members: Sequence[Row], metric: str, target: float | None = None, higher: bool = True
+) -> StepsCritical:
     """The critical batch of a family of rows that differ by batch: each row's steps and samples to
-    `target` (default: `choose_target`), fitted. Rows that did not train are left out, and say so."""
+    `target` (default: `choose_target`), fitted; a target accuracy is reached at or above it, a
+    target loss (`higher` false) at or below it. Rows that did not train are left out, and say so."""
     family = members[0].family if members else ()
     trained, left_out = [], []
     for row in members:
         if not row.done:
             left_out.append(f"batch {row.batch}: no completed point")
-        elif row.did_not_train(metric):
+        elif row.did_not_train(metric, higher):
             left_out.append(f"batch {row.batch}: did not train")
         else:
             trained.append(row)
-    chosen = Target(target, "given (--target)") if target is not None else choose_target(trained, metric)
+    chosen = Target(target, "given (--target)") if target is not None else choose_target(trained, metric, higher)
     critical = StepsCritical(family, chosen, left_out=left_out)
     if len({r.batch for r in trained}) < 3:
         critical.refused = (
@@ -171,7 +174,7 @@ def steps_critical_batch(members: Sequence[Row], metric: str, target: float | No
     if chosen.value is None:
         critical.refused = chosen.refused
         return critical
-    chance = next((r.chance for r in trained if r.chance is not None), None)
+    chance = next((r.chance for r in trained if r.chance is not None), None) if higher else None  # an accuracy's
     if chance is not None and chosen.value < chance + TRAINED_ABOVE * (1 - chance):
         critical.refused = (
             f"the target, {metric} {100 * chosen.value:.2f} %, is at chance level "
@@ -181,7 +184,7 @@ def steps_critical_batch(members: Sequence[Row], metric: str, target: float | No
         return critical
     bounds = []  # reached by the first evaluation: steps and samples only bounded from above
     for row in trained:
-        got = reach_row(row, metric, chosen.value)
+        got = reach_row(row, metric, chosen.value, higher)
         if got is None:
             critical.left_out.append(f"batch {row.batch}: a seed never reached the target")
         elif got.at_first_eval:

@@ -131,8 +131,11 @@ class Row:
         classes = next((p.num_classes for p in self.points if p.num_classes), None)
         return 1 / classes if classes else None
 
-    def did_not_train(self, metric: str) -> bool:
-        """Its mean `metric` stayed near chance (below TRAINED_ABOVE of the way to 100 %)."""
+    def did_not_train(self, metric: str, higher: bool = True) -> bool:
+        """Its mean accuracy `metric` stayed near chance (below TRAINED_ABOVE of the way to 100 %).
+        A loss (`higher` false) has no chance level the report judges by: never flagged."""
+        if not higher:
+            return False
         mean, chance = self.mean(metric), self.chance
         return mean is not None and chance is not None and mean < chance + TRAINED_ABOVE * (1 - chance)
 

@@ -1,13 +1,13 @@
 """Whether the seeds tell the best row apart from the others: Welch's two-sample t-test of the
 best row's seeds against each other row's (pure).
 
-The best row is the one with the highest mean; it is starred only where that mean is higher than
-every other row's by more than its seeds' spread explains: Welch's t-test (unequal variances), two
-sided, at 5 %. With 3 seeds a row the test has little power: two rows 1 standard deviation apart
-are seldom told apart, and the report then says which batches it cannot separate rather than star
-one of them on the seeds' noise (two runs of one sweep starred 256, then 32, with rows closer than
-their spread). A row of one seed borrows the other's spread; two rows of one seed each have none
-to test by, and are never told apart."""
+The best row is the one with the best mean (the highest accuracy, the lowest loss); it is starred
+only where that mean is better than every other row's by more than its seeds' spread explains:
+Welch's t-test (unequal variances), two sided, at 5 %. With 3 seeds a row the test has little
+power: two rows 1 standard deviation apart are seldom told apart, and the report then says which
+batches it cannot separate rather than star one of them on the seeds' noise (two runs of one sweep
+starred 256, then 32, with rows closer than their spread). A row of one seed borrows the other's
+spread; two rows of one seed each have none to test by, and are never told apart."""
 
 from __future__ import annotations
 
@@ -37,8 +37,8 @@ class Apart:
 
 @dataclass(frozen=True)
 class Separation:
-    best: Row | None  # the highest mean
-    against: list[Apart] = field(default_factory=list)  # every other scored row, by mean, highest first
+    best: Row | None  # the best mean: the highest, or the lowest for a loss
+    against: list[Apart] = field(default_factory=list)  # every other scored row, by mean, the best first
 
     @property
     def separated(self) -> bool:
@@ -107,12 +107,16 @@ def _incomplete_beta(x: float, a: float, b: float) -> float:
     return math.exp(log_front) * h / a
 
 
-def separate(rows: Sequence[Row], metric: str) -> Separation:
-    """The best row by mean `metric`, tested against every other row that has one."""
-    best = best_row(rows, metric)
+def separate(rows: Sequence[Row], metric: str, higher: bool = True) -> Separation:
+    """The best row by mean `metric` (the highest, or the lowest where `higher` is false), tested
+    against every other row that has one."""
+    best = best_row(rows, metric, higher)
     if best is None:
         return Separation(None)
-    others = sorted((r for r in rows if r is not best and r.mean(metric) is not None), key=lambda r: -r.mean(metric))
+    sign = -1 if higher else 1  # the best first
+    others = sorted(
+        (r for r in rows if r is not best and r.mean(metric) is not None), key=lambda r: sign * r.mean(metric)
+    )
     against = []
     for row in others:
         against.append(Apart(row, welch_p(best.values(metric), row.values(metric))))

@@ -12,7 +12,10 @@ from bsexp.report.analysis.noise import NoiseScale, noise_scale
 from bsexp.report.analysis.points import Labels, Point, Row, common_settings, families, labels, make_rows
 from bsexp.report.analysis.separation import Separation, separate
 
-METRICS = ("val_acc", "test_acc")
+# What can pick the best row: the accuracies (better higher) and the losses (better lower: nats per
+# sample, or per token for a language model; val_bpb: bits per byte of text) that summary.json holds.
+# Which way is better the caller says (`higher`), from bsexp.runs.ladder.Ladder(metric).higher.
+METRICS = ("val_acc", "test_acc", "val_loss", "test_loss", "val_bpb")
 
 
 @dataclass(kw_only=True)
@@ -22,12 +25,13 @@ class Analysis:
     common: tuple[str, ...]
     metric: str
     labels: Labels
-    best: Row | None  # the highest mean
+    best: Row | None  # the best mean: the highest, or the lowest where `higher` is false
     separation: Separation  # whether the seeds tell it apart from the other rows
     breaking: list[Breaking]
     critical: list[StepsCritical]  # one per family of more than one batch
     noise: NoiseScale
-    tolerance: float | None = None  # as given
+    tolerance: float | None = None  # as given, in the metric's units
+    higher: bool = True  # the metric is better higher (an accuracy) or lower (a loss)
 
     @property
     def experiments(self) -> list[str]:
@@ -45,25 +49,35 @@ class Analysis:
 
 
 def analyse(
-    points: Sequence[Point], metric: str = "val_acc", tolerance: float | None = None, target: float | None = None
+    points: Sequence[Point],
+    metric: str = "val_acc",
+    tolerance: float | None = None,
+    target: float | None = None,
+    higher: bool = True,
 ) -> Analysis:
+    """The sweep's `Analysis` by `metric`: better higher (an accuracy) or, where `higher` is false,
+    lower (a loss: the best row the lowest mean, a target reached at or below it, `tolerance` in
+    the loss's units)."""
     points = list(points)
     rows = make_rows(points)
     groups = families(rows)
-    breaking = [b for b in (breaking_point(m, metric, tolerance) for m in groups.values()) if b is not None]
-    critical = [steps_critical_batch(m, metric, target) for m in groups.values() if len({r.batch for r in m}) > 1]
+    breaking = [b for b in (breaking_point(m, metric, tolerance, higher) for m in groups.values()) if b is not None]
+    critical = [
+        steps_critical_batch(m, metric, target, higher) for m in groups.values() if len({r.batch for r in m}) > 1
+    ]
     return Analysis(
         points=points,
         rows=rows,
         common=common_settings(points),
         metric=metric,
         labels=labels(rows),
-        best=best_row(rows, metric),
-        separation=separate(rows, metric),
+        best=best_row(rows, metric, higher),
+        separation=separate(rows, metric, higher),
         breaking=breaking,
         critical=critical,
         noise=noise_scale(points),
         tolerance=tolerance,
+        higher=higher,
     )
 
 

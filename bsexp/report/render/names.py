@@ -65,4 +65,4 @@ def best_label(analysis: Analysis) -> str:
     tied = [row_name(a.row) for a in analysis.separation.tied]
     named = ", ".join(tied) if len(tied) <= 3 else f"{len(tied)} other rows"
     told = f"seeds do not tell it from {named}" if tied else "no other row to tell it from"
-    return f"highest mean: {row_name(best)} ({told})"
+    return f"{'highest' if analysis.higher else 'lowest'} mean: {row_name(best)} ({told})"

@@ -1,6 +1,8 @@
 """The sweep's figures: accuracy and gap, validation loss, throughput and memory against the batch
 (or a bar per configuration, where no configuration ran at more than one batch), the noise scale
-over training, and the grid of a sweep of two settings. Accuracies and the gap in %."""
+over training, and the grid of a sweep of two settings. Accuracies and the gap in %. Where a loss
+picks the best row (`--metric val_loss`), the first figure draws that loss against the batch, as
+measured, beside the gap: `<metric>_by_batch.png` in place of `accuracy.png`."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from pathlib import Path
 from bsexp.report.analysis import Analysis, Row, grid
 from bsexp.report.render.axes import log_y, save_figure, style_axes
 from bsexp.report.render.names import best_label, by_family, family_label, row_name, seed_count, title
-from bsexp.report.render.table import pct, peak
+from bsexp.report.render.table import in_units, pct, peak
 
 
 def figures(analysis: Analysis, out_dir: Path) -> list[str]:
@@ -21,8 +23,9 @@ def figures(analysis: Analysis, out_dir: Path) -> list[str]:
     matplotlib.use("Agg")
     if not any(r.done for r in analysis.rows):
         return []
+    first = "accuracy.png" if analysis.higher else f"{analysis.metric}_by_batch.png"
     written = [
-        save_figure(accuracy_figure(analysis), out_dir, "accuracy.png"),
+        save_figure(accuracy_figure(analysis), out_dir, first),
         save_figure(val_loss_figure(analysis), out_dir, "val_loss.png"),
         save_figure(throughput_memory_figure(analysis), out_dir, "throughput_memory.png"),
     ]
@@ -34,8 +37,9 @@ def figures(analysis: Analysis, out_dir: Path) -> list[str]:
 
 
 def accuracy_figure(analysis: Analysis):
-    """Accuracy and generalisation gap against batch: mean ± std over seeds, the best batch starred,
-    each family's breaking point a dashed line, chance level dotted."""
+    """Accuracy (or the loss that picks the best row) and generalisation gap against batch: mean ±
+    std over seeds, the best batch starred, each family's breaking point a dashed line, chance level
+    dotted (an accuracy's)."""
     import matplotlib.pyplot as plt
 
     if not varies_batch(analysis):
@@ -47,26 +51,30 @@ def accuracy_figure(analysis: Analysis):
     _best_and_breaking(acc_ax, analysis)
     _accuracy_axis(acc_ax, analysis)
     bars = f"mean ± std over {seed_count(analysis.labels)}"
-    style_axes(acc_ax, title=f"accuracy (%), {bars}", ylabel="accuracy (%)")
+    if analysis.higher:
+        style_axes(acc_ax, title=f"accuracy (%), {bars}", ylabel="accuracy (%)")
+    else:
+        style_axes(acc_ax, title=f"{analysis.metric} (lower is better), {bars}", ylabel=analysis.metric)
     style_axes(gap_ax, title=f"generalisation gap, train - val (%), {bars}", ylabel="points of accuracy")
-    fig.suptitle(f"Accuracy against batch size: {title(analysis.labels)}", fontsize=10)
+    head = "Accuracy" if analysis.higher else analysis.metric
+    fig.suptitle(f"{head} against batch size: {title(analysis.labels)}", fontsize=10)
     return fig
 
 
-def _other(metric: str) -> str:
-    """The accuracy drawn beside the one that picks the best: test beside val, val beside test."""
-    return next(m for m in ("val_acc", "test_acc") if m != metric)
+# The metric drawn beside the one that picks the best: test beside val, val beside test.
+_OTHER = {"val_acc": "test_acc", "test_acc": "val_acc", "val_loss": "test_loss", "test_loss": "val_loss"}
 
 
 def _accuracy_lines(acc_ax, color: str, fam: tuple[str, ...], members: list[Row], analysis: Analysis) -> None:
-    """One family's accuracies against its batches: the metric solid, the other dashed."""
+    """One family's accuracies (or losses) against its batches: the metric solid, the other dashed."""
     xs = [r.batch for r in members]
-    for key, fmt, alpha in ((analysis.metric, "-o", 1.0), (_other(analysis.metric), "--s", 0.6)):
-        if all(r.mean(key) is not None for r in members):
+    scale = 100 if analysis.higher else 1  # an accuracy in %, a loss as measured
+    for key, fmt, alpha in ((analysis.metric, "-o", 1.0), (_OTHER.get(analysis.metric), "--s", 0.6)):
+        if key is not None and all(r.mean(key) is not None for r in members):
             acc_ax.errorbar(
                 xs,
-                [100 * r.mean(key) for r in members],
-                yerr=[100 * (r.std(key) or 0) for r in members],
+                [scale * r.mean(key) for r in members],
+                yerr=[scale * (r.std(key) or 0) for r in members],
                 fmt=fmt,
                 color=color,
                 alpha=alpha,
@@ -88,7 +96,7 @@ def _gap_lines(gap_ax, color: str, fam: tuple[str, ...], members: list[Row], ana
         capsize=3,
         label=family_label("train_acc - val_acc", fam, analysis),
     )
-    low = [r for r in members if r.under_trained(members) and not r.did_not_train(analysis.metric)]
+    low = [r for r in members if r.under_trained(members) and not r.did_not_train(analysis.metric, analysis.higher)]
     if low:  # a small gap there is a training set not fitted, not better generalisation
         gap_ax.plot(
             [r.batch for r in low],
@@ -119,7 +127,7 @@ def _best_and_breaking(acc_ax, analysis: Analysis) -> None:
     if best is not None:  # an outline around the point, which stays visible inside it
         acc_ax.plot(
             [best.batch],
-            [100 * best.mean(analysis.metric)],
+            [in_units(analysis, best.mean(analysis.metric))],
             marker="*" if analysis.starred else "o",
             markersize=22 if analysis.starred else 14,
             markerfacecolor="none",
@@ -150,9 +158,13 @@ def _best_and_breaking(acc_ax, analysis: Analysis) -> None:
 
 
 def _accuracy_axis(acc_ax, analysis: Analysis) -> None:
-    """The accuracy axis over the rows that trained; those that did not, marked at its foot; chance dotted."""
+    """The accuracy axis over the rows that trained; those that did not, marked at its foot; chance
+    dotted. A loss's axis: over its rows, as measured."""
     metric = analysis.metric
-    low, high = _accuracy_range(analysis, (metric, _other(metric)))
+    if not analysis.higher:
+        acc_ax.set_ylim(*_loss_range(analysis, tuple(k for k in (metric, _OTHER.get(metric)) if k)))
+        return
+    low, high = _accuracy_range(analysis, (metric, _OTHER[metric]))
     acc_ax.set_ylim(low, high)  # the trained rows' range: their differences of a point or less stay visible
     for row in analysis.rows:
         if row.batch and row.did_not_train(metric):  # below the axis: marked at its foot
@@ -187,6 +199,23 @@ def _accuracy_range(analysis: Analysis, keys: tuple[str, ...]) -> tuple[float, f
     low, high = min(values), max(values)
     margin = max(0.5, 0.15 * (high - low))
     return max(0.0, low - margin), min(100.0, high + margin)
+
+
+def _loss_range(analysis: Analysis, keys: tuple[str, ...]) -> tuple[float, float]:
+    """A loss's axis over the rows, each mean ± std, with a margin (from 0 where it would go below)."""
+    values = [
+        r.mean(k) + sign * (r.std(k) or 0)
+        for r in analysis.rows
+        if r.batch and r.done
+        for k in keys
+        if r.mean(k) is not None
+        for sign in (-1, 1)
+    ]
+    if not values:
+        return 0.0, 1.0
+    low, high = min(values), max(values)
+    margin = max(0.15 * (high - low), 0.01 * high, 1e-3)
+    return max(0.0, low - margin), high + margin
 
 
 def varies_batch(analysis: Analysis) -> bool:
@@ -232,8 +261,14 @@ def _configuration_panels(axes, rows: list[Row], analysis: Analysis, throughput:
             (axes[1], [peak(r) for r in rows], None, "peak memory (MB), largest over seeds"),
         )
     metric, bars = analysis.metric, f"mean ± std over {seed_count(analysis.labels)}"
+    unit = "(%)" if analysis.higher else "(lower is better)"
     return (
-        (axes[0], [pct(r.mean(metric)) for r in rows], [pct(r.std(metric)) for r in rows], f"{metric} (%), {bars}"),
+        (
+            axes[0],
+            [in_units(analysis, r.mean(metric)) for r in rows],
+            [in_units(analysis, r.std(metric)) for r in rows],
+            f"{metric} {unit}, {bars}",
+        ),
         (
             axes[1],
             [pct(r.mean("gen_gap")) for r in rows],
@@ -248,7 +283,7 @@ def _best_and_chance_bars(ax, rows: list[Row], analysis: Analysis) -> None:
     best = analysis.best
     if best is not None and best in rows:
         ax.plot(
-            [pct(best.mean(analysis.metric))],
+            [in_units(analysis, best.mean(analysis.metric))],
             [rows.index(best)],
             marker="*" if analysis.starred else "o",
             markersize=16 if analysis.starred else 10,
@@ -257,7 +292,7 @@ def _best_and_chance_bars(ax, rows: list[Row], analysis: Analysis) -> None:
             linestyle="none",
             label=best_label(analysis),
         )
-    chance = next((r.chance for r in rows if r.chance is not None), None)
+    chance = next((r.chance for r in rows if r.chance is not None), None) if analysis.higher else None
     if chance is not None:
         ax.axvline(100 * chance, color="grey", linestyle=":", label=f"chance ({100 * chance:.0f} %)")
     ax.legend(fontsize=7, loc="best")
@@ -355,7 +390,7 @@ def noise_figure(analysis: Analysis):
             label=f"{row_name(row)}, seed {row.done[0].summary.get('seed')}",
         )
     if analysis.best is not None and analysis.best.batch:
-        what = "best batch" if analysis.starred else "batch of the highest mean"
+        what = "best batch" if analysis.starred else f"batch of the {'highest' if analysis.higher else 'lowest'} mean"
         ax.axhline(analysis.best.batch, color="black", linestyle="--", label=f"{what} ({analysis.best.batch})")
     for critical in analysis.critical:
         if critical.b_crit is not None:
@@ -380,13 +415,14 @@ def grid_figure(analysis: Analysis):
     (key_a, values_a), (key_b, values_b), cells = found
     fig, ax = plt.subplots(figsize=(2.6 + 1.4 * len(values_b), 1.8 + 0.6 * len(values_a)))
     data = [[cells.get((a, b), math.nan) for b in values_b] for a in values_a]
-    image = ax.imshow([[100 * v for v in line] for line in data], cmap="viridis", aspect="auto")
+    scale, fmt = (100, ".2f") if analysis.higher else (1, ".4f")  # an accuracy in %, a loss as measured
+    image = ax.imshow([[scale * v for v in line] for line in data], cmap="viridis", aspect="auto")
     for i, line in enumerate(data):
         for j, value in enumerate(line):
             ax.text(
                 j,
                 i,
-                "-" if math.isnan(value) else f"{100 * value:.2f}",
+                "-" if math.isnan(value) else f"{scale * value:{fmt}}",
                 ha="center",
                 va="center",
                 color="white",
@@ -396,7 +432,8 @@ def grid_figure(analysis: Analysis):
     ax.set_yticks(range(len(values_a)), values_a)
     ax.set_xlabel(key_b)
     ax.set_ylabel(key_a)
-    ax.set_title(f"{analysis.metric} (%), mean over {seed_count(analysis.labels)}", fontsize=9)
+    unit = "(%)" if analysis.higher else "(lower is better)"
+    ax.set_title(f"{analysis.metric} {unit}, mean over {seed_count(analysis.labels)}", fontsize=9)
     fig.colorbar(image, ax=ax)
     fig.suptitle(title(analysis.labels), fontsize=8)
     return fig

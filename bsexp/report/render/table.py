@@ -1,5 +1,6 @@
 """The report's table: one row per configuration, in report.csv's columns and units (accuracies in
-%), as report.csv, report.md and the W&B table give it."""
+%; where a loss picks the best row, its mean and std over seeds as measured, in columns of its own
+name), as report.csv, report.md and the W&B table give it."""
 
 from __future__ import annotations
 
@@ -13,6 +14,11 @@ from bsexp.report.analysis import Analysis, Reach, Row
 
 def pct(value: float | None) -> float | None:
     return None if value is None else 100 * value
+
+
+def in_units(analysis: Analysis, value: float | None) -> float | None:
+    """A value of the sweep's metric in the report's units: an accuracy in %, a loss as measured."""
+    return pct(value) if analysis.higher else value
 
 
 def _plan(row: Row) -> str | None:
@@ -64,15 +70,31 @@ COLUMNS: dict[str, Callable[[Row], Any]] = {
 EXTRA = ("did_not_train", "steps_to_target", "samples_to_target")
 
 
+def _getters(analysis: Analysis) -> dict[str, Callable[[Row], Any]]:
+    """COLUMNS, and where a loss picks the best row (`--metric val_loss`) its mean and std over
+    seeds, as measured, after the weight decay (an accuracy's columns are there already)."""
+    if analysis.higher:
+        return COLUMNS
+    metric, names = analysis.metric, list(COLUMNS)
+    at = names.index("weight_decay") + 1
+    own = {metric: lambda r: r.mean(metric), f"{metric}_std": lambda r: r.std(metric)}
+    return {**{n: COLUMNS[n] for n in names[:at]}, **own, **{n: COLUMNS[n] for n in names[at:]}}
+
+
+def columns(analysis: Analysis) -> list[str]:
+    """report.csv's columns (and the W&B table's), in order."""
+    return [*_getters(analysis), *EXTRA]
+
+
 def table(analysis: Analysis) -> list[dict[str, Any]]:
     """One dict per row: report.csv's columns (and the W&B table's)."""
     reached = _reached(analysis)
     out = []
     for row in analysis.rows:
-        values = {name: get(row) for name, get in COLUMNS.items()}
+        values = {name: get(row) for name, get in _getters(analysis).items()}
         got = reached.get(id(row))
         values.update(
-            did_not_train=row.did_not_train(analysis.metric),
+            did_not_train=row.did_not_train(analysis.metric, analysis.higher),
             steps_to_target=got.steps if got else None,
             samples_to_target=got.samples if got else None,
         )
@@ -86,7 +108,7 @@ def _reached(analysis: Analysis) -> dict[int, Reach]:
 
 def write_csv(analysis: Analysis, path: Path) -> None:
     with open(path, "w", newline="") as out:
-        writer = csv.DictWriter(out, fieldnames=[*COLUMNS, *EXTRA])
+        writer = csv.DictWriter(out, fieldnames=columns(analysis))
         writer.writeheader()
         for values in table(analysis):
             writer.writerow({k: ("" if v is None else v) for k, v in values.items()})

@@ -1,6 +1,7 @@
 """report.md: the sweep's table, then what it found in words (rows that did not train, the best
 row, each family's breaking point and critical batch, the noise scale), the points that did not
-complete and the figures. Accuracies and the gap in %, as in report.csv."""
+complete and the figures. Accuracies and the gap in %, as in report.csv; where a loss picks the best
+row (`--metric val_loss`), the loss as measured, in a column of its own, better lower."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 from bsexp.report.analysis import SIGNIFICANCE, TOLERANCE_SE, TRAINED_ABOVE, Analysis, Breaking, Row, StepsCritical
 from bsexp.report.render.names import by_family, family_note, row_name, seed_count, title
-from bsexp.report.render.table import pct, table
+from bsexp.report.render.table import in_units, pct, table
 
 # report.md's columns, beside report.csv's (render.table.COLUMNS); "configuration" only where a row has one.
 HEADERS = (
@@ -48,8 +49,10 @@ def markdown(analysis: Analysis, dirs: list[Path], figures: list[str]) -> str:
 
 def _heading(analysis: Analysis, dirs: list[Path]) -> list[str]:
     """The sweep's directories, its data, model, epochs and seeds, and what every point shares."""
-    experiments = analysis.experiments
+    experiments, metric = analysis.experiments, analysis.metric
     done = sum(p.done for p in analysis.points)
+    loss = "" if analysis.higher else f", {metric} as measured (lower is better)"
+    best = f"the best by mean {metric}" if analysis.higher else f"the best, the lowest mean {metric},"
     return [
         f"# Batch-size sweep: {', '.join(str(d) for d in dirs)}",
         "",
@@ -57,8 +60,8 @@ def _heading(analysis: Analysis, dirs: list[Path]) -> list[str]:
         + ("" if analysis.labels.complete else f"{done} of the sweep's {len(analysis.points)} points completed. ")
         + (f"Experiment: {', '.join(experiments)} (conf/experiment/). " if experiments else "")
         + f"Every point: {', '.join(f'`{o}`' for o in analysis.common) or 'no other overrides'}. "
-        f"Accuracies and the gap in %, mean ± std over the seeds of a row ({seed_count(analysis.labels)}); "
-        f"the best by mean {analysis.metric} marked ★ where its seeds tell it apart from every other row "
+        f"Accuracies and the gap in %{loss}, mean ± std over the seeds of a row ({seed_count(analysis.labels)}); "
+        f"{best} marked ★ where its seeds tell it apart from every other row "
         f"(Welch's t-test, two-sided, {100 * SIGNIFICANCE:g} %).",
         "",
     ]
@@ -66,7 +69,7 @@ def _heading(analysis: Analysis, dirs: list[Path]) -> list[str]:
 
 def _table_lines(analysis: Analysis, values: list[dict[str, Any]]) -> list[str]:
     show_config = analysis.varies_configuration
-    headers = ["", *(["configuration"] if show_config else []), *HEADERS]
+    headers = ["", *(["configuration"] if show_config else []), *_headers(analysis)]
     lines = ["| " + " | ".join(headers) + " |", "|" + " --- |" * len(headers)]
     for row, v in zip(analysis.rows, values):
         lines.append("| " + " | ".join(_cells(row, v, analysis, show_config)) + " |")
@@ -74,9 +77,18 @@ def _table_lines(analysis: Analysis, values: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _headers(analysis: Analysis) -> tuple[str, ...]:
+    """HEADERS, and a loss's own column after the weight decay where a loss picks the best row."""
+    if analysis.higher:
+        return HEADERS
+    at = HEADERS.index("wd") + 1
+    return (*HEADERS[:at], analysis.metric.replace("_", " "), *HEADERS[at:])
+
+
 def _cells(row: Row, v: dict[str, Any], analysis: Analysis, show_config: bool) -> list[str]:
     """One row of the table: `v` is its row of report.csv (`table`)."""
     status = v["status"] + (", **did not train**" if v["did_not_train"] else "")
+    metric = analysis.metric
     return [
         "★" if row is analysis.starred else "",
         *([v["configuration"] or "-"] if show_config else []),
@@ -84,6 +96,7 @@ def _cells(row: Row, v: dict[str, Any], analysis: Analysis, show_config: bool) -
         v["micro x accum x world"] or "-",
         _num(v["lr"], ".4g"),
         _num(v["weight_decay"], ".3g"),
+        *([] if analysis.higher else [_mean_std(v[metric], v[f"{metric}_std"], LOSS)]),
         _mean_std(v["val_acc_pct"], v["val_acc_std_pct"]),
         _mean_std(v["test_acc_pct"], v["test_acc_std_pct"]),
         _num(v["train_acc_pct"], ".2f"),
@@ -127,7 +140,7 @@ def _notes(analysis: Analysis, values: list[dict[str, Any]]) -> list[str]:
 def _training_lines(analysis: Analysis) -> list[str]:
     """The rows that did not train, and those that did not fit the training set (under-trained)."""
     metric, lines = analysis.metric, []
-    untrained = [r for r in analysis.rows if r.did_not_train(metric)]
+    untrained = [r for r in analysis.rows if r.did_not_train(metric, analysis.higher)]
     if untrained:
         chance = untrained[0].chance
         lines.append(
@@ -136,7 +149,7 @@ def _training_lines(analysis: Analysis) -> list[str]:
             f"{TRAINED_ABOVE:g} of the way from chance to 100 %)."
         )
     for _, members in by_family(analysis):
-        low = [r for r in members if not r.did_not_train(metric) and r.under_trained(members)]
+        low = [r for r in members if not r.did_not_train(metric, analysis.higher) and r.under_trained(members)]
         top = max(members, key=lambda r: r.mean("train_acc") if r.mean("train_acc") is not None else -1.0)
         for row in low:
             lines.append(
@@ -167,7 +180,7 @@ def _best_line(analysis: Analysis) -> str:
     metric, separation = analysis.metric, analysis.separation
     best = separation.best
     n = len(best.values(metric))
-    figure = f"{metric} {_mean_std(pct(best.mean(metric)), pct(best.std(metric)))} % ({n} seed{'s' if n != 1 else ''})"
+    figure = f"{metric} {_measured(analysis, best.mean(metric), best.std(metric))} ({n} seed{'s' if n != 1 else ''})"
     test = f"Welch's t-test on the seeds, two-sided, {100 * SIGNIFICANCE:g} %"
     if not separation.against:
         return f"**Best**: none starred: {row_name(best)}, {figure}, is the only row with a {metric}."
@@ -182,7 +195,8 @@ def _best_line(analysis: Analysis) -> str:
         for a in separation.tied
     )
     return (
-        f"**Best**: none starred: {row_name(best)} has the highest mean, {figure}, but its seeds do not tell it "
+        f"**Best**: none starred: {row_name(best)} has the {'highest' if analysis.higher else 'lowest'} mean, "
+        f"{figure}, but its seeds do not tell it "
         f"apart from {tied} ({test}); more seeds would narrow the difference."
     )
 
@@ -220,41 +234,64 @@ def _spread(mean: float | None, std: float | None, fmt: str) -> str:
     return _num(mean, fmt) + (f" ± {format(std, fmt)}" if std is not None else "")
 
 
-def _mean_std(mean: float | None, std: float | None) -> str:
+# A loss's decimals in report.md (nats or bits per byte: a difference of 0.001 can matter), as the
+# run's own summary prints it; accuracies get two decimals of a per cent.
+LOSS = ".4f"
+
+
+def _mean_std(mean: float | None, std: float | None, fmt: str = ".2f") -> str:
     if mean is None:
         return "-"
-    return f"{mean:.2f} ± {std:.2f}" if std is not None else f"{mean:.2f}"
+    return f"{mean:{fmt}} ± {std:{fmt}}" if std is not None else f"{mean:{fmt}}"
 
 
-def _tolerance(breaking: Breaking) -> str:
+def _measured(analysis: Analysis, mean: float | None, std: float | None) -> str:
+    """A mean ± std of the sweep's metric with its unit: an accuracy's in %, a loss's as measured."""
+    if analysis.higher:
+        return f"{_mean_std(pct(mean), pct(std))} %"
+    return _mean_std(mean, std, LOSS)
+
+
+def _at(analysis: Analysis, value: float) -> str:
+    """One value of the sweep's metric: "98.00 %", or "val_loss 1.2345"."""
+    return f"{pct(value):.2f} %" if analysis.higher else f"{analysis.metric} {value:{LOSS}}"
+
+
+def _tolerance(breaking: Breaking, analysis: Analysis) -> str:
     how = "--tolerance" if breaking.given else f"{TOLERANCE_SE:g} standard errors of the difference of the two means"
-    return f"{100 * breaking.tolerance:.2f} points: {how}"
+    if analysis.higher:
+        return f"{100 * breaking.tolerance:.2f} points: {how}"
+    return f"{breaking.tolerance:{LOSS}} in {analysis.metric}: {how}"
 
 
 def _breaking_line(b: Breaking, analysis: Analysis) -> str:
     metric, head = analysis.metric, f"**Breaking point**{family_note(b.family, analysis)}"
     if b.refused:
         return f"{head}: not judged: {b.refused}."
-    best = f"the best, batch {b.best.batch}, at {pct(b.best.mean(metric)):.2f} %"
+    best = f"the best, batch {b.best.batch}, at {_at(analysis, b.best.mean(metric))}"
     if b.row is None:
         if b.best is b.members[-1]:
             return f"{head}: none within the swept range: {best}, is the largest batch swept."
         return (
             f"{head}: none within the swept range: every batch up to {b.members[-1].batch} stayed within the "
-            f"tolerance ({_tolerance(b)}) of {best}."
+            f"tolerance ({_tolerance(b, analysis)}) of {best}."
         )
     held = f"; up to batch {b.held.batch} it held" if b.held is not b.best else ""
+    value = in_units(analysis, b.row.mean(metric))
+    moved = f"({value:.2f} %) falls" if analysis.higher else f"({value:{LOSS}}) rises"
     line = (
         f"{head}: batch {b.row.batch}, the first batch above {best}, whose {metric} "
-        f"({pct(b.row.mean(metric)):.2f} %) falls more than the tolerance ({_tolerance(b)}) below it{held}."
+        f"{moved} more than the tolerance ({_tolerance(b, analysis)}) {'below' if analysis.higher else 'above'} "
+        f"it{held}."
     )
     if b.best_is_smallest:
-        line += " The best is the smallest batch swept: accuracy may be flat only below it."
+        flat = "accuracy" if analysis.higher else metric
+        line += f" The best is the smallest batch swept: {flat} may be flat only below it."
     return line
 
 
 def _critical_lines(c: StepsCritical, analysis: Analysis) -> list[str]:
-    metric, head = analysis.metric, f"**Critical batch**{family_note(c.family, analysis)}"
+    head = f"**Critical batch**{family_note(c.family, analysis)}"
     left = f" Left out: {'; '.join(c.left_out)}." if c.left_out else ""
     doubt = f" Caution: {c.target.doubt}." if c.target.doubt else ""
     if c.refused:
@@ -269,7 +306,7 @@ def _critical_lines(c: StepsCritical, analysis: Analysis) -> list[str]:
     lines = [
         f"{head}: B_crit = E_min / S_min = {fit.b_crit:,.0f} (S_min = {fit.s_min:,.1f} steps, E_min = "
         f"{fit.e_min:,.0f} samples), the fit of (S/S_min - 1)(E/E_min - 1) = 1 (McCandlish et al. 2018) to the "
-        f"steps S and samples E each batch took to reach {metric} >= {100 * target.value:.2f} % ({target.rule}), "
+        f"steps S and samples E each batch took to reach {_target(analysis, target.value)} ({target.rule}), "
         f"read from the metrics records and interpolated between evaluations; relative residual "
         f"{100 * fit.rms:.1f} %.{where}{left}{doubt}",
         "",
@@ -283,6 +320,13 @@ def _critical_lines(c: StepsCritical, analysis: Analysis) -> list[str]:
         )
     lines.append("")
     return lines
+
+
+def _target(analysis: Analysis, value: float) -> str:
+    """A steps-to-target target with the side it is reached from: "val_acc >= 80.00 %", "val_loss <= 1.3000"."""
+    if analysis.higher:
+        return f"{analysis.metric} >= {100 * value:.2f} %"
+    return f"{analysis.metric} <= {value:{LOSS}}"
 
 
 def _noise_line(analysis: Analysis) -> str:

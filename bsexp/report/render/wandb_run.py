@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from bsexp.report.analysis import Analysis
-from bsexp.report.render.table import COLUMNS, EXTRA, table
+from bsexp.report.render.table import columns, table
 
 
 def _logs_to_wandb(logger: dict) -> bool:
@@ -36,10 +36,10 @@ def to_wandb(analysis: Analysis, out_dir: Path, names: list[str], group: str) ->
         settings=wandb.Settings(silent=True),
     )
     rows = table(analysis)
-    columns = [*COLUMNS, *EXTRA]
+    header = columns(analysis)
     run.log(
         {
-            "report/table": wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in rows]),
+            "report/table": wandb.Table(columns=header, data=[[r[c] for c in header] for r in rows]),
             **{f"report/{Path(n).stem}": wandb.Image(str(out_dir / n)) for n in names},
         }
     )
