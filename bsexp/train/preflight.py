@@ -136,7 +136,8 @@ def _given(config: DictConfig) -> tuple[dict[str, Any], list[str]]:
     """The sweeper's `params` and the command line's overrides, as given: read through the config,
     an override's own interpolation (a comparison's `batch.size=${bsexp_tuned:batch.size}`) would
     be resolved in the sweep's config, where no point's tune.trial is set, and every point would
-    get trial 0's value (a continued comparison's points then differed from their own runs)."""
+    get trial 0's value: a continued comparison's points then differed from their own runs, or,
+    named by that value, were looked for in directories they were not in and went unchecked."""
     params = config.hydra.sweeper.get("params")
     params = {} if params is None else OmegaConf.to_container(params, resolve=False)
     return params, [str(o) for o in OmegaConf.to_container(config.hydra.overrides.task, resolve=False)]

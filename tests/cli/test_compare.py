@@ -145,10 +145,12 @@ comparison:
 
 def test_a_comparison_killed_after_a_point_that_searches_its_batch_continues_its_own_runs(data_root, tmp_path):
     """The same command continues a comparison killed after the first point of an arm that
-    searches batch.size: each point is checked against its own run with its own trial's values
-    (the sweep's preflight once read its overrides resolved in the sweep's config, where every
-    point was trial 0's, and refused the continuation: batch.size=58 differs from the run being
-    resumed, which has batch.size=${bsexp_tuned:batch.size})."""
+    searches batch.size: each point is checked against its own run with its own trial's values.
+    The sweep's preflight once read its overrides resolved in the sweep's config, where every point
+    was trial 0's: it refused this continuation (batch.size=58 differs from the run being resumed,
+    which has batch.size=${bsexp_tuned:batch.size}), and, where a point's directory name holds its
+    searched values (the baseline's, short), looked for the point elsewhere and did not check it:
+    the edited comparison below resumed its runs, the change taken unasked."""
     out = tmp_path / "cmp"
     args = [str(out), *comparison(tmp_path, BATCH_SEARCHED, "batch_searched"), *TINY]
     proc = tune(data_root, tmp_path, args, start_new_session=True)
@@ -173,16 +175,16 @@ def test_a_comparison_killed_after_a_point_that_searches_its_batch_continues_its
         drawn = trial_values(arm_space(declared, "adaptive"), int(name.split("_")[0]), declared["search_seed"])
         first = json.loads((out / "search" / "adaptive" / name / "metrics.jsonl").read_text().splitlines()[0])
         assert (first["batch_size"], summary["lr"]) == (drawn["batch.size"], pytest.approx(drawn["optimizer.lr"]))
-    # A real change is still refused: the arm's sweep continued after its space was edited (the
-    # runs drew from another range), one line, before any point runs again.
+    # A real change is still refused, in one line before any point runs again: the baseline's search
+    # continued after the shared space was edited (its runs drew their LR from another range).
     conf = tmp_path / "conf" / "comparison" / "batch_searched.yaml"
-    conf.write_text(BATCH_SEARCHED.replace("high: 64", "high: 48"))
+    conf.write_text(BATCH_SEARCHED.replace("high: 0.3", "high: 0.4"))
     ended = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
-    sweep = [sys.executable, "-m", "bsexp.train", "-m", "resume=auto", f"hydra.sweep.dir={out / 'search' / 'adaptive'}"]
+    sweep = [sys.executable, "-m", "bsexp.train", "-m", "resume=auto", f"hydra.sweep.dir={out / 'search' / 'fixed_32'}"]
     edited = subprocess.run(sweep, cwd=tmp_path, env=cli_env(data_root), capture_output=True, text=True)
     assert edited.returncode == 2 and edited.stderr.startswith(
-        "error: sweep point 0 (tune.trial=0): comparison.arms.adaptive.space.batch.size.high=48.0: differs from the "
-        "run being resumed, which has comparison.arms.adaptive.space.batch.size.high=64.0;"
+        "error: sweep point 0 (tune.trial=0): comparison.space.optimizer.lr.high=0.4: differs from the run being "
+        "resumed, which has comparison.space.optimizer.lr.high=0.3;"
     ), edited.stderr[-2000:]
     assert len(edited.stderr.splitlines()) == 1
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()} == ended  # nothing written
