@@ -127,9 +127,20 @@ def swept_keys(config: DictConfig) -> set[str]:
     from the sweeper's `params` (an experiment's)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    overrides = OverridesParser.create().parse_overrides(list(config.hydra.overrides.task))
-    params = config.hydra.sweeper.get("params") or {}
+    params, task = _given(config)
+    overrides = OverridesParser.create().parse_overrides(task)
     return {o.key_or_group for o in overrides if o.is_sweep_override()} | {str(k) for k in params}
+
+
+def _given(config: DictConfig) -> tuple[dict[str, Any], list[str]]:
+    """The sweeper's `params` and the command line's overrides, as given: read through the config,
+    an override's own interpolation (a comparison's `batch.size=${bsexp_tuned:batch.size}`) would
+    be resolved in the sweep's config, where no point's tune.trial is set, and every point would
+    get trial 0's value: a continued comparison's points then differed from their own runs, or,
+    named by that value, were looked for in directories they were not in and went unchecked."""
+    params = config.hydra.sweeper.get("params")
+    params = {} if params is None else OmegaConf.to_container(params, resolve=False)
+    return params, [str(o) for o in OmegaConf.to_container(config.hydra.overrides.task, resolve=False)]
 
 
 def _searches_on_cpu(cfg: DictConfig) -> bool:
@@ -264,9 +275,9 @@ def sweep_points(config: DictConfig) -> list[list[str]] | None:
 
     if config.hydra.sweeper.get("_target_") != BASIC_SWEEPER:
         return None
-    params = [f"{key}={value}" for key, value in (config.hydra.sweeper.get("params") or {}).items()]
+    params, task = _given(config)
     parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
-    overrides = parser.parse_overrides([*params, *config.hydra.overrides.task])
+    overrides = parser.parse_overrides([*(f"{key}={value}" for key, value in params.items()), *task])
     return [point for batch in BasicSweeper.split_arguments(overrides, None) for point in batch]
 
 

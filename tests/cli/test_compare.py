@@ -19,6 +19,8 @@ import pytest
 from scipy.stats import bootstrap
 
 from bsexp import api
+from bsexp.report.compare.plan import Plan
+from bsexp.runs.search_space import arm_space, trial_values
 from conftest import cli_env
 
 COMPARISON = """# @package _global_
@@ -116,6 +118,76 @@ def test_two_arms_tuned_alike_killed_and_continued_and_the_report_from_the_runs_
     assert {p: p.stat().st_mtime_ns for p in done} == done  # the runs that had finished were not run again
     _check_stages_and_best(out)
     _check_report(out)
+
+
+# An adaptive arm that searches its start batch (batch.size=${bsexp_tuned:batch.size}), searched
+# first; two trials, so a search stopped after its first has a finished point to continue past.
+BATCH_SEARCHED = """# @package _global_
+epochs: 1
+scaling: {lr_rule: none, wd_rule: none}
+schedule: {main: constant, warmup_shape: none}
+trainer: {eval_growth: 0.2, ladder: [0.25, 0.3], ladder_stop: true, progress: false}
+comparison:
+  trials: 2
+  refine: 0
+  held_out: 0
+  select_rung: 0.3
+  space:
+    optimizer.lr: {low: 0.03, high: 0.3}
+  arms:
+    adaptive:
+      overrides: [batch=adaptive, batch.find_micro_size=false, batch.adaptive.interval=5]
+      space:
+        batch.size: {low: 16, high: 64, scale: log, type: int}
+    fixed_32: {overrides: [batch=fixed, batch.size=32], baseline: true}
+"""
+
+
+def test_a_comparison_killed_after_a_point_that_searches_its_batch_continues_its_own_runs(data_root, tmp_path):
+    """The same command continues a comparison killed after the first point of an arm that
+    searches batch.size: each point is checked against its own run with its own trial's values.
+    The sweep's preflight once read its overrides resolved in the sweep's config, where every point
+    was trial 0's: it refused this continuation (batch.size=58 differs from the run being resumed,
+    which has batch.size=${bsexp_tuned:batch.size}), and, where a point's directory name holds its
+    searched values (the baseline's, short), looked for the point elsewhere and did not check it:
+    the edited comparison below resumed its runs, the change taken unasked."""
+    out = tmp_path / "cmp"
+    args = [str(out), *comparison(tmp_path, BATCH_SEARCHED, "batch_searched"), *TINY]
+    proc = tune(data_root, tmp_path, args, start_new_session=True)
+    deadline = time.time() + 300
+    while not list((out / "search" / "adaptive").glob("*/summary.json")):
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.time() < deadline
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    done = {p: p.stat().st_mtime_ns for p in (out / "search").glob("*/*/summary.json")}
+    assert len(done) == 1
+    proc = tune(data_root, tmp_path, args)  # the same command: continued
+    _, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, stderr[-3000:]
+    assert {p: p.stat().st_mtime_ns for p in done} == done  # the point that had finished was not run again
+    search = summaries(out / "search" / "adaptive")
+    assert len(search) == 2 and {s["status"] for s in search.values()} == {"completed"}
+    # Each trial trained from its own values as the search draws them (not trial 0's for both).
+    declared = Plan.read(out).comparison
+    for name, summary in search.items():
+        drawn = trial_values(arm_space(declared, "adaptive"), int(name.split("_")[0]), declared["search_seed"])
+        first = json.loads((out / "search" / "adaptive" / name / "metrics.jsonl").read_text().splitlines()[0])
+        assert (first["batch_size"], summary["lr"]) == (drawn["batch.size"], pytest.approx(drawn["optimizer.lr"]))
+    # A real change is still refused, in one line before any point runs again: the baseline's search
+    # continued after the shared space was edited (its runs drew their LR from another range).
+    conf = tmp_path / "conf" / "comparison" / "batch_searched.yaml"
+    conf.write_text(BATCH_SEARCHED.replace("high: 0.3", "high: 0.4"))
+    ended = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
+    sweep = [sys.executable, "-m", "bsexp.train", "-m", "resume=auto", f"hydra.sweep.dir={out / 'search' / 'fixed_32'}"]
+    edited = subprocess.run(sweep, cwd=tmp_path, env=cli_env(data_root), capture_output=True, text=True)
+    assert edited.returncode == 2 and edited.stderr.startswith(
+        "error: sweep point 0 (tune.trial=0): comparison.space.optimizer.lr.high=0.4: differs from the run being "
+        "resumed, which has comparison.space.optimizer.lr.high=0.3;"
+    ), edited.stderr[-2000:]
+    assert len(edited.stderr.splitlines()) == 1
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()} == ended  # nothing written
 
 
 def _check_stages_and_best(out):
