@@ -143,6 +143,7 @@ comparison:
 """
 
 
+@pytest.mark.slow  # 36-53 s on 2 busy cores: scripts/test_slow.sh runs it
 def test_a_comparison_killed_after_a_point_that_searches_its_batch_continues_its_own_runs(data_root, tmp_path):
     """The same command continues a comparison killed after the first point of an arm that
     searches batch.size: each point is checked against its own run with its own trial's values.
