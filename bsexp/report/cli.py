@@ -51,30 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     from bsexp.report import render
     from bsexp.report.load import load_points
 
-    parser = argparse.ArgumentParser(prog="python -m bsexp.report", description=doc.split("\n\n")[0])
-    parser.add_argument("dirs", nargs="+", type=Path, help="multirun directories (outputs/multirun/<date>/<time>)")
-    parser.add_argument(
-        "--metric",
-        default="val_acc",
-        help=f"what picks the best row: {METRIC_CHOICES} (an accuracy: the highest mean; a loss, "
-        f"nats per sample or token, or val_bpb, bits per byte: the lowest)",
-    )
-    parser.add_argument(
-        "--tolerance",
-        default=None,
-        help=f"accuracy (a fraction in [0, 1)), or with a loss metric a loss difference (0 or more), within "
-        f"which a larger batch still counts as good as the best; default: {TOLERANCE_SE:g} standard errors "
-        f"of the difference of the two rows' means",
-    )
-    parser.add_argument(
-        "--target",
-        default=None,
-        help=f"accuracy (a fraction in (0, 1], reached at or above it), or with a loss metric a loss (above "
-        f"0, reached at or below it), for the steps-to-target fit of the critical batch; default: "
-        f"{target_rule('accuracy')}; for a loss, {target_rule('loss', higher=False)}",
-    )
-    parser.add_argument("--no-wandb", action="store_true", help="do not log the report to W&B")
-    args = parser.parse_args(argv)
+    args = _parser(doc).parse_args(argv)
     if args.metric not in METRICS:
         return _refuse(f"--metric={args.metric}: valid: {METRIC_CHOICES}")
     higher = Ladder(args.metric).higher  # an accuracy better higher, a loss (schema.LOWER_IS_BETTER) lower
@@ -107,6 +84,33 @@ def main(argv: list[str] | None = None) -> int:
         + (f"; W&B report run ({mode})" if mode else "")
     )
     return 0
+
+
+def _parser(doc: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m bsexp.report", description=doc.split("\n\n")[0])
+    parser.add_argument("dirs", nargs="+", type=Path, help="multirun directories (outputs/multirun/<date>/<time>)")
+    parser.add_argument(
+        "--metric",
+        default="val_acc",
+        help=f"what picks the best row: {METRIC_CHOICES} (an accuracy: the highest mean; a loss, "
+        f"nats per sample or token, or val_bpb, bits per byte: the lowest)",
+    )
+    parser.add_argument(
+        "--tolerance",
+        default=None,
+        help=f"accuracy (a fraction in [0, 1)), or with a loss metric a loss difference (0 or more), within "
+        f"which a larger batch still counts as good as the best; default: {TOLERANCE_SE:g} standard errors "
+        f"of the difference of the two rows' means",
+    )
+    parser.add_argument(
+        "--target",
+        default=None,
+        help=f"accuracy (a fraction in (0, 1], reached at or above it), or with a loss metric a loss (above "
+        f"0, reached at or below it), for the steps-to-target fit of the critical batch; default: "
+        f"{target_rule('accuracy')}; for a loss, {target_rule('loss', higher=False)}",
+    )
+    parser.add_argument("--no-wandb", action="store_true", help="do not log the report to W&B")
+    return parser
 
 
 def _what_else(d: Path) -> str:
