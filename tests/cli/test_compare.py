@@ -63,6 +63,17 @@ def tune(data_root, cwd, args, **kwargs):
     )
 
 
+def killed_after(proc, folder, pattern, count, timeout):
+    """SIGKILL the process group of `proc` once `count` files match `pattern` in `folder`."""
+    deadline = time.time() + timeout
+    while len(list(folder.glob(pattern))) < count:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.time() < deadline
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+
+
 def summaries(folder):
     return {p.parent.name: json.loads(p.read_text()) for p in folder.glob("*/summary.json")}
 
@@ -97,14 +108,7 @@ def best_by_steps(runs, rung):
 def test_two_arms_tuned_alike_killed_and_continued_and_the_report_from_the_runs_own_files(data_root, tmp_path):
     out = tmp_path / "cmp"
     args = [str(out), *comparison(tmp_path), *TINY, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
-    proc = tune(data_root, tmp_path, args, start_new_session=True)
-    deadline = time.time() + 900
-    while len(list((out / "search").glob("*/*/summary.json"))) < 2:
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
-        assert time.time() < deadline
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.communicate()
+    killed_after(tune(data_root, tmp_path, args, start_new_session=True), out / "search", "*/*/summary.json", 2, 900)
     done = {p: p.stat().st_mtime_ns for p in (out / "search").glob("*/*/summary.json")}
     assert done and len(done) < 8
     # Another command in its directory is refused, not taken as the same.
@@ -154,14 +158,9 @@ def test_a_comparison_killed_after_a_point_that_searches_its_batch_continues_its
     the edited comparison below resumed its runs, the change taken unasked."""
     out = tmp_path / "cmp"
     args = [str(out), *comparison(tmp_path, BATCH_SEARCHED, "batch_searched"), *TINY]
-    proc = tune(data_root, tmp_path, args, start_new_session=True)
-    deadline = time.time() + 300
-    while not list((out / "search" / "adaptive").glob("*/summary.json")):
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
-        assert time.time() < deadline
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.communicate()
+    killed_after(
+        tune(data_root, tmp_path, args, start_new_session=True), out / "search" / "adaptive", "*/summary.json", 1, 300
+    )
     done = {p: p.stat().st_mtime_ns for p in (out / "search").glob("*/*/summary.json")}
     assert len(done) == 1
     proc = tune(data_root, tmp_path, args)  # the same command: continued

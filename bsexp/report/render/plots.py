@@ -186,14 +186,8 @@ def _accuracy_axis(acc_ax, analysis: Analysis) -> None:
 def _accuracy_range(analysis: Analysis, keys: tuple[str, ...]) -> tuple[float, float]:
     """The accuracy axis (in %) over the rows that trained, each mean ± std, with a margin; the
     whole 0-100 only where no row trained."""
-    values = [
-        100 * (r.mean(k) + sign * (r.std(k) or 0))
-        for r in analysis.rows
-        if r.batch and r.done and not r.did_not_train(analysis.metric)
-        for k in keys
-        if r.mean(k) is not None
-        for sign in (-1, 1)
-    ]
+    trained = [r for r in analysis.rows if r.batch and r.done and not r.did_not_train(analysis.metric)]
+    values = [100 * v for v in _spread(trained, keys)]
     if not values:
         return 0.0, 100.0
     low, high = min(values), max(values)
@@ -203,19 +197,17 @@ def _accuracy_range(analysis: Analysis, keys: tuple[str, ...]) -> tuple[float, f
 
 def _loss_range(analysis: Analysis, keys: tuple[str, ...]) -> tuple[float, float]:
     """A loss's axis over the rows, each mean ± std, with a margin (from 0 where it would go below)."""
-    values = [
-        r.mean(k) + sign * (r.std(k) or 0)
-        for r in analysis.rows
-        if r.batch and r.done
-        for k in keys
-        if r.mean(k) is not None
-        for sign in (-1, 1)
-    ]
+    values = _spread([r for r in analysis.rows if r.batch and r.done], keys)
     if not values:
         return 0.0, 1.0
     low, high = min(values), max(values)
     margin = max(0.15 * (high - low), 0.01 * high, 1e-3)
     return max(0.0, low - margin), high + margin
+
+
+def _spread(rows, keys: tuple[str, ...]) -> list[float]:
+    """Each row's mean ± std of each of `keys` it has: the ends an axis must show."""
+    return [r.mean(k) + sign * (r.std(k) or 0) for r in rows for k in keys if r.mean(k) is not None for sign in (-1, 1)]
 
 
 def varies_batch(analysis: Analysis) -> bool:
