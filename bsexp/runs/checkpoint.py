@@ -2,9 +2,9 @@
 
 A checkpoint (`<run dir>/checkpoints/step-<step>.pt`) holds the model, optimizer and loss scaler;
 every rank's random generators and running sums; where the run is (epoch, the step within it,
-samples seen, the records logged so far); the batch policy's state (the plan in force after a
-schedule change or an OOM recovery, what the finder chose); the noise-scale averages; the W&B
-run id; and its format (`FORMAT`). It is written to a temporary file, flushed to disk and
+samples seen, the records logged so far, the batch and LR it started with); the batch policy's
+state (the plan in force after a schedule change or an OOM recovery, what the finder chose); the
+noise-scale averages; the W&B run id; and its format (`FORMAT`). It is written to a temporary file, flushed to disk and
 renamed, so a crash leaves the previous one intact; the newest `checkpoint.keep` are kept. It
 carries the SHA-256 digest of its bytes as written by torch.save, in the zip file's comment (so it
 stays a file torch.load reads), checked on load: a checkpoint whose bytes changed on disk is
@@ -367,6 +367,7 @@ class Checkpointer:
             "wall_time_s": state.wall_time_s,
             "best_val_acc": state.best_val_acc,
             "records": state.records,
+            "hparams": state.hparams,
             "lr": state.lr,
             "last_finite_loss": state.last_finite_loss,
             "model": step.net.state_dict(),
@@ -422,11 +423,13 @@ def restore(cfg: DictConfig, loop, state, path: Path, saved: dict[str, Any], bra
     for key in _STATE_KEYS:
         setattr(state, key, saved[key])
     state.wall_time_before = saved.get("wall_time_s", 0.0)  # checkpoints from before it was kept: unknown
+    state.hparams = saved.get("hparams")  # checkpoints from before they were kept: taken anew where it resumes
     mine = ranks[loop.world.rank]
     state.loss_sum, state.correct, state.running_samples = mine["running"]
     set_rng_state(mine["rng"])
     if branch:
         state.records, state.best_val_acc, state.train_time_s, state.wall_time_before = [], 0.0, 0.0, 0.0
+        state.hparams = None  # the branch's own, at its batch
         state.samples_before = state.samples_seen
         log.info(
             "branched from %s: epoch %d, step %d, %d samples seen; %d steps to go",

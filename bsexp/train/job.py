@@ -127,7 +127,11 @@ def _set_up_and_train(cfg: DictConfig, world: World, run_dir: Path, loop, resume
     if trunk is not None:  # a new run from the trunk's checkpoint, its batch (LR, weight decay) its own
         ckpt.restore(cfg, loop, state, trunk[0], trunk[1], branch=True)
         loop.batch_control.begin(state.step, *loop.hyperparameters.values(state.step, loop.batch_control.layout))
-    hparams = hyperparameters(cfg, loop)
+    # A resumed run's summary says what it started with (what the checkpoint kept), unless the resume
+    # changed the run (checkpoint.allow_mismatch): then what the changed run derives where it resumes.
+    if state.hparams is None or changed:
+        state.hparams = hyperparameters(cfg, loop)
+    hparams = state.hparams
     if world.is_main:
         for key, was, now in changed:  # taken with checkpoint.allow_mismatch=true, and recorded
             log.warning("resume: %s changed from %s to %s (checkpoint.allow_mismatch=true)", key, was, now)

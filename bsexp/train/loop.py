@@ -70,6 +70,9 @@ class TrainState:
     diverged_at_step: int | None = None
     stopped_at: int | None = None  # the step the run reached trainer.stop_at (or its ladder's top) and ended
     records: list[dict[str, Any]] = field(default_factory=list)
+    # What the run started with (bsexp.train.summary.hyperparameters): a resumed run's are its start's,
+    # not those of where it resumed (an adaptive or scheduled batch has moved by then)
+    hparams: dict[str, Any] | None = None
 
     @property
     def wall_time_s(self) -> float:

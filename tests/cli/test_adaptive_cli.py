@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from conftest import cli_env, limit_for_size
-from resuming import SLOW, assert_ends_as, newest_step, records, start, stop_mid_run, uninterrupted
+from resuming import SLOW, assert_ends_as, newest_step, records, start, started_with, stop_mid_run, uninterrupted
 
 # c = 100 makes the batch grow at the first decision whatever B_simple is; max_size stops it there.
 ADAPTIVE = [
@@ -45,6 +45,10 @@ def test_an_adaptive_run_stopped_after_a_change_of_batch_resumes_bit_identically
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["adaptive"]["sizes"] == [[0, 64], [15, 128]]
+    # What it started with, as the run uninterrupted says (not the batch and LR where it resumed)
+    begun = started_with(make_cfg, *ADAPTIVE, *STEPS_WARMUP)
+    assert begun["batch_size"] == 64 and summary["final_batch_size"] == 128
+    assert {key: summary[key] for key in begun} == begun
     loop, progress = uninterrupted(make_cfg, *ADAPTIVE, *STEPS_WARMUP)
     assert loop.batch_control.policy.points == [(0, 64), (15, 128)]
     assert_ends_as(run_dir, loop)

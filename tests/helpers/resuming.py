@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from bsexp.train.loop import TrainState, build_loop, train
+from bsexp.train.summary import hyperparameters
 from conftest import cli_env
 
 # About 10 ms a step on one thread, 180 steps: long enough to stop at a random step mid-epoch.
@@ -82,6 +83,17 @@ def uninterrupted(make_cfg, *overrides):
         loop, progress = build_loop(cfg), TrainState()
         assert train(loop, progress) == "completed"
         return loop, progress
+    finally:
+        torch.set_num_threads(threads)
+
+
+def started_with(make_cfg, *overrides) -> dict:
+    """What the run starts with (bsexp.train.summary.hyperparameters: its batch, LR, ...), built
+    and not trained."""
+    threads = torch.get_num_threads()
+    try:
+        cfg = make_cfg(*SLOW, *overrides)
+        return hyperparameters(cfg, build_loop(cfg))
     finally:
         torch.set_num_threads(threads)
 
