@@ -318,9 +318,12 @@ def test_points_side_by_side_share_the_cores(run_cli, tmp_path):
 
 
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+CRITICAL = ("critical_batch", "lm_critical_batch")  # the critical batch by branches: MNIST-1D's, a GPT's
+# A small data set of each experiment's kind: text counts tokens, the others samples.
+SMALL_DATA = {"lm_critical_batch": ["data.train_tokens=8192", "data.val_size=64"]}
 # Experiments run in stages, one command each (not arms swept side by side): stage -> the overrides
 # it needs besides its own (the branches need their trunks).
-STAGED = {"critical_batch": {"trunk": [], "branches": ["branch.trunk=/the/trunk/sweep"]}}
+STAGED = {name: {"trunk": [], "branches": ["branch.trunk=/the/trunk/sweep"]} for name in CRITICAL}
 # Experiments a driver sweeps (its own -m command line, not the experiment's sweeper params).
 DRIVEN = {"steps_to_result": "bsexp.tune"}
 
@@ -414,8 +417,7 @@ def test_experiments_that_fit_the_critical_batch_evaluate_often_enough_to_resolv
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_every_experiment_runs_one_step(run_cli, tmp_path, name):
     common = [
-        "data.num_samples=1500",
-        "data.val_size=100",
+        *SMALL_DATA.get(name, ["data.num_samples=1500", "data.val_size=100"]),
         "trainer.max_steps=1",
         "logger=none",
         "trainer.progress=false",
@@ -432,12 +434,13 @@ def test_every_experiment_runs_one_step(run_cli, tmp_path, name):
             *common,
             f"branch.trunk={trunk}",
             "branch.at_samples=0",
-            "branch.samples=32",
+            f"branch.samples={summary['samples_seen']}",  # the trunk's one step
             f"hydra.run.dir={tmp_path / 'branch'}",
         )
         assert out.returncode == 0, out.stderr[-3000:]
+        trained = summary["samples_seen"]
         summary = json.loads((tmp_path / "branch" / "summary.json").read_text())
-        assert summary["status"] == "completed" and summary["branch"]["samples_trained"] == 32
+        assert summary["status"] == "completed" and summary["branch"]["samples_trained"] == trained
 
 
 def test_a_sweep_of_two_settings_gets_its_grid(run_cli, data_root, tmp_path):

@@ -93,6 +93,7 @@ class Branch:
     trunk: str
     status: str
     records: list[dict[str, Any]] = field(default_factory=list)
+    context: int | None = None  # a language model's tokens per sequence (a sample); None: not one
 
     def loss(self, fraction: float = 1.0) -> float | None:
         """The validation loss `fraction` of the way along; inf for a branch that diverged."""

@@ -28,7 +28,9 @@ def report(
         add_b_crit(found, load_points(fixed))
     out = out or sweeps[0]
     out.mkdir(parents=True, exist_ok=True)
-    (out / "critical.md").write_text(markdown(found, epsilon, len({b.seed for b in branches}), fixed is not None))
+    context = next((b.context for b in branches if b.context), None)
+    seeds = len({b.seed for b in branches})
+    (out / "critical.md").write_text(markdown(found, epsilon, seeds, fixed is not None, context))
     write_csv(found, out / "critical.csv")
     figure(found, epsilon, out / "critical.png")
     return found

@@ -28,6 +28,7 @@ def load_branches(sweep: Path) -> list[Branch]:
                 trunk=node["trunk"],
                 status=summary["status"],
                 records=read_jsonl(job / "metrics.jsonl"),
+                context=summary.get("context"),
             )
         )
     return found

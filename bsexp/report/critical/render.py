@@ -16,9 +16,16 @@ def _num(value: float | None, digits: int = 0) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
-def markdown(found: Sequence[Stage], epsilon: float, seeds: int, swept: bool) -> str:
+def markdown(found: Sequence[Stage], epsilon: float, seeds: int, swept: bool, context: int | None = None) -> str:
+    """`context`: a language model's tokens per sequence, which its samples and batches count."""
     length = found[0].length if found else 0
     lines = [*_estimates(found, epsilon, seeds, swept, length), *_losses(found), *_sensitivity(found, epsilon, length)]
+    if context:
+        lines[1:1] = [
+            "",
+            f"A language model's: samples and batches count sequences of {context} tokens (a branch of "
+            f"{length:,} sequences trains {length * context:,} tokens); the loss is in nats per token.",
+        ]
     notes = [f"- {s.at:,}: B_simple: {s.b_simple_note}" for s in found if s.b_simple_note]
     notes += [f"- {s.at:,}: B_crit {s.b_crit_note}" for s in found if s.b_crit is None and s.b_crit_note]
     if notes:
