@@ -55,6 +55,12 @@ def one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())
 
 
+def refused(exc: BaseException) -> bool:
+    """Whether a run failed because bsexp refused its configuration (a ConfigError, however deep):
+    the run cannot start, or go on, with these values; running it again gives the same answer."""
+    return _config_error_within(exc) is not None
+
+
 def _config_error_within(exc: BaseException) -> ConfigError | None:
     """The ConfigError an error was raised from, however deep (OmegaConf wraps a resolver's)."""
     seen = set()

@@ -27,6 +27,8 @@ def load_points(sweep_dir: Path) -> list[Point]:
         error = entry.get("error")
         if summary is not None and (broken := _not_a_summary(summary)):  # edited, or another tool's
             summary, status, error = None, "failed", f"{job / 'summary.json'} {broken}"
+        elif entry.get("status") == "refused":  # its values refused, before or while it trained
+            status = "refused"
         else:
             status = (summary or {}).get("status") or entry.get("status") or "missing"
         if status == "completed" and summary is None:

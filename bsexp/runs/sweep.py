@@ -20,7 +20,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from bsexp.errors import one_line
+from bsexp.errors import one_line, refused
 from bsexp.runs.quasi_random import tuned
 from bsexp.runs.resume import holds_no_run
 from bsexp.system.io import Unreadable, read_json_object
@@ -152,7 +152,9 @@ class SweepIndex(Callback):
         summary = _summary_of(job_dir)
         entry.update({key: summary.get(key) for key in _SUMMARY_KEYS})
         if getattr(job_return.status, "name", "") == "FAILED":
-            entry["status"] = "failed"
+            # refused: bsexp refused the point's own values (a batch past the data, a schedule's batch
+            # that is not whole): an outcome, which running it again would not change; else failed
+            entry["status"] = "refused" if refused(job_return._return_value) else "failed"
             entry["error"] = one_line(job_return._return_value)[:300]
         entry["status"] = entry["status"] or "missing"
         path = job_dir.parent / INDEX

@@ -23,10 +23,10 @@ from bsexp.errors import (
     CONFIG,
     DIVERGED,
     FAILED,
-    ConfigError,
     config_errors,
     exit_on_config_error,
     one_line,
+    refused,
     to_log_file,
 )
 from bsexp.runs import resume
@@ -205,9 +205,10 @@ def _sweep_failed(exc: Exception) -> None:
         if sweep_dir is None
         else f"ran: {outcomes(sweep_dir, ended=True)}; each point's outcome is in {sweep_dir / INDEX}"
     )
-    what = _no_room_line(exc) if no_room(exc) is not None else f"a sweep point failed ({one_line(exc)})"
+    failed = "was refused" if refused(exc) else "failed"  # its own values, refused: running it again gives the same
+    what = _no_room_line(exc) if no_room(exc) is not None else f"a sweep point {failed} ({one_line(exc)})"
     print(f"error: {what}; {ran}", file=sys.stderr, flush=True)
-    sys.exit(CONFIG if isinstance(exc, ConfigError) else FAILED)
+    sys.exit(CONFIG if refused(exc) else FAILED)  # a point's values refused (status refused in the index)
 
 
 def _sweep_ended(sweep_dir: Path) -> None:

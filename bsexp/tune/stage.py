@@ -44,6 +44,15 @@ def sweep(out: Path, args: list[str], base: tuple[str, ...] = ("experiment=steps
     else:
         command = ["-m", *base, *args, f"hydra.sweep.dir={out}"]
     code = subprocess.run([sys.executable, "-m", "bsexp.train", *command]).returncode
+    if code == CONFIG and finished(out):  # every point ended, some refused their own values
+        refusals = "; ".join(f"{name}: {error}" for name, error in _refused(out).items())
+        print(
+            f"note: point(s) of {out} refused their values ({refusals[:300]}): "
+            "results of the search (a trial the space allows but the run cannot take), not run again",
+            file=sys.stderr,
+            flush=True,
+        )
+        return
     if code == CONFIG:  # a configuration error: its one line is said
         sys.exit(CONFIG)
     if code not in (0, DIVERGED):  # a trial that diverged is a result of the search, not a fault
@@ -52,13 +61,21 @@ def sweep(out: Path, args: list[str], base: tuple[str, ...] = ("experiment=steps
 
 
 def finished(out: Path) -> bool:
-    """Whether every point of the sweep in `out` has ended as a run ends (completed, diverged): a
-    continuation would only start each to find it done."""
+    """Whether every point of the sweep in `out` has ended as a run ends (completed, diverged) or
+    was refused its values (the sweep's index says so): a continuation would only start each to
+    find it done, or refused again."""
     from bsexp.runs.sweep import grid
 
-    points = grid(out)
+    points, refusals = grid(out), _refused(out)
     ended = ("completed", "diverged")
-    return bool(points) and all(_status(out / name) in ended for name, _ in points)
+    return bool(points) and all(name in refusals or _status(out / name) in ended for name, _ in points)
+
+
+def _refused(out: Path) -> dict[str, str]:
+    """The points of the sweep in `out` whose values bsexp refused, by directory: their one line."""
+    from bsexp.runs.sweep import read_index
+
+    return {name: e.get("error", "") for name, e in read_index(out).items() if e.get("status") == "refused"}
 
 
 def _status(job: Path) -> str | None:

@@ -190,6 +190,60 @@ def test_a_comparison_killed_after_a_point_that_searches_its_batch_continues_its
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()} == ended  # nothing written
 
 
+# A fixed batch searched past the data: trial 0 draws batch 807 of 380 training samples, which the run
+# refuses at its start (trials 1-3: 57, 249, 99).
+PAST_THE_DATA = """# @package _global_
+epochs: 1
+scaling: {lr_rule: none, wd_rule: none}
+schedule: {main: constant, warmup_shape: none}
+trainer: {eval_growth: 0.2, ladder: [0.2, 0.25], ladder_stop: true, progress: false}
+comparison:
+  trials: 4
+  refine: 0
+  held_out: 2
+  select_rung: 0.25
+  space:
+    optimizer.lr: {low: 0.03, high: 0.3}
+  arms:
+    fixed: {overrides: [batch=fixed], baseline: true, space: {batch.size: {low: 32, high: 1024, scale: log, type: int}}}
+"""
+
+
+@pytest.mark.slow  # six short runs and a refusal, one after another: 40-80 s on 2 cores
+def test_a_trial_whose_values_the_run_refuses_is_a_result_of_the_search_not_the_end_of_the_comparison(
+    data_root, tmp_path
+):
+    """A trial the space allows but the run refuses (its batch past the training set) ended the
+    whole comparison with exit code 2, and the same command again ran it and stopped again: it is
+    recorded as refused, the comparison goes on to choose among the others and rerun the best, and
+    the report counts it."""
+    out = tmp_path / "cmp"
+    args = [str(out), *comparison(tmp_path, PAST_THE_DATA, "past_the_data"), *TINY]
+    proc = tune(data_root, tmp_path, args)
+    _, stderr = proc.communicate(timeout=900)
+    assert proc.returncode == 0, stderr[-3000:]
+    declared = Plan.read(out).comparison
+    drawn = {t: trial_values(arm_space(declared, "fixed"), t, declared["search_seed"]) for t in range(4)}
+    index = list(map(json.loads, (out / "search" / "fixed" / "jobs.jsonl").open()))
+    trial = lambda e: next(int(o.split("=")[1]) for o in e["overrides"] if o.startswith("tune.trial="))  # noqa: E731
+    statuses = {trial(e): e["status"] for e in index}
+    assert statuses == {t: "refused" if v["batch.size"] > 380 else "completed" for t, v in drawn.items()}
+    assert "refused" in statuses.values() and "completed" in statuses.values()
+    assert "exceeds the 380 training samples" in " ".join(e.get("error") or "" for e in index)
+    assert "refused their values" in stderr
+    best = json.loads((out / "best.json").read_text())["fixed"]
+    assert drawn[best["trial"]]["batch.size"] <= 380
+    held = summaries(out / "held_out" / "fixed")
+    assert len(held) == 2 and {s["batch_size"] for s in held.values()} == {drawn[best["trial"]]["batch.size"]}
+    assert "4 trials (4 + 0 declared), 1 refused their values" in (out / "compare.md").read_text()
+    # The same command again: nothing left to run, the refused trial not tried again.
+    before = (out / "search" / "fixed" / "jobs.jsonl").read_text()
+    again = tune(data_root, tmp_path, args)
+    _, stderr = again.communicate(timeout=600)
+    assert again.returncode == 0, stderr[-3000:]
+    assert (out / "search" / "fixed" / "jobs.jsonl").read_text() == before
+
+
 def _check_stages_and_best(out):
     for arm in ("fixed_32", "adaptive"):
         search, refine, held = (summaries(out / stage / arm) for stage in ("search", "refine", "held_out"))

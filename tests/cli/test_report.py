@@ -148,16 +148,18 @@ def test_the_report_tables_mean_and_std_over_seeds_marks_the_best_and_names_the_
     assert "report: " in reported.stdout
 
 
-def test_a_failed_point_is_recorded_the_sweep_goes_on_and_the_report_says_so(run_cli, data_root, tmp_path):
+def test_a_refused_point_is_recorded_the_sweep_goes_on_and_the_report_says_so(run_cli, data_root, tmp_path):
     sweep = tmp_path / "sweep"
-    # batch 4000 is larger than the digits training set: that point fails, the other two run.
+    # batch 4000 is larger than the digits training set: that point is refused (its own values: running
+    # it again gives the same), the other two run.
     out = run_cli("-m", "batch.size=32,4000,64", *DIGITS, "epochs=1", "logger=none", f"hydra.sweep.dir={sweep}")
     assert out.returncode == 2
     last = out.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: a sweep point failed (batch.size=4000:")
-    assert last.endswith(f"ran: 3 points (2 completed, 1 failed: 1); each point's outcome is in {sweep / 'jobs.jsonl'}")
+    assert last.startswith("error: a sweep point was refused (batch.size=4000:")
+    ran = "ran: 3 points (2 completed, 1 refused: 1)"
+    assert last.endswith(f"{ran}; each point's outcome is in {sweep / 'jobs.jsonl'}")
     index = {e["num"]: e for e in map(json.loads, (sweep / "jobs.jsonl").read_text().splitlines())}
-    assert [index[i]["status"] for i in range(3)] == ["completed", "failed", "completed"]
+    assert [index[i]["status"] for i in range(3)] == ["completed", "refused", "completed"]
     assert "exceeds the" in index[1]["error"]
     # A point whose summary is gone (its job killed before writing it) is missing, not skipped.
     lost = next(d for d in sweep.iterdir() if d.name.startswith("2_"))
@@ -166,10 +168,10 @@ def test_a_failed_point_is_recorded_the_sweep_goes_on_and_the_report_says_so(run
     assert reported.returncode == 0, reported.stderr
     table = (sweep / "report.md").read_text()
     assert f"- `{lost.name}`: missing" in table
-    assert "failed (batch.size=4000" in table
+    assert "refused (batch.size=4000" in table
     with open(sweep / "report.csv") as f:
         rows = {r["batch"]: r for r in csv.DictReader(f)}
-    assert rows["32"]["status"] == "1 completed" and rows["4000"]["status"] == "1 failed"
+    assert rows["32"]["status"] == "1 completed" and rows["4000"]["status"] == "1 refused"
     assert rows["64"]["status"] == "1 missing" and rows["64"]["val_acc_pct"] == ""
     # A summary.json edited by hand (or another tool's) is a point that failed, said, not a traceback
     # (which used to come after the figures had been written over).

@@ -78,7 +78,9 @@ def _tuning(result: Comparison) -> list[str]:
             continue
         configs, best = result.configs.get(arm, []), result.best.get(arm)
         trials = len({(c.stage, c.trial) for c in configs})
+        refused = sum(1 for c in configs if c.runs and all(r.status == "refused" for r in c.runs))
         tuned = f"{trials} trials ({plan.comparison['trials']} + {plan.comparison['refine']} declared)"
+        tuned += f", {refused} refused their values" if refused else ""
         if best is None:
             lines.append(f"| {arm} | {overrides} | {tuned} | - | - | - |")
             continue
