@@ -114,7 +114,7 @@ def points(path: str | Path, frame: bool = False):
             for p in load_points(path / stage / arm)
         ]
     elif (path / TRIALS).is_dir():
-        trials, reruns, _ = load_tuning(path)
+        trials, reruns, *_ = load_tuning(path)
         rows = [_row(p, stage=TRIALS) for p in trials] + [_row(p, stage=RERUNS) for p in reruns]
     else:
         rows = [_row(p) for p in load_points(path)]

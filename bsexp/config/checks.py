@@ -36,6 +36,7 @@ def check(cfg: DictConfig) -> None:
         )
     _check_increasing("schedule.milestones", list(cfg.schedule.milestones))
     _check_ladder(cfg.trainer)
+    _check_tune_target(cfg.get("tune"))  # before trainer.stop_at, which steps to result sets from it
     _check_stop_target(cfg.trainer)
     if cfg.schedule.main == schema.MainSchedule.step and not cfg.schedule.milestones:
         raise ConfigError("schedule.milestones", [], "schedule.main=step needs at least one milestone")
@@ -171,6 +172,17 @@ def _check_stop_target(trainer: DictConfig) -> None:
             "trainer.stop_at",
             trainer.stop_at,
             f"trainer.stop_metric={metric} is an accuracy: valid: a fraction in [0, 1]",
+        )
+
+
+def _check_tune_target(tune: DictConfig | None) -> None:
+    """tune.target of tune.metric (steps to result): an accuracy's is a fraction, a loss's any value >= 0."""
+    if tune is None or tune.get("target") is None:
+        return
+    metric = str(tune.get("metric") or "val_acc")
+    if metric not in schema.LOWER_IS_BETTER and tune.target > 1:
+        raise ConfigError(
+            "tune.target", tune.target, f"tune.metric={metric} is an accuracy: valid: a fraction in [0, 1]"
         )
 
 

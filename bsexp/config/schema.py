@@ -380,7 +380,10 @@ class TuneConfig:
     momentum: bool = False  # search SGD's momentum too (1 - momentum log-uniform in [0.01, 0.5])
     warmup_max: Optional[float] = positive(None)  # search a linear warmup too, uniform in [0, this] (schedule.unit)
     search_seed: int = at_least(0, 0)  # scrambles the Sobol sequence
-    target: float = bounded(0.9, low=0, high=1)  # the val_acc a run's steps are counted to
+    # what a run's steps are counted to: tune.metric reaching tune.target (an accuracy at or above it, a
+    # fraction; a loss at or below it: nats per token for a language model, or bits per byte: val_bpb)
+    target: float = bounded(0.9, low=0)
+    metric: LadderMetric = LadderMetric.val_acc
     seeds: int = at_least(0, 3)  # reruns of each batch size's best trial, seeds 1 to this
     best: Optional[str] = None  # the best trials (best.json): their values, for the reruns
     arm: Optional[str] = None  # a comparison's arm this run belongs to (comparison.arms); its trial searches its space

@@ -45,8 +45,8 @@ def best_trials(tune_dir: Path) -> dict[str, dict]:
     from bsexp.report.steps.analysis import analyse
     from bsexp.report.steps.load import load_tuning
 
-    trials, _, target = load_tuning(tune_dir)
-    result = analyse(trials, [], target)
+    trials, _, target, metric = load_tuning(tune_dir)
+    result = analyse(trials, [], target, metric=metric)
     return {
         str(b.batch): {
             "lr": b.best.lr,
@@ -59,6 +59,28 @@ def best_trials(tune_dir: Path) -> dict[str, dict]:
         for b in result.batches
         if b.best is not None
     }
+
+
+def _check_optimizer(args: list[str]) -> None:
+    """Steps to result searches SGD's LR and momentum (experiment=steps_to_result sets
+    optimizer.momentum): an optimizer without momentum (AdamW, a GPT's recipe) is one line naming
+    what tunes it, before any run."""
+    from omegaconf import OmegaConf
+
+    from bsexp.errors import exit_on_config_error
+    from bsexp.tune.comparison import compose
+    from bsexp.tune.stage import free
+
+    searchpath = [a for a in args if a.startswith("hydra.searchpath=")]
+    with exit_on_config_error():
+        cfg = compose([*searchpath, *(a for a in args if not free(a))])
+    if "momentum" not in cfg.optimizer:
+        target = OmegaConf.select(cfg, "optimizer._target_")
+        refuse(
+            f"optimizer._target_={target}: steps to result searches SGD's LR and momentum (experiment="
+            "steps_to_result sets optimizer.momentum); give optimizer=sgd, or tune this optimizer's keys "
+            "in a comparison: python -m bsexp.tune TUNE_DIR comparison=NAME (docs: Comparing arms)"
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -78,6 +100,7 @@ def main(argv: list[str] | None = None) -> None:
     args = [a for a in args if not a.startswith("tune_batches=")]
     grid = batches.strip("[]") if batches else ",".join(map(str, BATCHES))
     trials = _count(args, "tune.trials", 16)
+    _check_optimizer(args)
     sweep(tune_dir / "trials", [f"batch.size={grid}", f"tune.trial=range(0,{trials})", *args])
     best = best_trials(tune_dir)
     (tune_dir / "best.json").write_text(json.dumps(best, indent=1) + "\n")

@@ -100,6 +100,34 @@ def test_the_lr_tuned_at_each_batch_size_and_the_best_rerun_over_seeds(data_root
     assert "## The critical batch, four ways" in table and "| this curve: the LR tuned at each batch | - |" in table
 
 
+@pytest.mark.slow  # seven short runs one after another: 20-40 s on 2 cores
+def test_steps_to_result_counts_steps_to_a_loss_reached_at_or_below_its_target(data_root, tmp_path):
+    """tune.metric=val_loss: each trial ends once its validation loss is at or below tune.target, each
+    batch's best is its fewest steps there, and the report says the target with its side."""
+    out = tmp_path / "tune"
+    loss = [a for a in TUNE if not a.startswith("tune.target=")] + ["tune.metric=val_loss", "tune.target=1.6"]
+    done = subprocess.run(
+        [sys.executable, "-m", "bsexp.tune", str(out), *loss],
+        cwd=tmp_path,
+        env=cli_env(data_root),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    trials = [json.loads(p.read_text()) for p in (out / "trials").glob("*/summary.json")]
+    reached = [t for t in trials if t["stopped_at"] is not None]
+    assert len(trials) == 6 and reached and all(t["val_loss"] <= 1.6 for t in reached)
+    assert all(t["val_loss"] > 1.6 for t in trials if t["stopped_at"] is None)  # the others never got there
+    best = json.loads((out / "best.json").read_text())
+    for batch in {t["batch_size"] for t in reached}:
+        fewest = min((t for t in reached if t["batch_size"] == batch), key=lambda t: t["steps"])
+        assert best[str(batch)]["lr"] == fewest["lr"]
+    assert set(best) == {str(t["batch_size"]) for t in reached}
+    table = (out / "steps_to_result.md").read_text()
+    assert table.startswith("# Steps to result: val_loss <= 1.6\n")
+
+
 @pytest.mark.slow  # 20-70 s on 2 cores: scripts/test_slow.sh (and .ci/run) runs it
 def test_a_killed_tuning_run_continues_where_it_stopped(data_root, tmp_path):
     out = tmp_path / "tune"
@@ -136,6 +164,9 @@ def test_a_killed_tuning_run_continues_where_it_stopped(data_root, tmp_path):
         ([], "error: TUNE_DIR: missing; usage: python -m bsexp.tune TUNE_DIR"),
         (["{out}", "tune.trials=abc"], "error: tune.trials=abc: must be a whole number"),
         (["{out}", "tune.trials=0"], "error: tune.trials=0: must be >= 1"),  # train's own line, and no other
+        (["{out}", "tune.target=90"], "error: tune.target=90.0: tune.metric=val_acc is an accuracy"),
+        # AdamW (a GPT's recipe) has no momentum for the search to set: what tunes it, before any run
+        (["{out}", "model=gpt", "data=text"], "error: optimizer._target_=torch.optim.AdamW: steps to result searches"),
     ],
 )
 def test_bad_input_to_the_tuning_is_one_line_and_exit_2(data_root, tmp_path, args, line):

@@ -67,6 +67,17 @@ def test_the_fit_to_the_best_trials_finds_the_known_critical_batch_and_its_regio
     assert "| branched runs (Merrill et al. 2025) | - | not given: --branched DIR" in text
 
 
+def test_steps_to_a_loss_at_or_below_its_target_are_the_steps_to_the_accuracy_it_goes_with():
+    # The synthetic runs' loss is 2.5 (1.02 - accuracy): falling to 0.3 as the accuracy rises to 0.9.
+    by_acc = analyse(tuning(), [], TARGET)
+    by_loss = analyse(tuning(), [], 2.5 * (1.02 - TARGET), metric="val_loss")
+    assert [b.best.steps for b in by_loss.batches] == pytest.approx([b.best.steps for b in by_acc.batches])
+    assert [b.best.lr for b in by_loss.batches] == [b.best.lr for b in by_acc.batches]
+    assert by_loss.fit.b_crit == pytest.approx(by_acc.fit.b_crit)
+    assert (by_acc.target_text, by_loss.target_text) == ("val_acc >= 90 %", "val_loss <= 0.3")
+    assert markdown(by_loss, []).startswith("# Steps to result: val_loss <= 0.3\n")
+
+
 def test_a_best_lr_at_the_edge_of_the_range_is_flagged_and_a_batch_that_never_gets_there_said():
     result = analyse(tuning(factors=(1.0, 3.0, 10.0)), [], TARGET)
     assert {b.at_edge for b in result.batches} == {"lowest"}  # the optimum is the lowest LR tried
@@ -116,7 +127,7 @@ def test_a_rule_sweep_is_fitted_to_the_tunings_target(tmp_path):
     found = estimates(analyse(tuning(), [], TARGET), [], tmp_path / "rule", None)
     [(value, how)] = [(v, h) for what, v, h in found if what == "a sweep with the LR scaled by a rule"]
     assert float(value.replace(",", "")) == pytest.approx(300, rel=0.05)
-    assert how == f"the same fit, to the same target (val_acc >= {TARGET:g})"
+    assert how == f"the same fit, to the same target (val_acc >= {100 * TARGET:g} %)"
 
 
 def test_the_branch_stage_beside_the_tuned_curve_is_the_one_nearest_its_samples():

@@ -47,8 +47,8 @@ def _against_tuned(points, tune_dir: Path):
     from bsexp.report.steps.load import load_tuning
 
     try:
-        trials, reruns, target = load_tuning(tune_dir)
+        trials, reruns, target, metric = load_tuning(tune_dir)
     except ValueError as exc:
         raise SystemExit(f"error: --tuned {exc}") from None
     fixed, others = arms(points)
-    return against_tuned([*fixed, *others], analyse_steps(trials, reruns, target))
+    return against_tuned([*fixed, *others], analyse_steps(trials, reruns, target, metric=metric))

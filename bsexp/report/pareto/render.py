@@ -168,8 +168,8 @@ def tuned_section(baseline, tune_dir: Path) -> list[str]:
     s = baseline.steps
     lines = [
         *head,
-        f"The fixed batch whose LR, tuned for it (`python -m bsexp.tune`), reaches val_acc "
-        f"{100 * baseline.target:.2f} % in the fewest steps: batch {baseline.batch} at LR {baseline.lr:.4g}, "
+        f"The fixed batch whose LR, tuned for it (`python -m bsexp.tune`), reaches {baseline.target_text} "
+        f"in the fewest steps: batch {baseline.batch} at LR {baseline.lr:.4g}, "
         f"**{s.mean:.0f} ± {s.half:.0f} steps** (95 % interval over {s.n} seeds{_only(baseline.seeds)}). "
         f"Each arm's steps to the same "
         f"target, interpolated between its evaluations, with its seeds' 95 % interval:",

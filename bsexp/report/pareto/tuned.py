@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from scipy.stats import t as student_t
 
+from bsexp.config.schema import LOWER_IS_BETTER
 from bsexp.report.analysis.to_target import reach
 from bsexp.report.pareto.analysis import Arm
 from bsexp.report.steps.analysis import StepsToResult
@@ -62,6 +63,7 @@ class TunedBaseline:
     lr: float
     steps: Interval
     rows: list[AgainstTuned]
+    target_text: str = ""  # the target with its side: `val_acc >= 90 %`, `val_loss <= 1.3`
     seeds: tuple[int, int] = (1, 1)  # the reference's: (seeds that reached the target, seeds run)
     # Faster batches passed over: their best reached the target on some seeds only, as
     # (batch, seeds reached, seeds run); a batch that gets there on a lucky seed is none to train at.
@@ -86,7 +88,8 @@ def against_tuned(arms: list[Arm], tuned: StepsToResult) -> TunedBaseline | None
     rows = []
     for arm in arms:
         done = [p for p in arm.points if p.done]
-        steps = [r.steps for r in (reach(p, "val_acc", tuned.target) for p in done) if r is not None]
+        higher = tuned.metric not in LOWER_IS_BETTER
+        steps = [r.steps for r in (reach(p, tuned.metric, tuned.target, higher) for p in done) if r is not None]
         interval = Interval.of(steps) if steps else None
         rows.append(
             AgainstTuned(
@@ -100,6 +103,7 @@ def against_tuned(arms: list[Arm], tuned: StepsToResult) -> TunedBaseline | None
         )
     return TunedBaseline(
         target=tuned.target,
+        target_text=tuned.target_text,
         batch=fastest.batch,
         lr=fastest.best.lr,
         steps=base,

@@ -17,6 +17,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from bsexp.config.schema import LOWER_IS_BETTER
 from bsexp.report.analysis.fit import Fit, fit_steps_samples
 from bsexp.report.analysis.points import Point
 from bsexp.report.analysis.to_target import reach
@@ -99,6 +100,14 @@ class StepsToResult:
     fit: Fit | None = None
     regions: Regions | None = None
     reference: int | None = None  # the batch the rules are scaled from (its tuned LR)
+    metric: str = "val_acc"  # what reaches the target: an accuracy at or above it, a loss at or below
+
+    @property
+    def target_text(self) -> str:
+        """The target with the side it is reached from: `val_acc >= 90 %`, `val_loss <= 1.3`."""
+        if self.metric in LOWER_IS_BETTER:
+            return f"{self.metric} <= {self.target:g}"
+        return f"{self.metric} >= {100 * self.target:g} %"
 
     @property
     def not_reached(self) -> list[int]:
@@ -129,8 +138,8 @@ class StepsToResult:
         return {"linear": ref.best.lr * k / batch.best.lr, "sqrt": ref.best.lr * math.sqrt(k) / batch.best.lr}
 
 
-def trial(point: Point, target: float) -> Trial:
-    got = reach(point, "val_acc", target) if point.done else None
+def trial(point: Point, target: float, metric: str = "val_acc") -> Trial:
+    got = reach(point, metric, target, higher=metric not in LOWER_IS_BETTER) if point.done else None
     summary = point.summary or {}
     return Trial(
         name=point.name,
@@ -146,17 +155,20 @@ def trial(point: Point, target: float) -> Trial:
     )
 
 
-def analyse(trials: Sequence[Point], reruns: Sequence[Point], target: float, reference: int = 128) -> StepsToResult:
-    """Steps to result from the search's points (`trials`) and the best ones' reruns over seeds."""
+def analyse(
+    trials: Sequence[Point], reruns: Sequence[Point], target: float, reference: int = 128, metric: str = "val_acc"
+) -> StepsToResult:
+    """Steps to result from the search's points (`trials`) and the best ones' reruns over seeds, to
+    `metric` reaching `target` (at or below it for a loss)."""
     by_batch: dict[int, BatchResult] = {}
     for point in trials:
-        t = trial(point, target)
+        t = trial(point, target, metric)
         by_batch.setdefault(t.batch, BatchResult(t.batch, [])).trials.append(t)
     for point in reruns:
-        t = trial(point, target)
+        t = trial(point, target, metric)
         if t.batch in by_batch:
             by_batch[t.batch].reruns.append(t)
-    result = StepsToResult(target, [by_batch[b] for b in sorted(by_batch)])
+    result = StepsToResult(target, [by_batch[b] for b in sorted(by_batch)], metric=metric)
     reached = [b.batch for b in result.batches if b.best is not None]
     result.reference = min(reached, key=lambda b: abs(math.log(b / reference))) if reached else None
     curve = result.curve()

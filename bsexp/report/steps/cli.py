@@ -34,14 +34,15 @@ def estimates(result: StepsToResult, trials, rule_sweep: Path | None, branched: 
     if rule_sweep is not None:
         from bsexp.report.analysis import analyse as analyse_sweep
 
-        sweep = analyse_sweep(load_points(rule_sweep), target=result.target)  # the tuning's target: one question
+        # the tuning's target and metric: one question
+        sweep = analyse_sweep(load_points(rule_sweep), target=result.target, metric=result.metric)
         critical = sweep.critical[0] if sweep.critical else None
         value = "-" if critical is None or critical.b_crit is None else f"{critical.b_crit:,.0f}"
         rows.append(
             (
                 "a sweep with the LR scaled by a rule",
                 value,
-                critical.refused or f"the same fit, to the same target (val_acc >= {result.target:g})"
+                critical.refused or f"the same fit, to the same target ({result.target_text})"
                 if critical
                 else "no family",
             )
@@ -103,8 +104,8 @@ def _branched(branched: Path | None, result: StepsToResult) -> tuple[str, str, s
 def report(
     tune_dir: Path, rule_sweep: Path | None = None, branched: Path | None = None, reference: int = 128
 ) -> StepsToResult:
-    trials, reruns, target = load_tuning(tune_dir)
-    result = analyse(trials, reruns, target, reference)
+    trials, reruns, target, metric = load_tuning(tune_dir)
+    result = analyse(trials, reruns, target, reference, metric)
     (tune_dir / "steps_to_result.md").write_text(markdown(result, estimates(result, trials, rule_sweep, branched)))
     write_csv(result, tune_dir / "steps_to_result.csv")
     figures(result, tune_dir)

@@ -55,7 +55,7 @@ def markdown(result: StepsToResult, estimates: list[tuple[str, str, str]]) -> st
     """The report: the table per batch, the fit and its regions, the rules, the four estimates
     of the critical batch (`estimates`: (how, value, note))."""
     lines = [
-        f"# Steps to result: val_acc >= {100 * result.target:.1f} %",
+        f"# Steps to result: {result.target_text}",
         "",
         "The learning rate tuned at each batch size (quasi-random search, Shallue et al. 2019); a trial's "
         "steps are interpolated between the evaluations around the target, which lie a few percent of the "
@@ -181,7 +181,7 @@ def figures(result: StepsToResult, out: Path) -> None:
         ax.legend(fontsize=7)
     else:
         _nothing_reached(ax, result)
-    labels = ("batch size", f"steps to val_acc >= {100 * result.target:.0f} %")
+    labels = ("batch size", f"steps to {result.target_text}")
     _save(fig, ax, out / "steps_to_result.png", *labels, "Steps to result, LR tuned at each batch")
     _lr_figure(result, out)
     _samples_figure(result, out)
@@ -244,7 +244,7 @@ def _nothing_reached(ax, result: StepsToResult) -> None:
     ax.text(
         0.5,
         0.5,
-        f"no batch size reached val_acc >= {100 * result.target:.0f} % within its budget",
+        f"no batch size reached {result.target_text} within its budget",
         transform=ax.transAxes,
         ha="center",
         va="center",
