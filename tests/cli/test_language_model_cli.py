@@ -2,13 +2,17 @@
 metrics and the printed summary, a loss that falls towards the source's floor, a ladder in bits per
 byte, a run that ends at a loss target, and the mistakes a user can make, each one line and exit 2."""
 
+import csv
 import json
 import math
+import subprocess
+import sys
 
 import pytest
 
 from bsexp.runs.ladder import Ladder
 from bsexp.system.metrics import read_jsonl
+from conftest import cli_env
 
 # A GPT of 34k parameters on 8k tokens of the Markov source: about 5 s.
 TINY_LM = [
@@ -96,3 +100,27 @@ def test_a_model_and_data_that_do_not_go_together_are_one_line_and_exit_2(run_cl
     out = run_cli("logger=none", "trainer.threads=1", *overrides, f"hydra.run.dir={tmp_path / 'run'}")
     assert out.returncode == 2 and line in out.stderr, out.stderr[-2000:]
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_a_language_models_sweep_report_gives_its_batch_and_speed_in_tokens_too(run_cli, data_root, tmp_path):
+    sweep = tmp_path / "sweep"
+    out = run_cli("-m", *TINY_LM, "epochs=1", "batch.size=16,64", f"hydra.sweep.dir={sweep}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    done = subprocess.run(
+        [sys.executable, "-m", "bsexp.report", str(sweep), "--metric", "val_loss", "--no-wandb"],
+        capture_output=True,
+        text=True,
+        env=cli_env(data_root),
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    summaries = {
+        s["batch_size"]: s for s in map(json.loads, map(lambda p: p.read_text(), sweep.glob("*/summary.json")))
+    }
+    rows = {int(r["batch"]): r for r in csv.DictReader((sweep / "report.csv").open())}
+    assert sorted(rows) == sorted(summaries) == [16, 64]
+    for batch, row in rows.items():  # each row's tokens as its run counted them
+        assert int(row["tokens_per_step"]) == summaries[batch]["tokens_per_step"] == 16 * batch
+        assert float(row["tokens_per_s"]) == pytest.approx(summaries[batch]["tokens_per_s"])
+    table = (sweep / "report.md").read_text()
+    assert "| 64 (1,024 tokens) |" in table and f"({summaries[64]['tokens_per_s']:,.0f} tokens/s)" in table

@@ -1,6 +1,7 @@
 """The report's table: one row per configuration, in report.csv's columns and units (accuracies in
 %; where a loss picks the best row, its mean and std over seeds as measured, in columns of its own
-name), as report.csv, report.md and the W&B table give it."""
+name; a language model's tokens a step and tokens/s), as report.csv, report.md and the W&B table
+give it."""
 
 from __future__ import annotations
 
@@ -68,17 +69,28 @@ COLUMNS: dict[str, Callable[[Row], Any]] = {
     "status": lambda r: r.status,
 }
 EXTRA = ("did_not_train", "steps_to_target", "samples_to_target")
+# A language model's sweep: its batch and speed in tokens too (a sample is a sequence of data.context)
+TOKENS: dict[str, Callable[[Row], Any]] = {
+    "tokens_per_step": lambda r: r.first("tokens_per_step"),
+    "tokens_per_s": lambda r: r.mean("tokens_per_s"),
+}
+
+
+def counts_tokens(analysis: Analysis) -> bool:
+    """Whether the sweep trained a language model (its summaries count tokens)."""
+    return any((p.summary or {}).get("tokens_per_step") for p in analysis.points)
 
 
 def _getters(analysis: Analysis) -> dict[str, Callable[[Row], Any]]:
     """COLUMNS, and where a loss picks the best row (`--metric val_loss`) its mean and std over
     seeds, as measured, after the weight decay (an accuracy's columns are there already)."""
+    tokens = TOKENS if counts_tokens(analysis) else {}
     if analysis.higher:
-        return COLUMNS
+        return {**COLUMNS, **tokens}
     metric, names = analysis.metric, list(COLUMNS)
     at = names.index("weight_decay") + 1
     own = {metric: lambda r: r.mean(metric), f"{metric}_std": lambda r: r.std(metric)}
-    return {**{n: COLUMNS[n] for n in names[:at]}, **own, **{n: COLUMNS[n] for n in names[at:]}}
+    return {**{n: COLUMNS[n] for n in names[:at]}, **own, **{n: COLUMNS[n] for n in names[at:]}, **tokens}
 
 
 def columns(analysis: Analysis) -> list[str]:

@@ -92,7 +92,9 @@ def _cells(row: Row, v: dict[str, Any], analysis: Analysis, show_config: bool) -
     return [
         "★" if row is analysis.starred else "",
         *([v["configuration"] or "-"] if show_config else []),
-        _num(v["batch"], "d") + (f" → {v['final_batch']}" if v["final_batch"] else ""),
+        _num(v["batch"], "d")
+        + (f" → {v['final_batch']}" if v["final_batch"] else "")
+        + (f" ({v['tokens_per_step']:,} tokens)" if v.get("tokens_per_step") else ""),
         v["micro x accum x world"] or "-",
         _num(v["lr"], ".4g"),
         _num(v["weight_decay"], ".3g"),
@@ -103,7 +105,8 @@ def _cells(row: Row, v: dict[str, Any], analysis: Analysis, show_config: bool) -
         _mean_std(v["gen_gap_pct"], v["gen_gap_std_pct"]),
         _num(v["steps"], ".0f"),
         _spread(v["wall_time_s"], v["wall_time_std_s"], ".1f"),
-        _spread(v["samples_per_s"], v["samples_per_s_std"], ",.0f"),
+        _spread(v["samples_per_s"], v["samples_per_s_std"], ",.0f")
+        + (f" ({v['tokens_per_s']:,.0f} tokens/s)" if v.get("tokens_per_s") else ""),
         _num(v["peak_memory_mb"], ",.0f"),
         v["seeds"] + (f" ({v['seed_list'].replace(' ', ', ')})" if v["seed_list"] else ""),
         status,
