@@ -18,13 +18,15 @@
 #   bench-large  scripts/bench_gpu.py on ResNet-18 (3 x 32 x 32, bf16, batch 512), not compiled
 #   first        the users' first command, `python -m bsexp.train`, on CUDA: graphed (cuda_graphs=auto),
 #                eager (trainer.cuda_graphs=off) and reproducible: samples/s end to end
+#   bench-gpt    scripts/bench_gpu.py on the 124M GPT (context 1,024, bf16, 16 sequences), not
+#                compiled: tokens/s and the model FLOPs utilisation
 #   gpu-rest     the rest of tests/gpu (the eager CUDA paths), heaviest first, in what time is left
 # and writes OUT/gpu_check.md (the GPU, torch, each part's outcome, time and figures) and
 # OUT/gpu_check.log (everything), both flushed after every part, so a time-out still returns them.
 # On a machine without CUDA it does the same: the CUDA tests skip, the benchmarks run on the CPU
 # at tiny sizes (bench_gpu.py --cpu), the first commands on the CPU.
 #   PYTHON=...     the interpreter with torch (default python3; on a CPU machine: .venv/bin/python)
-#   PARTS=...      which parts (default: bench-small graphed bench-large first gpu-rest)
+#   PARTS=...      which parts (default: bench-small graphed bench-large first bench-gpt gpu-rest)
 #   DEADLINE=...   seconds of the call the parts may use, from the start (default 450)
 #   WORKERS=...    pytest-xdist workers for the GPU tests (default 4: each test is a few training
 #                  processes sharing the one GPU)
@@ -42,7 +44,7 @@ report=$out/gpu_check.md
 log=$out/gpu_check.log
 wheels=${WHEELS:-.gpu/wheels}
 site=$root/.gpu/site
-parts=" ${PARTS:-bench-small graphed bench-large first gpu-rest} "
+parts=" ${PARTS:-bench-small graphed bench-large first bench-gpt gpu-rest} "
 deadline=${DEADLINE:-450}
 workers=${WORKERS:-4}
 threads=${THREADS:-2}
@@ -101,7 +103,7 @@ PY
 }
 bench_table() {  # the benchmark's table, as it printed it (the last run's)
     echo >>"$report"
-    awk '/^=== bench/{buf=""} /^\||^goal|windows of/{buf=buf $0 "\n"} END{printf "%s", buf}' "$log" >>"$report"
+    awk '/^=== bench/{buf=""} /^\||^goal|windows of|tokens\/s: /{buf=buf $0 "\n"} END{printf "%s", buf}' "$log" >>"$report"
     echo >>"$report"
 }
 
@@ -150,7 +152,7 @@ graphed_tests=(
     tests/gpu/test_gpu.py::test_a_batch_that_changes_is_captured_once_a_key_and_trains_as_the_eager_step
 )
 pytest_gpu=("$py" -m pytest -m cuda -n "$workers" -v -p no:cacheprovider -o addopts="" -ra)
-for part in bench-small graphed bench-large first gpu-rest; do
+for part in bench-small graphed bench-large first bench-gpt gpu-rest; do
     [[ $parts == *" $part "* ]] || continue
     case $part in
     bench-small)
@@ -162,6 +164,9 @@ for part in bench-small graphed bench-large first gpu-rest; do
         tests_table "$out/gpu-graphed.xml" "tests/gpu: the graphed step" ;;
     bench-large)
         step "bench_gpu: ResNet-18 bf16 512 ($device)" 90 "$py" "${bench[@]}" --cases resnet18 --no-compile
+        bench_table ;;
+    bench-gpt)
+        step "bench_gpu: the 124M GPT bf16 ($device)" 90 "$py" "${bench[@]}" --cases gpt --no-compile
         bench_table ;;
     first)
         runs=$root/.gpu/runs
@@ -200,7 +205,7 @@ PY
         tests_table "$out/gpu-rest.xml" "tests/gpu: the eager CUDA paths" ;;
     esac
 done
-for part in bench-small graphed bench-large first gpu-rest; do
+for part in bench-small graphed bench-large first bench-gpt gpu-rest; do
     [[ $parts == *" $part "* ]] || missed+=("$part (not asked for)")
 done
 say ""

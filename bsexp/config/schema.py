@@ -121,7 +121,8 @@ class TextData(DataConfig):
     order: int = bounded(2, low=1, high=8)  # markov: the symbols a next one depends on
     symbols: int = bounded(16, low=2, high=256)  # markov: the alphabet (bytes a, b, c, ... up to 26)
     branching: int = at_least(1, 4)  # markov: the possible next symbols of each context
-    vocab: Optional[int] = at_least(2, None)  # null: 256 for bytes, 50257 (GPT-2's) for shards
+    # null: 256 for bytes, 50257 (GPT-2's) for shards; markov: 256 or more (a tokenizer's size: the model's cost)
+    vocab: Optional[int] = at_least(2, None)
     name: Optional[str] = None  # hf: the dataset, e.g. roneneldan/TinyStories (pip install -e '.[text]')
     max_bytes: int = at_least(1, 16_000_000)  # hf: the bytes of text read
 

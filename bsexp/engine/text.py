@@ -60,7 +60,7 @@ def text(
         raise ConfigError("data.path", None, f"data.source={source} reads data.path: give a file or a folder")
     if source == "markov":
         markov = MarkovSource.of(order, symbols, branching, seed)
-        return _markov_splits(markov, context, seed, val_size, train_tokens)
+        return _markov_splits(markov, context, seed, val_size, train_tokens, vocab)
     if source == "files":
         data = _read_text(Path(path).expanduser())
         return _byte_splits(data, context, seed, val_size, val_fraction, f"files under {path}", vocab)
@@ -93,9 +93,15 @@ def _splits(train: TokenWindows, val: TokenWindows, seed: int, val_size: int, vo
     )
 
 
-def _markov_splits(markov: MarkovSource, context: int, seed: int, val_size: int, train_tokens: int) -> Splits:
+def _markov_splits(
+    markov: MarkovSource, context: int, seed: int, val_size: int, train_tokens: int, vocab: int | None = None
+) -> Splits:
     """Independent sequences of context + 1 bytes, each from the chain's stationary distribution:
-    the floor over a window is then exact (MarkovSource.window_floor)."""
+    the floor over a window is then exact (MarkovSource.window_floor). `vocab`: the model's
+    vocabulary, 256 (the bytes) or more (a tokenizer's size, such as GPT-2's 50,257, of which the
+    bytes use 256: the model and its cost at that size, the floor unchanged)."""
+    if vocab is not None and vocab < 256:
+        raise ConfigError("data.vocab", vocab, "the Markov source's bytes need 256 tokens; valid: null or >= 256")
     n_train = max(2, train_tokens // context)
     rng = np.random.default_rng([seed, 1])
     train = markov.sequences(n_train, context + 1, rng)
@@ -108,7 +114,7 @@ def _markov_splits(markov: MarkovSource, context: int, seed: int, val_size: int,
         source=f"a Markov source of order {markov.order} over {markov.symbols} bytes (seed {seed})",
     )
     windows = lambda seqs: TokenWindows.of(torch.from_numpy(seqs.reshape(-1)), context, stride=context + 1)  # noqa: E731
-    return _splits(windows(train), windows(val), seed, val_size, 256, info)
+    return _splits(windows(train), windows(val), seed, val_size, vocab or 256, info)
 
 
 def _read_text(path: Path) -> np.ndarray:

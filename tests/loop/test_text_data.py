@@ -115,3 +115,17 @@ def test_the_hugging_face_path_says_what_it_lacks_in_one_line(monkeypatch):
     assert "pip install -e '.[text]'" in str(caught.value) or "could not read the dataset" in str(caught.value)
     with pytest.raises(ConfigError, match="data.name=None: data.source=hf needs a dataset name"):
         splits_of(source="hf")
+
+
+def test_the_markov_source_takes_a_tokenizers_vocabulary_of_which_its_bytes_use_256():
+    # GPT-2's 50,257 tokens: the model's embedding and output at that size (scripts/bench_gpu.py's
+    # 124M GPT), the same bytes and floor as at 256; fewer than the bytes need is refused.
+    args = dict(source="markov", path=None, context=16, seed=0, val_size=8, val_fraction=0.1, train_tokens=1024)
+    args.update(order=2, symbols=16, branching=4, name=None, max_bytes=1)
+    wide, bytes_ = text(**args, vocab=50257), text(**args, vocab=None)
+    assert (wide.num_classes, bytes_.num_classes) == (50257, 256)
+    idx = torch.arange(len(wide.train))
+    assert all(torch.equal(a, b) for a, b in zip(wide.train.batch(idx), bytes_.train.batch(idx)))
+    assert wide.tokens.floor == bytes_.tokens.floor
+    with pytest.raises(ConfigError, match="data.vocab=100: the Markov source's bytes need 256 tokens"):
+        text(**args, vocab=100)
