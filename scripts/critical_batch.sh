@@ -10,17 +10,24 @@
 #   scripts/critical_batch.sh hydra/launcher=joblib hydra.launcher.n_jobs=2    # two points side by side
 #
 # Extra arguments go to every stage (the same set-up throughout). CRITICAL_DIR=path puts the three
-# sweeps there instead of outputs/multirun/critical_batch/<date>/<time>/{trunk,branches,fixed}.
+# sweeps there instead of outputs/multirun/<experiment>/<date>/<time>/{trunk,branches,fixed}.
+# EXPERIMENT=lm_critical_batch runs the GPT's (docs: Language models): its trunks and branches, and
+# no fixed-batch sweep (B_crit needs a tuning of its own there).
 # About 22 minutes a set-up on 2 cores with the joblib launcher (45 for both, 2026-11-26).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-root="${CRITICAL_DIR:-outputs/multirun/critical_batch/$(date +%Y-%m-%d)/$(date +%H-%M-%S)}"
+experiment="${EXPERIMENT:-critical_batch}"
+root="${CRITICAL_DIR:-outputs/multirun/$experiment/$(date +%Y-%m-%d)/$(date +%H-%M-%S)}"
 quiet=(trainer.progress=false logger=none)
-python -m bsexp.train -m experiment=critical_batch experiment/critical_batch=trunk "${quiet[@]}" \
+python -m bsexp.train -m "experiment=$experiment" "experiment/$experiment=trunk" "${quiet[@]}" \
     "hydra.sweep.dir=$root/trunk" "$@" || exit $?
-python -m bsexp.train -m experiment=critical_batch "branch.trunk=$root/trunk" "${quiet[@]}" \
+python -m bsexp.train -m "experiment=$experiment" "branch.trunk=$root/trunk" "${quiet[@]}" \
     "hydra.sweep.dir=$root/branches" "$@" || echo "some branches did not complete; reporting on all of them" >&2
-python -m bsexp.train -m experiment=adaptive_vs_fixed experiment/adaptive_vs_fixed=fixed trainer.eval_every_steps=1 \
-    "${quiet[@]}" "hydra.sweep.dir=$root/fixed" "$@" || echo "some fixed batches did not complete" >&2
-python -m bsexp.report.critical "$root/branches" --sweep "$root/fixed" || exit $?
+if [[ $experiment == lm_critical_batch ]]; then  # the branches alone: no fixed-batch sweep of the GPT here
+    python -m bsexp.report.critical "$root/branches" || exit $?
+else
+    python -m bsexp.train -m experiment=adaptive_vs_fixed experiment/adaptive_vs_fixed=fixed trainer.eval_every_steps=1 \
+        "${quiet[@]}" "hydra.sweep.dir=$root/fixed" "$@" || echo "some fixed batches did not complete" >&2
+    python -m bsexp.report.critical "$root/branches" --sweep "$root/fixed" || exit $?
+fi
 echo "report: $root/branches/critical.md (critical.csv and critical.png beside it)"
