@@ -133,6 +133,24 @@ def test_b_crit_comes_from_the_fixed_sweeps_steps_to_the_trunks_accuracy(tmp_pat
     assert found[0].ratio(found[0].b_crit) == pytest.approx(5000 / 64, rel=0.05)
 
 
+def test_b_crit_to_the_trunks_loss_is_counted_to_a_loss_reached_at_or_below_it(tmp_path):
+    # A language model's target: the trunks' val_loss (2.0) at each branch's end, which the fixed
+    # sweep's loss, 2.5 (1.02 - accuracy), falls to; its steps follow the same B_crit as any accuracy's.
+    sweep = _branch_sweep(tmp_path)
+    found = report(sweep, metric="val_loss")
+    add_b_crit(found, points(known_b_crit_runs(b_crit=5000)))
+    assert (found[0].target_metric, found[0].target) == ("val_loss", pytest.approx(2.0))
+    assert found[0].b_crit == pytest.approx(5000, rel=0.1)  # an early target: steps resolved to a few
+    assert "target_val_loss" in (sweep / "critical.csv").read_text().splitlines()[0]
+    assert "| target val_loss |" in (sweep / "critical.md").read_text()
+    # The same steps as to the accuracy that loss goes with (1.02 - 2.0 / 2.5 = 0.22): the same fit.
+    by_acc = report(sweep)
+    for stage in by_acc:
+        stage.target = 1.02 - 2.0 / 2.5
+    add_b_crit(by_acc, points(known_b_crit_runs(b_crit=5000)))
+    assert [s.b_crit for s in found] == pytest.approx([s.b_crit for s in by_acc], rel=1e-9)
+
+
 def test_the_report_command_refuses_a_directory_without_branches_in_one_line(tmp_path):
     (tmp_path / "empty").mkdir()
     for args, key in (

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from bsexp.config.schema import LOWER_IS_BETTER
 from bsexp.report.analysis.fit import fit_steps_samples
 from bsexp.report.analysis.points import Point
 from bsexp.report.analysis.to_target import reach
@@ -118,7 +119,8 @@ class Stage:
     by_length: dict[float, BranchedCritical]
     b_simple: float | None = None
     b_simple_note: str = ""
-    target: float | None = None  # val_acc the trunk had at at + length (for B_crit)
+    target: float | None = None  # the trunk's `target_metric` at at + length (for B_crit)
+    target_metric: str = "val_acc"  # what B_crit's steps are counted to: an accuracy, or a loss reached below
     b_crit: float | None = None
     b_crit_note: str = ""
 
@@ -207,9 +209,10 @@ def window_b_simple(records: Sequence[Mapping[str, Any]], start: float, stop: fl
     return None, "no noise measurements in the window (run the trunk with trainer.noise_scale=always)"
 
 
-def add_trunk(found: list[Stage], trunks: Mapping[int, Sequence[Mapping[str, Any]]]) -> None:
+def add_trunk(found: list[Stage], trunks: Mapping[int, Sequence[Mapping[str, Any]]], metric: str = "val_acc") -> None:
     """B_simple over each branch's window on the trunks (mean over the seeds that resolve it), and
-    the trunks' val_acc at its end. `trunks`: each seed's trunk records (`load.trunk_records`)."""
+    the trunks' `metric` at its end (B_crit's target: val_acc, or a loss such as a language
+    model's val_loss). `trunks`: each seed's trunk records (`load.trunk_records`)."""
     for stage in found:
         estimates = [window_b_simple(recs, stage.at, stage.at + stage.length) for recs in trunks.values()]
         stage.b_simple = mean_of([value for value, _ in estimates])
@@ -217,7 +220,8 @@ def add_trunk(found: list[Stage], trunks: Mapping[int, Sequence[Mapping[str, Any
         if resolved < len(estimates):
             why = next(note for value, note in estimates if value is None)
             stage.b_simple_note = f"{len(estimates) - resolved} of {len(estimates)} trunk(s): {why}"
-        stage.target = mean_of([at_samples(recs, stage.at + stage.length, "val_acc") for recs in trunks.values()])
+        stage.target = mean_of([at_samples(recs, stage.at + stage.length, metric) for recs in trunks.values()])
+        stage.target_metric = metric
 
 
 def add_b_crit(found: list[Stage], points: Sequence[Point]) -> None:
@@ -229,13 +233,14 @@ def add_b_crit(found: list[Stage], points: Sequence[Point]) -> None:
         by_batch[p.batch][(p.config.get("optimizer") or {}).get("lr")].append(p)
     for stage in found:
         if stage.target is None:
-            stage.b_crit_note = "no trunk accuracy at the branch's end"
+            stage.b_crit_note = f"no trunk {stage.target_metric} at the branch's end"
             continue
+        higher = stage.target_metric not in LOWER_IS_BETTER
         steps, samples = [], []
         for _batch, by_lr in sorted(by_batch.items()):
             best = None
             for seeds in by_lr.values():
-                reached = [reach(p, "val_acc", stage.target) for p in seeds]
+                reached = [reach(p, stage.target_metric, stage.target, higher) for p in seeds]
                 if reached and all(r is not None for r in reached):
                     mean = (statistics.fmean(r.steps for r in reached), statistics.fmean(r.samples for r in reached))
                     best = mean if best is None or mean[0] < best[0] else best

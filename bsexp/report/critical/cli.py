@@ -12,23 +12,30 @@ from bsexp.report.critical.load import latest_branches, trunk_records
 from bsexp.report.critical.render import figure, markdown, write_csv
 from bsexp.report.load import load_points
 
+METRICS = ("val_acc", "val_loss", "val_bpb")
+
 
 def report(
-    sweep: Path | Sequence[Path], fixed: Path | None = None, epsilon: float = EPSILON, out: Path | None = None
+    sweep: Path | Sequence[Path],
+    fixed: Path | None = None,
+    epsilon: float = EPSILON,
+    out: Path | None = None,
+    metric: str | None = None,
 ) -> list[Stage]:
     """The report of the branches in `sweep` (one directory, or several: a point run again in a
-    later one replaces the earlier's)."""
+    later one replaces the earlier's). `metric`: B_crit's target, read off the trunks (None:
+    val_loss for a language model's branches, else val_acc)."""
     sweeps = [sweep] if isinstance(sweep, Path) else list(sweep)
     branches = latest_branches(sweeps)
     if not branches:
         raise ValueError(f"{', '.join(map(str, sweeps))} holds no branch runs (summary.json with a `branch` entry)")
     found = stages(branches, epsilon)
-    add_trunk(found, trunk_records(branches))
+    context = next((b.context for b in branches if b.context), None)
+    add_trunk(found, trunk_records(branches), metric or ("val_loss" if context else "val_acc"))
     if fixed is not None:
         add_b_crit(found, load_points(fixed))
     out = out or sweeps[0]
     out.mkdir(parents=True, exist_ok=True)
-    context = next((b.context for b in branches if b.context), None)
     seeds = len({b.seed for b in branches})
     (out / "critical.md").write_text(markdown(found, epsilon, seeds, fixed is not None, context))
     write_csv(found, out / "critical.csv")
@@ -44,14 +51,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--sweep", dest="fixed", type=Path, default=None, help="a fixed-batch sweep, for B_crit")
     parser.add_argument("--epsilon", type=float, default=EPSILON, help="relative loss tolerance (default 0.05)")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--metric",
+        default=None,
+        help="B_crit's target, the trunks' value at each branch's end (default: val_loss for a language model, "
+        "else val_acc)",
+    )
     args = parser.parse_args(argv)
     for name, path in (*(("sweep", p) for p in args.sweep), ("--sweep", args.fixed)):
         if path is not None and not path.is_dir():
             parser.exit(2, f"error: {name}={path}: no such directory; valid: a sweep directory\n")
+    if args.metric is not None and args.metric not in METRICS:
+        parser.exit(2, f"error: --metric={args.metric}: valid: {', '.join(METRICS)}\n")
     if not args.epsilon > 0:
         parser.exit(2, f"error: --epsilon={args.epsilon}: must be positive (a relative tolerance, e.g. 0.05)\n")
     try:
-        report(args.sweep, args.fixed, args.epsilon, args.out)
+        report(args.sweep, args.fixed, args.epsilon, args.out, args.metric)
     except ValueError as exc:
         parser.exit(2, f"error: sweep={args.sweep[0]}: {exc}; valid: the directory of a branch sweep\n")
     print(((args.out or args.sweep[0]) / "critical.md").read_text())

@@ -9,6 +9,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+from bsexp.config.schema import LOWER_IS_BETTER
 from bsexp.report.critical.analysis import EPSILONS, LENGTHS, Stage, mean_of
 
 
@@ -35,6 +36,7 @@ def markdown(found: Sequence[Stage], epsilon: float, seeds: int, swept: bool, co
 
 def _estimates(found: Sequence[Stage], epsilon: float, seeds: int, swept: bool, length: int) -> list[str]:
     """What the critical batch is, and its table beside B_simple and B_crit at each branch point."""
+    metric = found[0].target_metric if found else "val_acc"
     lines = [
         "# The critical batch, measured by branches",
         "",
@@ -45,13 +47,13 @@ def _estimates(found: Sequence[Stage], epsilon: float, seeds: int, swept: bool, 
         f"A diverged branch is out of any ε. "
         f"B_simple: the trunks' mean over the branch's window. "
         + (
-            "B_crit: E_min / S_min from the fixed-batch sweep, to the validation accuracy the trunk had at the "
-            "branch's end."
+            f"B_crit: E_min / S_min from the fixed-batch sweep, to the {metric} the trunk had at the "
+            "branch's end" + (" (reached at or below it)." if metric in LOWER_IS_BETTER else ".")
             if swept
             else "B_crit: no fixed-batch sweep given (--sweep)."
         ),
         "",
-        "| samples seen | critical batch | per seed | B_simple | B_simple / critical | target val_acc | B_crit "
+        f"| samples seen | critical batch | per seed | B_simple | B_simple / critical | target {metric} | B_crit "
         "| B_crit / critical |",
         "| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
@@ -59,7 +61,7 @@ def _estimates(found: Sequence[Stage], epsilon: float, seeds: int, swept: bool, 
         b_simple = _num(s.b_simple) if s.b_simple is not None or not s.b_simple_note else "unresolved"
         lines.append(
             f"| {s.at:,} | {s.critical} | {', '.join(str(c) for c in s.per_seed)} | {b_simple} | "
-            f"{s.shown_ratio(s.b_simple)} | {_num(s.target and 100 * s.target, 2)} | {_num(s.b_crit)} | "
+            f"{s.shown_ratio(s.b_simple)} | {_target(s)} | {_num(s.b_crit)} | "
             f"{s.shown_ratio(s.b_crit)} |"
         )
     return lines
@@ -113,6 +115,13 @@ def _sensitivity(found: Sequence[Stage], epsilon: float, length: int) -> list[st
     return lines
 
 
+def _target(stage: Stage) -> str:
+    """B_crit's target as read: an accuracy in %, a loss as measured."""
+    if stage.target_metric in LOWER_IS_BETTER:
+        return _num(stage.target, 4)
+    return _num(stage.target and 100 * stage.target, 2)
+
+
 def write_csv(found: Sequence[Stage], path: Path) -> None:
     with open(path, "w", newline="") as out:
         writer = csv.writer(out)
@@ -123,7 +132,7 @@ def write_csv(found: Sequence[Stage], path: Path) -> None:
                 "bound",
                 "b_simple",
                 "b_simple_ratio",
-                "target_val_acc",
+                f"target_{found[0].target_metric if found else 'val_acc'}",
                 "b_crit",
                 "b_crit_ratio",
                 *(f"critical_eps_{e:g}" for e in EPSILONS),
