@@ -102,6 +102,14 @@ def _point(job, cfg: DictConfig, run_dir: Path, num: int) -> float | None:
             summary,
             f"at point {num} (step {summary['steps']}, checkpoint saved in {run_dir}); the points after it did not run",
         )
+    if late := summary.get("signalled_at_end"):  # as the point ended (Ctrl-C while it wrote its summary)
+        print(
+            f"stopped by {late} as point {num} ended (it {summary.get('status')}: {run_dir}); the points after it "
+            f"did not run",
+            file=sys.stderr,
+            flush=True,
+        )
+        sys.exit(128 + signal.Signals[late].value)
     return summary.get("val_acc")
 
 

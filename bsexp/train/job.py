@@ -116,6 +116,10 @@ def _run_on(world: World, cfg: DictConfig, run_dir: Path, started: float) -> dic
         summary = _set_up_and_train(cfg, world, run_dir, loop, resumed, changed, trunk, started)
     if world.is_main:
         print_summary(summary, run_dir)
+    if loop.watch.stop_signal and not summary.get("preempted_by"):
+        # A signal after the last step (in the test split, the summary, the figures): the run has
+        # completed, and a sweep stops before its next point (bsexp.train.cli), not on as if unasked.
+        summary = {**summary, "signalled_at_end": signal.Signals(loop.watch.stop_signal).name}
     return summary
 
 

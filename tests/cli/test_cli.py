@@ -393,6 +393,32 @@ def test_a_users_own_model_gets_the_data_shape_through_its_own_config(run_cli, t
     assert summary["status"] == "completed"
 
 
+def test_a_ctrl_c_as_a_sweep_point_ends_stops_the_sweep_before_its_next_point(run_cli, tmp_path):
+    # The SIGINT comes in the test split's evaluation, after the last step: there is no step left
+    # to stop at. It was lost there (the handler set a flag nothing read any more), and a sweep went
+    # on to its next point as if no Ctrl-C had come (once in CI: a stopped sweep's test ran through).
+    conf = tmp_path / "my_conf" / "model"
+    conf.mkdir(parents=True)
+    (conf / "late.yaml").write_text("_target_: user_models.SignalsAtEval\nsize: 120\n")
+    sweep = tmp_path / "sweep"
+    out = run_cli(
+        "-m",
+        "seed=0,1",
+        "data.num_samples=600",  # 380 train, 100 val, 120 test: the test split's batch alone is 120
+        "data.val_size=100",
+        "epochs=1",
+        "logger=none",
+        f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]",
+        "model=late",
+        f"hydra.sweep.dir={sweep}",
+    )
+    assert out.returncode == 130, out.stderr[-3000:]
+    [summary] = [json.loads(p.read_text()) for p in sweep.glob("*/summary.json")]
+    assert summary["status"] == "completed" and summary["seed"] == 0 and summary["test_acc"] is not None
+    assert not list(sweep.glob("1_*")), "the next point ran"
+    assert "stopped by SIGINT as point 0 ended (it completed: " in out.stderr
+
+
 def test_a_failure_mid_run_keeps_the_metrics_and_finishes_the_wandb_run(run_cli, tmp_path):
     conf = tmp_path / "my_conf" / "model"
     conf.mkdir(parents=True)

@@ -114,3 +114,21 @@ def logged_synthetic(log: str, **kwargs):
     with open(log, "a") as out:
         out.write(f"{os.getpid()}\n")
     return synthetic(**kwargs)
+
+
+class SignalsAtEval(TinyNet):
+    """Sends its own process SIGINT (a Ctrl-C) in the first evaluation forward of a batch of
+    `size` samples: the test split's, after the last step, where no step boundary is left to
+    stop at."""
+
+    def __init__(self, input_shape, num_classes, size: int = 120):
+        super().__init__(input_shape, num_classes)
+        self.size, self.sent = size, False
+
+    def forward(self, x):
+        if not self.training and len(x) == self.size and not self.sent:
+            import signal
+
+            self.sent = True
+            os.kill(os.getpid(), signal.SIGINT)
+        return self.net(x)
