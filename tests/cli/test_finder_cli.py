@@ -235,6 +235,7 @@ def test_the_probe_process_works_from_the_runs_data_without_loading_it_again(run
         "batch=finder",
         "batch.finder.max_size=256",
         "batch.finder.data_fraction=null",
+        "batch.finder.margin=0",  # else 5 % below 256 where the CPU's noisy room measured no edge (243 in CI)
         "logger=none",
         "trainer.progress=false",
         "epochs=1",
