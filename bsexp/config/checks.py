@@ -166,24 +166,18 @@ def _check_list(key: str, values: list, bound: schema.Bound) -> None:
 
 def _check_stop_target(trainer: DictConfig) -> None:
     """trainer.stop_at of trainer.stop_metric: an accuracy's target is a fraction (a loss's any value >= 0)."""
-    metric = str(trainer.stop_metric)
-    if trainer.stop_at is not None and metric not in schema.LOWER_IS_BETTER and trainer.stop_at > 1:
-        raise ConfigError(
-            "trainer.stop_at",
-            trainer.stop_at,
-            f"trainer.stop_metric={metric} is an accuracy: valid: a fraction in [0, 1]",
-        )
+    _check_target("trainer.stop_at", trainer.stop_at, "trainer.stop_metric", str(trainer.stop_metric))
 
 
 def _check_tune_target(tune: DictConfig | None) -> None:
     """tune.target of tune.metric (steps to result): an accuracy's is a fraction, a loss's any value >= 0."""
-    if tune is None or tune.get("target") is None:
-        return
-    metric = str(tune.get("metric") or "val_acc")
-    if metric not in schema.LOWER_IS_BETTER and tune.target > 1:
-        raise ConfigError(
-            "tune.target", tune.target, f"tune.metric={metric} is an accuracy: valid: a fraction in [0, 1]"
-        )
+    if tune is not None:
+        _check_target("tune.target", tune.get("target"), "tune.metric", str(tune.get("metric") or "val_acc"))
+
+
+def _check_target(key: str, value: float | None, metric_key: str, metric: str) -> None:
+    if value is not None and metric not in schema.LOWER_IS_BETTER and value > 1:
+        raise ConfigError(key, value, f"{metric_key}={metric} is an accuracy: valid: a fraction in [0, 1]")
 
 
 def _check_increasing(key: str, values: list) -> None:
