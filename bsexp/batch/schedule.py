@@ -9,7 +9,6 @@ step by step, so the loaders, the LR and its coupling to the batch all agree on 
 from __future__ import annotations
 
 import bisect
-import math
 from dataclasses import KW_ONLY, dataclass
 
 from bsexp.batch.plan import PlanError, keep_final
@@ -23,12 +22,12 @@ class BatchSchedule:
     _: KW_ONLY
     world_size: int = 1
     kind: str = "constant"
-    unit: str = "epochs"  # of `milestones` (step kind)
+    unit: str = "epochs"  # of `milestones` (step kind) and `points` (list kind): epochs, steps or samples
     milestones: tuple[float, ...] = ()
     factor: float = 1.0  # step kind: the batch is multiplied by this at each milestone
     end: int | None = None  # linear/exponential: the batch of the last epoch
     epochs: int = 1  # linear/exponential: over how many epochs
-    points: tuple[tuple[float, int], ...] = ()  # list kind: (epoch, batch) pairs
+    points: tuple[tuple[float, int], ...] = ()  # list kind: (when, batch) pairs, `when` in `unit`
     round_to: int = 1  # linear/exponential sizes: a multiple of round_to x world_size
     step_points: tuple[tuple[int, int], ...] = ()  # by_step kind: (step, batch) from step 0 (the adaptive batch)
     # An epoch's last two steps share its rest where the last alone would take less than half a
@@ -37,11 +36,13 @@ class BatchSchedule:
     # undoes training (the adaptive batch on MNIST-1D: validation accuracy 99.6 -> 94.4 %).
     balance_tail: bool = False
 
-    def size_at(self, epoch: int, step: int) -> int:
-        """The global batch of the optimizer step `step` (counted over the run), in `epoch`."""
+    def size_at(self, epoch: int, step: int, seen: int = 0) -> int:
+        """The global batch of the optimizer step `step` (counted over the run), in `epoch`, after
+        `seen` training samples (what a schedule in samples reads: Merrill et al. grow the batch
+        at tokens seen)."""
+        at = {"steps": step, "samples": seen}.get(self.unit, epoch)
         if self.kind == "step":
-            reached = sum((step if self.unit == "steps" else epoch) >= m for m in self.milestones)
-            return _exact(self.start, self.factor, reached)
+            return _exact(self.start, self.factor, sum(at >= m for m in self.milestones))
         if self.kind in ("linear", "exponential"):
             t = min(1.0, epoch / (self.epochs - 1)) if self.epochs > 1 else 1.0
             end = self.end if self.end is not None else self.start
@@ -54,8 +55,8 @@ class BatchSchedule:
             steps = [p[0] for p in self.step_points]
             return self.step_points[max(0, bisect.bisect_right(steps, step) - 1)][1] if self.step_points else self.start
         if self.kind == "list":
-            epochs = [p[0] for p in self.points]
-            return self.points[max(0, bisect.bisect_right(epochs, epoch) - 1)][1] if self.points else self.start
+            whens = [p[0] for p in self.points]
+            return self.points[max(0, bisect.bisect_right(whens, at) - 1)][1] if self.points else self.start
         return self.start
 
     def sizes(self, epochs: int) -> list[int]:
@@ -63,8 +64,10 @@ class BatchSchedule:
         if self.kind == "by_step":
             return sorted({self.start, *(p[1] for p in self.step_points)})
         found = {self.size_at(e, 0) for e in range(epochs)}
-        if self.kind == "step" and self.unit == "steps":
-            found |= {self.size_at(0, math.ceil(m)) for m in self.milestones}
+        if self.kind == "step" and self.unit != "epochs":
+            found |= {_exact(self.start, self.factor, i + 1) for i in range(len(self.milestones))}
+        if self.kind == "list" and self.unit != "epochs":
+            found |= {p[1] for p in self.points}
         return sorted(found)
 
     def run_steps(self, epochs: int, n: int, drop_last: bool, max_steps: int | None = None) -> RunSteps:
@@ -72,14 +75,14 @@ class BatchSchedule:
         sizes: list[int] = []
         taken_by_step: list[int] = []
         epoch_starts: list[int] = []
-        cut_epoch = 0
+        cut_epoch = seen = 0
         for epoch in range(epochs):
             if max_steps is not None and len(sizes) >= max_steps:
                 break
             epoch_starts.append(len(sizes))
             start = steps = 0
             while start < n:
-                size = self.size_at(epoch, epoch_starts[-1] + steps)
+                size = self.size_at(epoch, epoch_starts[-1] + steps, seen)
                 left = n - start
                 shared = (
                     self.balance_tail and size < left < 1.5 * size and keep_final(left // 2, self.world_size, drop_last)
@@ -90,7 +93,7 @@ class BatchSchedule:
                 if max_steps is None or len(sizes) < max_steps:
                     sizes.append(size)
                     taken_by_step.append(taken)
-                start, steps = start + taken, steps + 1  # past the cap: only counted
+                start, steps, seen = start + taken, steps + 1, seen + taken  # past the cap: only counted
             if len(sizes) - epoch_starts[-1] < steps:
                 cut_epoch = steps
         return RunSteps(tuple(sizes), tuple(epoch_starts), n, tuple(taken_by_step), cut_epoch)

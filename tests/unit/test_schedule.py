@@ -68,6 +68,32 @@ def test_list_schedule_holds_each_size_until_the_next_point():
     assert [schedule.size_at(e, 0) for e in range(7)] == [32, 32, 32, 128, 128, 64, 64]
 
 
+def test_a_list_in_samples_seen_grows_the_batch_where_the_samples_say_within_an_epoch():
+    # The LM critical batch's curve (docs: Language models): 16 sequences to 8,192 seen, 128 to
+    # 24,576, then 512; epochs of 16,384 sequences, so both changes fall inside an epoch.
+    curve = ((0, 16), (8192, 128), (24576, 512))
+    run = BatchSchedule(16, kind="list", unit="samples", points=curve).run_steps(4, 16384, drop_last=False)
+    assert run.sizes == (16,) * 512 + (128,) * 128 + (512,) * 80  # 8,192 / 16, 16,384 / 128, 40,960 / 512
+    assert run.epoch_starts == (0, 512 + 64, 512 + 128 + 16, 512 + 128 + 48)
+    assert run.total_samples == 4 * 16384
+    # the same curve in optimizer steps lays out the same run
+    in_steps = BatchSchedule(16, kind="list", unit="steps", points=((0, 16), (512, 128), (640, 512)))
+    assert in_steps.run_steps(4, 16384, drop_last=False).sizes == run.sizes
+    assert BatchSchedule(16, kind="list", unit="samples", points=curve).sizes(1) == [16, 128, 512]
+    # a point between two steps' samples takes effect at the first step that starts past it
+    late = BatchSchedule(16, kind="list", unit="samples", points=((0, 16), (8200, 128))).run_steps(1, 16384, False)
+    assert late.sizes[:514] == (16,) * 513 + (128,)
+
+
+def test_list_points_in_samples_are_checked_in_their_unit():
+    good = scheduled(kind="list", unit="samples", size=16, points=[[0, 16], [8192, 128]])
+    assert good._schedule(16).sizes(1) == [16, 128]
+    with pytest.raises(
+        ConfigError, match=r"\[sample, batch\], \.\.\.\] in sample order \(batch.schedule.unit=samples\)"
+    ):
+        scheduled(kind="list", unit="samples", size=16, points=[[0, 16], [8192, 128], [4096, 64]]).check()
+
+
 def scheduled(world: int = 1, **schedule) -> Scheduled:
     """batch=scheduled's policy at batch 32 (or `size`) over bsexp's default 20 epochs, no Hydra."""
     size = schedule.pop("size", 32)

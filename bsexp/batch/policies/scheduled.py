@@ -16,20 +16,23 @@ from bsexp.batch.policies.finder import FinderConfig
 from bsexp.batch.policies.shared import BatchConfig, Policy, Probe, RunSpec, fits_data, run_steps
 from bsexp.batch.schedule import BatchSchedule
 from bsexp.errors import ConfigError
-from bsexp.fields import Unit, at_least, bounded, choice, positive
+from bsexp.fields import at_least, bounded, choice, positive
 
 SEESAW = "seesaw"
 ScheduleKind = choice("ScheduleKind", "step", "linear", "exponential", "list", SEESAW, module=__name__)
+# What milestones and list points count: epochs, optimizer steps, or training samples seen (for a
+# language model, sequences: x data.context for the tokens; Merrill et al. grow the batch at tokens seen)
+ScheduleUnit = choice("ScheduleUnit", "epochs", "steps", "samples", module=__name__)
 
 
 @dataclass
 class BatchScheduleConfig:
     kind: ScheduleKind = ScheduleKind.step
-    unit: Unit = Unit.epochs  # of `milestones`
+    unit: ScheduleUnit = ScheduleUnit.epochs  # of `milestones` and `points`
     milestones: List[float] = bounded(low=0, factory=lambda: [8.0, 14.0])  # step: batch x factor at each
     factor: float = positive(5.0)  # step (Smith et al. 2018 grow the batch x5 where the LR would drop /5)
     end: Optional[int] = at_least(1, None)  # linear / exponential: the batch of the last epoch
-    points: List[List[int]] = field(default_factory=list)  # list: [[epoch, batch], ...] from epoch 0
+    points: List[List[int]] = field(default_factory=list)  # list: [[when, batch], ...] from 0, `when` in `unit`
     round_to: int = at_least(1, 8)  # linear / exponential: batches are multiples of round_to x world size
     couple_lr: bool = True  # the LR follows the batch through scaling.lr_rule; false: held fixed
     ramp_steps: int = at_least(0, 0)  # ramp an LR change over this many steps
@@ -93,7 +96,7 @@ class Scheduled:
         if node.kind in ("linear", "exponential") and node.end is None:
             raise ConfigError("batch.schedule.end", None, f"batch.schedule.kind={node.kind} needs the final batch")
         if node.kind == "list":
-            _check_points([list(p) for p in node.points], batch.size)
+            _check_points([list(p) for p in node.points], batch.size, str(node.unit))
         sizes = self._schedule(batch.size).sizes(self.spec.epochs)
         for size in sizes:
             if size < world * MIN_MICRO or size % world:
@@ -154,13 +157,15 @@ def _check_seesaw(main: Rules) -> None:
         )
 
 
-def _check_points(points: list[list[int]], size: int) -> None:
+def _check_points(points: list[list[int]], size: int, unit: str) -> None:
     if (
         not points
         or any(len(p) != 2 for p in points)
         or points[0][0] != 0
         or [p[0] for p in points] != sorted(p[0] for p in points)
     ):
-        raise ConfigError("batch.schedule.points", points, "must be [[0, batch], [epoch, batch], ...] in epoch order")
+        when = unit.rstrip("s")
+        valid = f"must be [[0, batch], [{when}, batch], ...] in {when} order (batch.schedule.unit={unit})"
+        raise ConfigError("batch.schedule.points", points, valid)
     if points[0][1] != size:
         raise ConfigError("batch.schedule.points", points, f"must start at batch.size ([0, {size}])")
