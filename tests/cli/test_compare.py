@@ -244,6 +244,49 @@ def test_a_trial_whose_values_the_run_refuses_is_a_result_of_the_search_not_the_
     assert (out / "search" / "fixed" / "jobs.jsonl").read_text() == before
 
 
+# A GPT comparison: a fixed batch against a batch warmup at sequences seen, to a loss ladder.
+LM_WARMUP = """# @package _global_
+epochs: 2
+scaling: {lr_rule: none, wd_rule: none}
+schedule: {main: constant, warmup_shape: none}
+trainer: {eval_every_steps: 4, ladder: [4.5, 3.5], ladder_metric: val_loss, ladder_stop: false, progress: false}
+comparison:
+  trials: 2
+  refine: 0
+  held_out: 2
+  select_rung: 3.5
+  margin: 0.05
+  space:
+    optimizer.lr: {low: 0.005, high: 0.02}
+  arms:
+    fixed_32: {overrides: [batch=fixed, batch.size=32], baseline: true}
+    warmup:
+      overrides: [batch=scheduled, batch.size=16, batch.schedule.kind=list, batch.schedule.unit=samples,
+                  'batch.schedule.points=[[0,16],[256,64]]']
+"""
+TINY_GPT = ["model=gpt", "data=text", "data.train_tokens=8192", "data.val_size=64", "model.width=32", "model.heads=2"]
+
+
+@pytest.mark.slow  # eight GPT runs of 2 epochs: about a minute on 2 cores
+def test_a_language_models_comparison_counts_tokens_and_its_warmup_grows_at_sequences_seen(data_root, tmp_path):
+    out = tmp_path / "cmp"
+    args = [str(out), *comparison(tmp_path, LM_WARMUP, "tiny_lm_warmup"), *TINY_GPT, "logger=none", "trainer.threads=1"]
+    proc = tune(data_root, tmp_path, args)
+    _, stderr = proc.communicate(timeout=900)
+    assert proc.returncode == 0, stderr[-3000:]
+    for run in (out / "held_out" / "warmup").glob("*/metrics.jsonl"):  # 512 sequences an epoch: 16 steps of 16, then 64
+        steps = [r for r in map(json.loads, run.open()) if "batch_size" in r]
+        assert {(r["batch_size"], r["samples_seen"] <= 256) for r in steps} == {(16, True), (64, False)}
+        assert steps[-1]["samples_seen"] == 2 * 512
+    rows = list(csv.DictReader((out / "compare.csv").open()))
+    with_samples = [r for r in rows if r["samples"]]
+    assert with_samples and all(float(r["tokens"]) == pytest.approx(16 * float(r["samples"])) for r in with_samples)
+    assert all(not r["tokens"] for r in rows if not r["samples"])
+    text = (out / "compare.md").read_text()
+    assert "A sample is a sequence of 16 tokens: `tokens` = samples × 16." in text
+    assert "| arm | reached | steps | samples | tokens | steps ratio |" in text and "val_loss <= 3.5" in text
+
+
 def _check_stages_and_best(out):
     for arm in ("fixed_32", "adaptive"):
         search, refine, held = (summaries(out / stage / arm) for stage in ("search", "refine", "held_out"))

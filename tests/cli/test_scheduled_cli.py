@@ -37,6 +37,23 @@ def test_scheduled_summary_reports_where_the_batch_ended(run_cli, tmp_path):
     assert [r["lr"] for r in records] == pytest.approx([0.1, 0.2, 0.4])
 
 
+def test_a_list_in_samples_seen_changes_the_batch_at_the_step_that_starts_past_each_point(run_cli, tmp_path):
+    # The points fall inside epochs (512 samples each): 32 to 200 samples seen, 64 to 700, then 128.
+    points = [[0, 32], [200, 64], [700, 128]]
+    listed = ["batch.schedule.kind=list", "batch.schedule.unit=samples", f"batch.schedule.points={points}"]
+    out = run_cli(*TINY, *GROWING, *listed, "logger=none", f"hydra.run.dir={tmp_path / 'run'}")
+    assert out.returncode == 0, out.stderr[-2000:]
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "batch_size" in r]
+    assert [r["step"] for r in steps] == list(range(1, len(steps) + 1))  # a record every step
+    seen_before = [0] + [r["samples_seen"] for r in steps[:-1]]
+    in_force = [max(b for at, b in points if at <= seen) for seen in seen_before]
+    assert [r["batch_size"] for r in steps] == in_force
+    assert sorted(set(in_force)) == [32, 64, 128] and steps[-1]["samples_seen"] == 3 * 512
+    assert any(r["epoch"] < 1 and r["batch_size"] == 64 for r in steps)  # changed within the first epoch
+    assert [r["lr"] for r in steps] == pytest.approx([0.1 * r["batch_size"] / 32 for r in steps])
+
+
 # Memory grows fast with the batch and compute does not: one wide hidden layer on 40 inputs.
 WIDE = [
     "data=synthetic",

@@ -91,6 +91,7 @@ class Comparison:
     finals: list[Final]
     frontiers: list[Frontier]
     held_out: dict[str, list[Run]]  # arm -> its finished held-out runs
+    context: int | None = None  # a language model's tokens per sample: the tables say the tokens too
 
 
 def held_out_runs(plan: Plan, runs: Sequence[Run]) -> dict[str, list[Run]]:
@@ -114,6 +115,7 @@ def analyse(plan: Plan, runs: Sequence[Run], centres: dict[str, dict[str, float]
         finals=[_final(plan, arm, base, held) for arm in plan.arms],
         frontiers=[frontier(plan, rung, held) for rung in plan.rungs],
         held_out=held,
+        context=next((r.context for r in runs if r.context), None),
     )
 
 

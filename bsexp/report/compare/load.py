@@ -36,6 +36,7 @@ class Run:
     final: float | None = None
     best: float | None = None
     past_budget: bool = False  # it trained past the budget (AdaScale's advanced schedule): read at the budget
+    context: int | None = None  # a language model's tokens per sample (summary.json's `context`)
 
     @property
     def finished(self) -> bool:
@@ -65,6 +66,7 @@ def read_run(point: Point, plan: Plan, arm: str, stage: str) -> Run:
         final=plan.capped(values[-1]) if finished and values else None,
         best=pick(values) if finished and values else None,
         past_budget=len(within) < len(point.records),
+        context=summary.get("context"),
     )
 
 

@@ -98,27 +98,32 @@ def _value(v) -> str:
 
 def _rungs(result: Comparison) -> list[str]:
     plan, lines = result.plan, ["## At each rung: every arm against the best tuned fixed batch", ""]
+    if result.context:
+        lines += [f"A sample is a sequence of {result.context} tokens: `tokens` = samples × {result.context}.", ""]
+    tokens = " tokens |" if result.context else ""
     for rung in plan.rungs:
         base = result.baselines.get(rung)
         lines += [
             f"### {rung_text(plan, rung)}: baseline {base or 'none'}",
             "",
-            "| arm | reached | steps | samples | steps ratio | steps | samples ratio | samples | LR < ½ peak |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+            f"| arm | reached | steps | samples |{tokens} steps ratio | steps | samples ratio | samples "
+            "| LR < ½ peak |",
+            "| --- " * (9 + bool(tokens)) + "|",
         ]
         for row in (v for v in result.versus if v.rung == rung):
-            lines.append(_versus_line(row, len(plan.held_out_seeds)))
+            lines.append(_versus_line(row, len(plan.held_out_seeds), result.context))
         lines.append("")
     return lines
 
 
-def _versus_line(row: Versus, seeds: int) -> str:
+def _versus_line(row: Versus, seeds: int, context: int | None = None) -> str:
     name = f"**{row.arm}**" if row.arm == row.baseline else row.arm
     ratios = [row.why_none or "-", "-", "-", "-"]  # said once: no ratio
     if row.steps_ratio is not None and row.samples_ratio is not None:
         ratios = [cell for r in (row.steps_ratio, row.samples_ratio) for cell in (r.text(), f"**{row.verdict(r)}**")]
+    tokens = "" if not context else f"{_fmt(None if row.samples is None else row.samples * context)} | "
     return (
-        f"| {name} | {row.reached}/{seeds} | {_fmt(row.steps)} | {_fmt(row.samples)} | "
+        f"| {name} | {row.reached}/{seeds} | {_fmt(row.steps)} | {_fmt(row.samples)} | {tokens}"
         f"{' | '.join(ratios)} | {row.decayed or '-'} |"
     )
 
@@ -188,6 +193,7 @@ COLUMNS = (
     "pairs",
     "steps",
     "samples",
+    "tokens",  # a language model's: samples x its context; empty otherwise
     "steps_ratio",
     "steps_ratio_low",
     "steps_ratio_high",
@@ -213,7 +219,7 @@ def write_csv(result: Comparison, path: Path) -> None:
         out = csv.DictWriter(f, fieldnames=COLUMNS)
         out.writeheader()
         for row in result.versus:
-            out.writerow(_csv_versus(row))
+            out.writerow(_csv_versus(row, result.context))
         base = result.baselines.get(format(result.plan.select_rung, "g"))
         for row in result.finals:
             diff = row.difference
@@ -233,7 +239,7 @@ def write_csv(result: Comparison, path: Path) -> None:
             )
 
 
-def _csv_versus(row: Versus) -> dict:
+def _csv_versus(row: Versus, context: int | None) -> dict:
     out = {
         "rung": row.rung,
         "arm": row.arm,
@@ -244,6 +250,7 @@ def _csv_versus(row: Versus) -> dict:
         "pairs": row.pairs,
         "steps": row.steps,
         "samples": row.samples,
+        "tokens": row.samples * context if context and row.samples is not None else None,
         "no_verdict": row.why_none,
         "lr_decayed_seeds": row.decayed,
     }
