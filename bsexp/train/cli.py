@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 
 from bsexp.config.env import env_rank, launches_workers, remember_torchrun_dir, torchrun_first_dir, under_torchrun
 from bsexp.config.schema import register_configs
+from bsexp.config.shadowed import check_not_shadowed
 from bsexp.errors import (
     CONFIG,
     DIVERGED,
@@ -176,6 +177,7 @@ def main() -> None:
         agree_on_attempt()
     with exit_on_config_error():  # a resume continues the run's (or the sweep's) own config
         sys.argv = resume.prepare_sweep_argv(sys.argv) if _multirun_requested() else resume.prepare_argv(sys.argv)
+        check_not_shadowed(sys.argv[1:])  # a config of the user's that bsexp's own of its name would hide
     if under_torchrun() and not any(a.partition("=")[0].lstrip("+~") == "distributed" for a in sys.argv[1:]):
         sys.argv.append("distributed=ddp")  # torchrun started the ranks: data parallel is what it asks for
     if env_rank() != 0:

@@ -21,6 +21,8 @@ import json
 import sys
 from pathlib import Path
 
+from bsexp.config.shadowed import check_not_shadowed
+from bsexp.errors import exit_on_config_error
 from bsexp.tune.stage import refuse, sweep
 
 BATCHES = (8, 16, 32, 64, 128, 256, 512, 1024, 2048)
@@ -91,6 +93,8 @@ def main(argv: list[str] | None = None) -> None:
     if not argv or argv[0].startswith("-") or "=" in argv[0]:
         refuse("TUNE_DIR: missing; usage: python -m bsexp.tune TUNE_DIR [key=value ...] (--help says more)")
     tune_dir, args = Path(argv[0]), argv[1:]
+    with exit_on_config_error():
+        check_not_shadowed(args)  # a comparison (or any group's file) of the user's that bsexp's own would hide
     if any(a.split("=", 1)[0] == "comparison" for a in args):  # arms tuned alike (bsexp.tune.comparison)
         from bsexp.tune.comparison import run
 

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from conftest import TINY_RUN, cli_env
 from resuming import SLOW, records, start, uninterrupted
@@ -145,3 +146,33 @@ def test_a_resume_composes_with_cfg_job_to_show_the_runs_own_config(data_root, t
     shown = command(data_root, tmp_path, "resume=auto", f"hydra.run.dir={run_dir}", "--cfg", "job")
     assert shown.returncode == 0, shown.stderr[-3000:]
     assert "size: 48" in shown.stdout and "resume: auto" in shown.stdout
+
+
+def test_a_config_of_ones_own_that_bsexps_of_its_name_would_hide_is_one_line_and_exit_2(data_root, tmp_path):
+    """Hydra reads bsexp's conf/ before hydra.searchpath's folders: my_conf/model/cnn.yaml (a wider
+    cnn) was never read, and the run trained bsexp's cnn as if it were the user's own."""
+    (tmp_path / "my_conf" / "model").mkdir(parents=True)
+    shipped = Path(__file__).parents[2] / "bsexp" / "conf"
+    (tmp_path / "my_conf" / "model" / "cnn.yaml").write_text((shipped / "model" / "cnn.yaml").read_text())
+    (tmp_path / "my_conf" / "model" / "my_cnn.yaml").write_text((shipped / "model" / "cnn.yaml").read_text())
+    searchpath = f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]"
+    for args in ([searchpath, "model=cnn"], ["-m", searchpath, "model=my_cnn,cnn"]):
+        out = command(data_root, tmp_path, *args, "epochs=1", "hydra.run.dir=run", "hydra.sweep.dir=sweep")
+        assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr[-2000:]
+        assert "my_conf/model/cnn.yaml is hidden by bsexp's own model/cnn.yaml" in out.stderr
+        assert "rename yours, e.g. model/my_cnn.yaml and model=my_cnn" in out.stderr
+        assert not (tmp_path / "run").exists() and not (tmp_path / "sweep").exists()
+    own = command(data_root, tmp_path, searchpath, "model=my_cnn", "--cfg", "job")  # a name of its own: read
+    assert own.returncode == 0 and "hidden" not in own.stderr, own.stderr[-2000:]
+    (tmp_path / "my_conf" / "comparison").mkdir()
+    (tmp_path / "my_conf" / "comparison" / "mnist1d.yaml").write_text("# @package _global_\nepochs: 1\n")
+    tuned = subprocess.run(
+        [sys.executable, "-m", "bsexp.tune", "cmp", searchpath, "comparison=mnist1d"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=cli_env(data_root),
+        timeout=300,
+    )
+    assert tuned.returncode == 2 and "my_conf/comparison/mnist1d.yaml is hidden by bsexp's own" in tuned.stderr
+    assert not (tmp_path / "cmp").exists()
