@@ -42,6 +42,7 @@ comparison:
       space:
         batch.adaptive.c: {low: 0.5, high: 2.0, scale: log}
 """
+SHIPPED = sorted(p.stem for p in (Path(__file__).parents[2] / "bsexp" / "conf" / "comparison").glob("*.yaml"))
 TINY = ["data.num_samples=600", "data.val_size=100", "model.width=8", "logger=none", "trainer.threads=1"]
 
 
@@ -352,8 +353,8 @@ def _check_report(out):
         (
             ["comparison=nosuch"],
             None,
-            "error: comparison=nosuch: unknown option; valid: headline_arms, headline_digits, headline_mnist1d, "
-            "mnist1d, two_arms",
+            # every shipped comparison, and the test's own
+            "error: comparison=nosuch: unknown option; valid: " + ", ".join(sorted([*SHIPPED, "two_arms"])),
         ),
         ([], ("batch.adaptive.c", "batch.adaptive.cc"), "error: comparison.arms.adaptive="),
         (["seed=3"], None, "error: seed=3: is set by the comparison for each run"),
@@ -369,9 +370,6 @@ def test_bad_input_to_a_comparison_is_one_line_and_exit_2(data_root, tmp_path, e
     done = subprocess.run(command, cwd=tmp_path, env=cli_env(data_root), capture_output=True, text=True)
     assert done.returncode == 2 and done.stderr.startswith(line) and len(done.stderr.splitlines()) == 1, done.stderr
     assert not (tmp_path / "cmp").exists()
-
-
-SHIPPED = sorted(p.stem for p in (Path(__file__).parents[2] / "bsexp" / "conf" / "comparison").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("name", SHIPPED)
