@@ -43,6 +43,7 @@ comparison:
         batch.adaptive.c: {low: 0.5, high: 2.0, scale: log}
 """
 SHIPPED = sorted(p.stem for p in (Path(__file__).parents[2] / "bsexp" / "conf" / "comparison").glob("*.yaml"))
+SCRIPTS = Path(__file__).parents[2] / "scripts"
 TINY = ["data.num_samples=600", "data.val_size=100", "model.width=8", "logger=none", "trainer.threads=1"]
 
 
@@ -286,6 +287,14 @@ def test_a_language_models_comparison_counts_tokens_and_its_warmup_grows_at_sequ
     text = (out / "compare.md").read_text()
     assert "A sample is a sequence of 16 tokens: `tokens` = samples × 16." in text
     assert "| arm | reached | steps | samples | tokens | steps ratio |" in text and "val_loss <= 3.5" in text
+    # Each fixed batch's tuned LR, as a file tune.best reads (the branches at their tuned LR: docs: Branches)
+    lrs = out / "lr_by_batch.json"
+    made = subprocess.run(
+        [sys.executable, str(SCRIPTS / "tuned_lrs.py"), str(out), str(lrs)], capture_output=True, text=True
+    )
+    assert made.returncode == 0, made.stderr
+    best = json.loads((out / "best.json").read_text())
+    assert json.loads(lrs.read_text()) == {"32": {"lr": best["fixed_32"]["values"]["optimizer.lr"], "arm": "fixed_32"}}
 
 
 def _check_stages_and_best(out):
