@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import signal
 import subprocess
 import sys
 
@@ -136,11 +137,17 @@ def test_an_interrupted_run_saves_a_checkpoint_and_continues(environment, tmp_pa
     """Interrupted in Python (SIGINT, as a notebook's stop button or Ctrl-C sends it), the run is
     told as Ctrl-C tells it: it checkpoints and stops, and the KeyboardInterrupt names the command
     that continues it, which api.train continues to the end."""
-    # 800 steps: at 80 the run once ended (on a faster machine, CI's 2 workers) before the stop
-    # button's signal reached it, and the interrupt came after it had completed
+    # 800 steps, so that the run is still training when the stop button's signal comes
     run_dir, args = tmp_path / "run", [*TINY, "epochs=200", "checkpoint.every_steps=10000"]
+    # As in a notebook or a terminal: Python's KeyboardInterrupt on SIGINT. pytest-xdist's workers
+    # ignore SIGINT, and a Python child that starts with it ignored installs no handler for it: the
+    # stop button's signal was dropped and the run went on to its end (CI, 2026-12-05).
     done = subprocess.run(
-        [sys.executable, "-c", INTERRUPTED, str(run_dir), *args], capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", INTERRUPTED, str(run_dir), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert done.returncode == 0, done.stderr
     told = done.stdout.strip()
