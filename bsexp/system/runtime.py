@@ -224,6 +224,16 @@ def limit_memory(device: torch.device, limit_bytes: int) -> None:
             raise ConfigError("trainer.memory_limit_gb", round(limit_bytes / 2**30, 3), str(exc)) from None
 
 
+def unlimit_memory(device: torch.device) -> None:
+    """Lift limit_memory's cap once the training it was for has ended (or failed): on CPU the
+    address space's soft limit goes back to the hard one, so that reporting an out-of-memory error
+    (its frames still hold the tensors that filled the cap) never itself runs out of memory."""
+    from bsexp.system import memory
+
+    if device.type != "cuda":
+        memory.lift_memory_cap()
+
+
 def run_speed(cfg, device: torch.device, model: torch.nn.Module | None = None) -> Speed:
     """trainer.speed resolved for this run (bsexp.system.runtime.speed_for): channels_last where the
     model convolves images."""

@@ -25,7 +25,7 @@ from bsexp.runs import resume
 from bsexp.runs.trunk import find as find_trunk
 from bsexp.system import cores, memory
 from bsexp.system.io import remove_leftovers, reserve, write_json
-from bsexp.system.runtime import limit_memory, reset_peak_memory
+from bsexp.system.runtime import limit_memory, reset_peak_memory, unlimit_memory
 from bsexp.system.signals import stop_on_signals
 from bsexp.train.loop import TrainState, build_loop, train
 from bsexp.train.summary import announce, hyperparameters, make_summary, print_summary
@@ -146,7 +146,14 @@ def _set_up_and_train(cfg: DictConfig, world: World, run_dir: Path, loop, resume
         if cfg.trainer.memory_limit_gb is not None:  # after the cores' watcher has started: a thread is room
             loop.threads.no_more = True  # and no torch thread started anew under the cap (bsexp.system.memory.cap_room)
             limit_memory(world.device, int(cfg.trainer.memory_limit_gb * 2**30))
-        return _train(cfg, loop, state, run_dir, hparams, resumed, changed, trained)
+        try:
+            return _train(cfg, loop, state, run_dir, hparams, resumed, changed, trained)
+        finally:
+            # The cap is the training's: the summary and an OOM's report (its traceback still holds the
+            # tensors that filled the cap) run without it. Under it a lazy import in the report raised a
+            # MemoryError of its own, and the run ended in a traceback, not the one line (CI, 2026-12-05).
+            if cfg.trainer.memory_limit_gb is not None:
+                unlimit_memory(world.device)
 
 
 def _start_outputs(cfg: DictConfig, loop, run_dir: Path, hparams: dict, records: list | None, wandb_id) -> None:
