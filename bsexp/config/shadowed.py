@@ -24,10 +24,8 @@ def check_not_shadowed(args: list[str], shipped: Path = SHIPPED) -> None:
         if not eq or not group or "." in group or group.startswith("hydra") or not (shipped / group).is_dir():
             continue
         for choice in (c.strip() for c in value.split(",")):
-            ours = shipped / group / f"{choice}.yaml"
-            theirs = next(
-                (f / group / f"{choice}.yaml" for f in folders if (f / group / f"{choice}.yaml").is_file()), None
-            )
+            ours, mine = shipped / group / f"{choice}.yaml", (f / group / f"{choice}.yaml" for f in folders)
+            theirs = next((path for path in mine if path.is_file()), None)
             if choice and ours.is_file() and theirs is not None:
                 raise ConfigError(
                     key,
