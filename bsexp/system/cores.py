@@ -23,7 +23,6 @@ import contextlib
 import fcntl
 import logging
 import os
-import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -31,20 +30,13 @@ from pathlib import Path
 
 import torch
 
+from bsexp.system.registry import Entry, others, registry_dir
+
 LOOK_EVERY_S = 0.5  # how often a sharing run reads the registry: a run started beside it waits this long at most
 _HELD: list[int] = []  # this process's registration, locked for as long as it lives
 _DEFAULT: list[int] = []  # torch's thread count in this process before any run moved it
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Entry:
-    """Another training process in the registry: its threads, and whether it shares (moves them)."""
-
-    pid: int
-    threads: int
-    shares: bool
 
 
 @dataclass(frozen=True)
@@ -81,12 +73,6 @@ class Sharing:
         return f"{runs} on this machine's {self.cores} cores"
 
 
-def registry_dir() -> Path:
-    """Where the runs of this machine register: one folder for every process that should see the
-    others (BSEXP_CORES_REGISTRY moves it; the tests give each test its own)."""
-    return Path(os.environ.get("BSEXP_CORES_REGISTRY") or Path(tempfile.gettempdir()) / "bsexp-runs")
-
-
 def cores() -> int:
     """The cores this process may run on (its affinity, as torch sees them)."""
     return len(os.sched_getaffinity(0))
@@ -119,18 +105,6 @@ def register(threads: int, shares: bool = False, registry: Path | None = None) -
         os.replace(draft, registry / str(os.getpid()))
     # Read after entering: of two runs started at the same instant, the later to read sees the other.
     return Sharing(cores(), threads, others(registry))
-
-
-def others(registry: Path | None = None) -> tuple[Entry, ...]:
-    """Every other live training process in the registry."""
-    registry = registry or registry_dir()
-    found = []
-    for entry in registry.glob("[0-9]*"):
-        if entry.name == str(os.getpid()):
-            continue
-        with contextlib.suppress(OSError, ValueError):
-            found.append(_live_entry(entry))
-    return tuple(e for e in found if e is not None and e.threads)
 
 
 @dataclass(kw_only=True, eq=False)
@@ -241,19 +215,3 @@ def tell_share(sharing: Sharing) -> None:
         sum(o.threads for o in sharing.others),
         sharing.share,
     )
-
-
-def _live_entry(entry: Path) -> Entry | None:
-    """A live process's entry; None for a dead process's, which is removed. An entry of an older
-    bsexp (its threads alone) is pinned."""
-    handle = os.open(entry, os.O_RDONLY)
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:  # held: the process lives
-        threads, _, kind = os.read(handle, 32).decode().partition(" ")
-        return Entry(int(entry.name), int(threads or 1), kind == "shares")
-    else:
-        entry.unlink(missing_ok=True)
-        return None
-    finally:
-        os.close(handle)

@@ -4,6 +4,7 @@ config), `summary.json` at the end, and the table printed for a person."""
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -216,6 +217,7 @@ def make_summary(
         "device": str(device),
         "threads": loop.threads.first,  # the CPU threads it started training with, then where they moved:
         "threads_changes": [{"step": step, "threads": n} for step, n in loop.threads.changes],
+        "openmp_wait_policy": os.environ.get("OMP_WAIT_POLICY") or "default",  # chosen before torch loaded
         "speed": run_speed_of(cfg, loop).summary(),
         "compiled_graphs": compiled_graphs() - loop.graphs_before,  # torch.compile's: 1 a graph, more on recompiles
         "cuda_graphs": loop.step.graphs.summary() if loop.step.graphs is not None else None,  # trainer.cuda_graphs

@@ -7,12 +7,14 @@ scripts/bench_cores.py's to measure, not a test's.
 Each test has a registry of its own (conftest's own_cores_registry): its runs see each other, not
 the runs of the tests beside it."""
 
+import fcntl
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -152,3 +154,39 @@ def test_beside_a_pinned_run_a_default_run_takes_the_cores_left_and_a_run_told_i
     finally:
         other.kill()
         other.wait()
+
+
+def test_a_run_alone_keeps_openmps_waiting_one_started_beside_another_run_sleeps_and_a_users_policy_is_kept(
+    data_root, tmp_path
+):
+    """OpenMP's waiting is chosen before torch loads (bsexp.system.registry.choose_openmp_waiting):
+    alone, OpenMP's default (its threads spin a moment, then sleep: a step's parallel regions don't
+    each wait for a wake-up); beside another bsexp run training at the start, PASSIVE."""
+    registry = Path(os.environ["BSEXP_CORES_REGISTRY"])
+
+    def policy(name: str, **env: str) -> str:
+        run_env = cli_env(data_root)
+        run_env.pop("OMP_WAIT_POLICY", None)  # conftest's, for the tests' own crowded cores
+        out = subprocess.run(
+            [sys.executable, "-m", "bsexp.train", *TINY_RUN, f"hydra.run.dir={tmp_path / name}"],
+            cwd=tmp_path,
+            env={**run_env, **env},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        return json.loads((tmp_path / name / "summary.json").read_text())["openmp_wait_policy"]
+
+    assert policy("alone") == "default"
+    assert policy("told", OMP_WAIT_POLICY="ACTIVE") == "ACTIVE"
+    # Another training process, as bsexp.system.cores enters one: a locked file named by its pid.
+    with open(registry / str(os.getpid()), "w") as entry:
+        fcntl.flock(entry, fcntl.LOCK_EX)
+        entry.write("1 pinned")
+        entry.flush()
+        assert policy("beside") == "PASSIVE"
+        assert policy("beside_told", OMP_WAIT_POLICY="ACTIVE") == "ACTIVE"
+    # Gone (its lock released): alone again, and the dead entry is cleared away.
+    assert policy("after") == "default"
+    assert not (registry / str(os.getpid())).exists()

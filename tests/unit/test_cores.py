@@ -1,6 +1,9 @@
 """The share of the cores a run takes beside the machine's other bsexp runs (bsexp.system.cores)."""
 
+import fcntl
+
 from bsexp.system.cores import Entry, Sharing
+from bsexp.system.registry import choose_openmp_waiting
 
 
 def share(cores: int, pid: int, ceiling: int, *others: Entry) -> int:
@@ -33,3 +36,18 @@ def test_the_warning_counts_every_other_run_and_advises_an_even_split():
         "2 other bsexp runs train on this machine's 4 cores"
     )
     assert not Sharing(4, 2, (Entry(11, 2, True),)).oversubscribed
+
+
+def test_openmps_waiting_is_passive_only_beside_another_live_run_and_a_users_value_is_kept(tmp_path):
+    environ: dict[str, str] = {}
+    assert choose_openmp_waiting(environ, tmp_path) == "default" and environ == {}
+    (tmp_path / "999999999").write_text("2 shares")  # a dead process's entry: nobody holds its lock
+    assert choose_openmp_waiting(environ, tmp_path) == "default" and environ == {}
+    with open(tmp_path / "1", "w") as entry:  # a live one (this process holds the lock for it)
+        fcntl.flock(entry, fcntl.LOCK_EX)
+        entry.write("2 shares")
+        entry.flush()
+        assert choose_openmp_waiting(environ, tmp_path) == "PASSIVE"
+        assert environ == {"OMP_WAIT_POLICY": "PASSIVE"}
+        told = {"OMP_WAIT_POLICY": "active"}
+        assert choose_openmp_waiting(told, tmp_path) == "active" and told == {"OMP_WAIT_POLICY": "active"}
