@@ -328,6 +328,10 @@ class TrainerConfig:
     ladder_metric: LadderMetric = LadderMetric.val_acc  # accuracies are reached at or above a rung, losses below
     ladder_stop: bool = False  # end the run once it reaches the ladder's top rung
     eval_batch_size: int = at_least(1, 1024)
+    # PreciseBN (Wu & Johnson 2021): before each evaluation, BatchNorm's running statistics recomputed
+    # as the plain average over this many training samples (a seeded subset, not augmented), in batches
+    # of the step's micro-batch, with the weights as they are. null: the running average of training
+    precise_bn: Optional[int] = at_least(1, None)
     # stop after this many optimizer steps (batch=adaptive: a budget of the samples that many steps
     # of its first batch take; the run ends when it has taken them)
     max_steps: Optional[int] = at_least(1, None)

@@ -8,8 +8,9 @@ import math
 from typing import Any
 
 import torch
+from torch.utils.data import Subset
 
-from bsexp.engine.datasets import Split
+from bsexp.engine.datasets import INDEXED, Split
 from bsexp.engine.distributed import World
 from bsexp.engine.feed import PAD_LABEL, eval_batches, shard
 from bsexp.engine.losses import correct as count_correct
@@ -49,15 +50,57 @@ def evaluate(
     return loss / count, correct / count
 
 
+@torch.no_grad()
+def precise_bn(
+    net: torch.nn.Module, split: Split, world: World, autocast, batch_size: int, samples: int, seed: int
+) -> int:
+    """PreciseBN (Wu & Johnson 2021, "Rethinking 'Batch' in BatchNorm"): every BatchNorm layer's
+    running statistics recomputed as the plain average of the batch statistics over `samples`
+    training samples (a subset drawn by `seed`, the same at every evaluation), in batches of
+    `batch_size`, in training mode with the weights as they are now — in place of the exponential
+    average along training, whose older terms come from older weights, and which a slow momentum
+    leaves stale. Every rank takes the same samples, so the statistics agree (SyncBatchNorm's
+    all-reduces too). Returns the layers recomputed (0: the model has none, nothing done)."""
+    layers = [
+        m for m in net.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.track_running_stats
+    ]
+    if not layers:
+        return 0
+    momenta = [m.momentum for m in layers]
+    for m in layers:
+        m.reset_running_stats()
+        m.momentum = None  # a cumulative average: each batch counts alike
+    was_training = net.training
+    net.train()
+    order = torch.randperm(len(split), generator=torch.Generator().manual_seed(seed))[: min(samples, len(split))]
+    part = split.subset(order.to(split.device)) if isinstance(split, INDEXED) else Subset(split, order.tolist())
+    try:
+        for x, _ in eval_batches(part, batch_size, world.device):
+            with autocast():
+                net(x)
+    finally:
+        for m, momentum in zip(layers, momenta, strict=True):
+            m.momentum = momentum
+        net.train(was_training)
+    return len(layers)
+
+
 class Evaluator:
     """Every `every_steps` steps (0: at each epoch's end), and at the run's last step: validation
     and train accuracy (both in eval mode, on equal-sized samples), the running training loss,
     the LR and batch plan of the last step, and the noise scale — one record, to the sinks."""
 
     def __init__(
-        self, every_steps: int, batch_size: int, sinks, at_steps: tuple[int, ...] = (), growth: float | None = None
+        self,
+        every_steps: int,
+        batch_size: int,
+        sinks,
+        at_steps: tuple[int, ...] = (),
+        growth: float | None = None,
+        precise_bn: tuple[int, int] | None = None,
     ) -> None:
         self.every_steps, self.batch_size, self.sinks = every_steps, batch_size, sinks
+        self.precise_bn = precise_bn  # (samples, seed): trainer.precise_bn, before every evaluation
         self.at_steps = frozenset(at_steps)  # besides the interval (a branch's evaluations along it)
         self.growth = growth  # besides: at steps growing by this fraction (trainer.eval_growth)
         self._mark = 1  # the next of those steps
@@ -84,6 +127,10 @@ class Evaluator:
     def record(self, loop, state, epoch: float) -> dict[str, Any]:
         """One metrics record; train accuracy is measured like val's (eval mode, equal size)."""
         train_loss, train_batch_acc = state.take_running(loop.step.world)
+        if self.precise_bn is not None:
+            step, (samples, seed) = loop.step, self.precise_bn
+            micro = loop.batch_control.current.micro_size
+            precise_bn(step.net, loop.splits.train, step.world, step.autocast, micro, samples, seed)
         train_eval_loss, train_acc = self.split(loop, loop.splits.train_eval)
         val_loss, val_acc = self.split(loop, loop.splits.val)
         state.best_val_acc = max(state.best_val_acc, val_acc)

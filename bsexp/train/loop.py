@@ -250,6 +250,7 @@ def _evaluator(cfg: DictConfig, sinks: Sinks, batch_control: BatchControl) -> Ev
         sinks,
         batch_control.layout.eval_steps,
         growth=cfg.trainer.get("eval_growth"),
+        precise_bn=None if cfg.trainer.get("precise_bn") is None else (cfg.trainer.precise_bn, cfg.seed),
     )
 
 

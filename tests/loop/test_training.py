@@ -1,6 +1,7 @@
 """The loop's arithmetic: accumulation equals one big batch, exact normalisation, honest logs."""
 
 import math
+from copy import deepcopy
 
 import pytest
 import torch
@@ -246,3 +247,55 @@ def test_best_val_acc_is_the_best_of_the_runs_records(make_cfg):
     accuracies = [r["val_acc"] for r in progress.records]
     assert len(accuracies) == 12 and accuracies[-1] < max(accuracies)
     assert progress.best_val_acc == max(accuracies)  # what summary.json's best_val_acc holds
+
+
+def batchnorm_layers(net: torch.nn.Module) -> list[torch.nn.Module]:
+    return [m for m in net.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+
+
+def test_precise_bn_makes_the_running_statistics_the_mean_of_the_batch_statistics_over_its_samples(make_cfg):
+    # trainer.precise_bn (Wu & Johnson's PreciseBN): before each evaluation every BatchNorm layer's
+    # running mean and variance become the plain average, over 128 training samples drawn by the
+    # seed and taken in batches of the micro-batch (4 of 32), of the mean and unbiased variance of
+    # the layer's input there, with the weights as they are: computed here by hooks on a copy.
+    bn = ["model.norm=batch", "model.hidden=[32,32]", "batch.size=32", "trainer.max_steps=5"]
+    loop, _ = trained(make_cfg, *bn, "trainer.precise_bn=128", "seed=3")
+    net = loop.step.net
+    copy = deepcopy(net).train()
+    seen: dict[int, list[torch.Tensor]] = {}
+    for i, layer in enumerate(batchnorm_layers(copy)):
+        layer.register_forward_hook(lambda m, args, out, i=i: seen.setdefault(i, []).append(args[0].detach()))
+    train = loop.splits.train
+    order = torch.randperm(len(train), generator=torch.Generator().manual_seed(3))[:128]
+    with torch.no_grad():
+        for part in order.split(32):
+            copy(train.batch(part)[0])
+    layers = batchnorm_layers(net)
+    assert len(layers) == len(seen) == 2
+    for i, layer in enumerate(layers):
+        torch.testing.assert_close(layer.running_mean, torch.stack([x.mean(0) for x in seen[i]]).mean(0))
+        torch.testing.assert_close(layer.running_var, torch.stack([x.var(0) for x in seen[i]]).mean(0))
+        assert layer.momentum == 0.1  # restored: training goes on averaging as before
+    # Without it the same weights carry the exponential average of training: other statistics.
+    plain, _ = trained(make_cfg, *bn, "seed=3")
+    weights = lambda lp: {k: v for k, v in params(lp).items() if "running" not in k and "num_batches" not in k}  # noqa: E731
+    assert_close(weights(plain), weights(loop), atol=0)  # running statistics never move the training
+    assert (batchnorm_layers(plain.step.net)[0].running_var - layers[0].running_var).abs().max() > 1e-3
+
+
+def test_with_precise_bn_the_evaluation_no_longer_depends_on_batchnorms_momentum(make_cfg):
+    # BatchNorm's momentum moves only its running statistics, never the training: two runs that
+    # differ in it alone train the same weights. A momentum made 1/k as slow (scaling.bn_momentum_rule=
+    # inverse, k = 32) leaves the statistics stale and the evaluation differs; recomputed, it does not.
+    bn = ["model.norm=batch", "batch.size=32", "trainer.max_steps=6", "trainer.eval_every_steps=3"]
+    slow = ["scaling.bn_momentum_rule=inverse", "scaling.ref_batch=1", "scaling.lr_rule=none", "scaling.wd_rule=none"]
+    plain = ["scaling.lr_rule=none", "scaling.wd_rule=none"]
+    records = {}
+    for name, overrides in {"plain": plain, "slow": slow}.items():
+        for precise in (False, True):
+            extra = ["trainer.precise_bn=96"] if precise else []
+            loop, progress = trained(make_cfg, *bn, *overrides, *extra)
+            records[name, precise] = [(r["val_loss"], r["train_eval_loss"]) for r in progress.records]
+            assert batchnorm_layers(loop.step.net)[0].momentum == pytest.approx(0.1 / 32 if name == "slow" else 0.1)
+    assert records["plain", True] == records["slow", True]
+    assert records["plain", False] != records["slow", False]
