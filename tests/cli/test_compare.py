@@ -124,6 +124,7 @@ def test_two_arms_tuned_alike_killed_and_continued_and_the_report_from_the_runs_
     assert {p: p.stat().st_mtime_ns for p in done} == done  # the runs that had finished were not run again
     _check_stages_and_best(out)
     _check_report(out)
+    _check_final_against(out)
 
 
 # An adaptive arm that searches its start batch (batch.size=${bsexp_tuned:batch.size}), searched
@@ -319,6 +320,37 @@ def _check_stages_and_best(out):
         (stage, arm) for stage in ("search", "refine", "held_out") for arm in ("fixed_32", "adaptive")
     }
     assert all(r["optimizer.lr"] == pytest.approx(r["lr"]) for r in rows if r["arm"] == "fixed_32")
+
+
+def _check_final_against(out):
+    """scripts/final_against.py holds every arm against the arms named: against the report's baseline
+    (fixed_32) the report's own final difference and interval; against the other arm, the same
+    mirrored; each arm's mean final value, test accuracy and training loss from its held-out runs."""
+    made = subprocess.run(
+        [sys.executable, str(SCRIPTS / "final_against.py"), str(out), "fixed_32", "adaptive"],
+        capture_output=True,
+        text=True,
+    )
+    assert made.returncode == 0, made.stderr
+    report = {r["arm"]: r for r in csv.DictReader((out / "compare.csv").open()) if r["rung"] == "final"}
+    rows = {r["arm"]: r for r in csv.DictReader((out / "final_against.csv").open())}
+    assert set(rows) == {"fixed_32", "adaptive"} and (out / "final_against.png").stat().st_size
+    ends = ("", "_low", "_high")
+    theirs = [float(report["adaptive"][f"final_difference{end}"]) for end in ends]
+    ours = [float(rows["adaptive"][f"vs_fixed_32{end}"]) for end in ends]
+    assert ours == pytest.approx(theirs, abs=1e-12)
+    assert rows["adaptive"]["vs_fixed_32_non_inferiority"] == report["adaptive"]["final_verdict"]
+    mirrored = [-float(rows["fixed_32"][f"vs_adaptive{end}"]) for end in ("", "_high", "_low")]
+    assert mirrored == pytest.approx(ours, abs=1e-9)
+    for arm, row in rows.items():
+        held = summaries(out / "held_out" / arm).values()
+        assert int(row["seeds"]) == len(held) == 3
+        assert float(row["final"]) == pytest.approx(float(report[arm]["final"]), abs=1e-12)
+        assert float(row["test_acc"]) == pytest.approx(np.mean([s["test_acc"] for s in held]), abs=1e-12)
+        assert float(row["train_loss"]) == pytest.approx(np.mean([s["train_loss"] for s in held]), abs=1e-12)
+    words = {"better", "worse", "not distinguished"}
+    assert {rows["adaptive"]["vs_fixed_32_direction"], rows["fixed_32"]["vs_adaptive_direction"]} <= words
+    assert "| adaptive | 3 |" in made.stdout
 
 
 def _check_report(out):
