@@ -37,7 +37,7 @@ def one_line(exc: BaseException) -> str:
     from hydra.errors import MissingConfigException, OverrideParseException
     from omegaconf.errors import OmegaConfBaseException
 
-    if (inner := _config_error_within(exc)) is not None:  # itself, or a resolver's (bsexp_tuned) OmegaConf wrapped
+    if (inner := config_error_within(exc)) is not None:  # itself, or a resolver's (bsexp_tuned) OmegaConf wrapped
         return str(inner)
     if isinstance(exc, MissingConfigException):
         return _missing_option(exc)
@@ -58,10 +58,10 @@ def one_line(exc: BaseException) -> str:
 def refused(exc: BaseException) -> bool:
     """Whether a run failed because bsexp refused its configuration (a ConfigError, however deep):
     the run cannot start, or go on, with these values; running it again gives the same answer."""
-    return _config_error_within(exc) is not None
+    return config_error_within(exc) is not None
 
 
-def _config_error_within(exc: BaseException) -> ConfigError | None:
+def config_error_within(exc: BaseException) -> ConfigError | None:
     """The ConfigError an error was raised from, however deep (OmegaConf wraps a resolver's)."""
     seen = set()
     while exc is not None and id(exc) not in seen:

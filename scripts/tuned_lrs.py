@@ -5,6 +5,13 @@ other runs (the critical batch's branches) train each batch at its tuned LR:
     python -m bsexp.train -m experiment=lm_critical_batch branch.trunk=<trunks> batch.size=16,32,64 \\
         scaling.lr_rule=none 'optimizer.lr=${bsexp_tuned:lr}' tune.best=outputs/lm_warmup/lr_by_batch.json
 
+Every other value the search chose for that batch is there too, under its key, so that reruns
+take all of them (the MNIST-1D comparison searched the momentum and the warmup as well):
+
+    python -m bsexp.train -m comparison=mnist1d batch=fixed batch.size=8,16 seed=1,2 \\
+        'optimizer.lr=${bsexp_tuned:optimizer.lr}' 'optimizer.momentum=${bsexp_tuned:optimizer.momentum}' \\
+        'schedule.warmup=${bsexp_tuned:schedule.warmup}' tune.best=outputs/compare/tuned.json
+
 Reads the comparison's own files: comparison.json (each baseline arm's batch.size override) and
 best.json (each arm's best values, optimizer.lr among them)."""
 
@@ -21,9 +28,10 @@ def lr_by_batch(tune_dir: Path) -> dict[str, dict[str, float]]:
     found = {}
     for name, arm in arms.items():
         sizes = [o.split("=", 1)[1] for o in arm["overrides"] if o.startswith("batch.size=")]
-        lr = (best.get(name) or {}).get("values", {}).get("optimizer.lr")
+        values = (best.get(name) or {}).get("values", {})
+        lr = values.get("optimizer.lr")
         if arm.get("baseline") and sizes and lr is not None:
-            found[sizes[0]] = {"lr": lr, "arm": name}
+            found[sizes[0]] = {"lr": lr, "arm": name, **values}  # every searched key too, by its name
     return dict(sorted(found.items(), key=lambda kv: int(kv[0])))
 
 

@@ -20,7 +20,7 @@ from bsexp.batch.plan import BatchPlan
 from bsexp.batch.policies import Hooks, policy_for
 from bsexp.config.checks import check
 from bsexp.config.env import env_rank, launches_workers, restarted, under_torchrun, world_size
-from bsexp.errors import ConfigError, config_errors, exit_on_config_error, one_line
+from bsexp.errors import ConfigError, config_error_within, config_errors, exit_on_config_error, one_line
 from bsexp.finder import server
 from bsexp.runs import resume
 from bsexp.runs.trunk import check as check_trunk
@@ -193,8 +193,11 @@ class Preflight(Callback):
             # as it goes, Optuna's, leaves them to each job).
             try:
                 check_all(config)
-            except ConfigError as exc:
-                if exc.key not in swept_keys(config):
+            except config_errors() as exc:
+                inner, swept = config_error_within(exc), swept_keys(config)
+                # tune.best is read at the point's batch size (OmegaConf wraps the resolver's error):
+                # without the swept batch, the config's own (128, say) need not be one it holds
+                if inner is None or not (inner.key in swept or (inner.key == "tune.best" and "batch.size" in swept)):
                     raise
             points = sweep_points(config)
             continued = config.get("resume") == "auto"  # a sweep continued in its own directory

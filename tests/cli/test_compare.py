@@ -295,7 +295,8 @@ def test_a_language_models_comparison_counts_tokens_and_its_warmup_grows_at_sequ
     )
     assert made.returncode == 0, made.stderr
     best = json.loads((out / "best.json").read_text())
-    assert json.loads(lrs.read_text()) == {"32": {"lr": best["fixed_32"]["values"]["optimizer.lr"], "arm": "fixed_32"}}
+    lr = best["fixed_32"]["values"]["optimizer.lr"]
+    assert json.loads(lrs.read_text()) == {"32": {"lr": lr, "arm": "fixed_32", "optimizer.lr": lr}}
 
 
 def _check_stages_and_best(out):

@@ -3,6 +3,7 @@ each batch size chosen and rerun over seeds, a batch size that never gets there,
 tuning run killed mid-way, continued by the same command with the trials that finished not run
 again."""
 
+import csv
 import json
 import os
 import signal
@@ -177,3 +178,36 @@ def test_bad_input_to_the_tuning_is_one_line_and_exit_2(data_root, tmp_path, arg
     assert "Traceback" not in done.stderr and not (out / "trials" / "0").exists()
     helped = subprocess.run([*run[:3], "--help"], env=cli_env(data_root), capture_output=True, text=True, timeout=60)
     assert helped.returncode == 0 and helped.stdout.startswith("`python -m bsexp.tune TUNE_DIR")
+
+
+@pytest.mark.slow  # four tiny GPT runs: about 30-60 s on 2 cores
+def test_steps_to_result_of_a_language_model_gives_tokens_beside_samples(data_root, tmp_path):
+    """A GPT's steps to a loss target: the report's table and CSV give the tokens each batch took
+    beside its samples, a sample being a sequence of data.context tokens. (Batches 8 and 16, not the
+    config's 128: the reruns once stopped at their sweep's check, which looked up 128's best.)"""
+    out = tmp_path / "tune"
+    gpt = ["model=gpt", "data=text", "data.train_tokens=8192", "data.val_size=64", "model.width=32", "model.heads=2"]
+    # SGD: steps to result searches SGD's LR and momentum (AdamW is tuned in a comparison)
+    args = ["optimizer=sgd", "tune_batches=[8,16]", "tune.trials=2", "tune.seeds=1", "tune.lr_min=0.1"]
+    args += ["tune.lr_max=0.5", "tune.metric=val_loss", "tune.target=4.5", "epochs=2", "logger=none"]
+    args += ["trainer.threads=1"]
+    done = subprocess.run(
+        [sys.executable, "-m", "bsexp.tune", str(out), *gpt, *args],
+        cwd=tmp_path,
+        env=cli_env(data_root),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    context = json.loads(next((out / "trials").glob("*/summary.json")).read_text())["context"]
+    rows = list(csv.DictReader((out / "steps_to_result.csv").open()))
+    reached = [r for r in rows if r["samples_mean"]]
+    assert reached, rows
+    for row in reached:
+        assert float(row["tokens_mean"]) == pytest.approx(context * float(row["samples_mean"]))
+    table = (out / "steps_to_result.md").read_text()
+    assert f"A sample is a sequence of {context:,} tokens" in table
+    assert "| samples | tokens | linear rule / tuned |" in table
+    for row in reached:
+        assert f"| {float(row['samples_mean']):,.0f} | {float(row['tokens_mean']):,.0f} |" in table

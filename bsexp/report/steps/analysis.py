@@ -101,6 +101,7 @@ class StepsToResult:
     regions: Regions | None = None
     reference: int | None = None  # the batch the rules are scaled from (its tuned LR)
     metric: str = "val_acc"  # what reaches the target: an accuracy at or above it, a loss at or below
+    context: int | None = None  # a language model's tokens per sample (the runs' summary.json `context`)
 
     @property
     def target_text(self) -> str:
@@ -168,7 +169,8 @@ def analyse(
         t = trial(point, target, metric)
         if t.batch in by_batch:
             by_batch[t.batch].reruns.append(t)
-    result = StepsToResult(target, [by_batch[b] for b in sorted(by_batch)], metric=metric)
+    context = next((p.summary["context"] for p in trials if (p.summary or {}).get("context")), None)
+    result = StepsToResult(target, [by_batch[b] for b in sorted(by_batch)], metric=metric, context=context)
     reached = [b.batch for b in result.batches if b.best is not None]
     result.reference = min(reached, key=lambda b: abs(math.log(b / reference))) if reached else None
     curve = result.curve()

@@ -34,6 +34,9 @@ def rows(result: StepsToResult) -> list[dict]:
                 "seeds": len(seeds),
                 "runs": 1 + len(b.reruns) if best else 0,  # the best and its reruns, reached or not
                 "samples_mean": statistics.fmean(b.samples_over_seeds()) if seeds else None,
+                "tokens_mean": statistics.fmean(b.samples_over_seeds()) * result.context
+                if seeds and result.context
+                else None,
                 "linear_rule_over_tuned": ratios["linear"] if ratios else None,
                 "sqrt_rule_over_tuned": ratios["sqrt"] if ratios else None,
                 "region": result.region(b.batch) or "",
@@ -61,12 +64,18 @@ def markdown(result: StepsToResult, estimates: list[tuple[str, str, str]]) -> st
         "steps are interpolated between the evaluations around the target, which lie a few percent of the "
         "steps apart (trainer.eval_growth). Steps: the best trial and its reruns over seeds, mean ± std.",
         "",
+        *(
+            [f"A sample is a sequence of {result.context:,} tokens: `tokens` = samples × {result.context:,}.", ""]
+            if result.context
+            else []
+        ),
         "| batch | trials reaching | best LR | steps (best) | steps, mean ± std (seeds) | samples | "
-        "linear rule / tuned | sqrt rule / tuned | region |",
-        "|" + " --- |" * 9,
+        + ("tokens | " if result.context else "")
+        + "linear rule / tuned | sqrt rule / tuned | region |",
+        "|" + " --- |" * (10 if result.context else 9),
     ]
     table = rows(result)
-    lines += [_table_row(row) for row in table]
+    lines += [_table_row(row, tokens=bool(result.context)) for row in table]
     lines.append("")
     lines += _fit_lines(result)
     lines += _cautions(result, table)
@@ -84,7 +93,7 @@ def markdown(result: StepsToResult, estimates: list[tuple[str, str, str]]) -> st
     return "\n".join(lines)
 
 
-def _table_row(row: dict) -> str:
+def _table_row(row: dict, tokens: bool = False) -> str:
     edge = f" (at the {row['lr_at_edge']} LR tried)" if row["lr_at_edge"] else ""
     if row["best_warmup"] is not None:  # searched too
         edge += f", warmup {row['best_warmup']:.2g}"
@@ -98,7 +107,8 @@ def _table_row(row: dict) -> str:
     return (
         f"| {row['batch']} | {row['reached']}/{row['trials']} | {_num(row['best_lr'], '.3g')}{edge} | "
         f"{_num(row['best_steps'], ',.1f')} | {spread} | {_num(row['samples_mean'], ',.0f')} | "
-        f"{_num(row['linear_rule_over_tuned'], '.2f')} | {_num(row['sqrt_rule_over_tuned'], '.2f')} | "
+        + (f"{_num(row['tokens_mean'], ',.0f')} | " if tokens else "")
+        + f"{_num(row['linear_rule_over_tuned'], '.2f')} | {_num(row['sqrt_rule_over_tuned'], '.2f')} | "
         f"{row['region'] or '-'} |"
     )
 

@@ -1,0 +1,166 @@
+"""The critical batch from fixed-batch runs, by rung: B_simple on the runs themselves, and the fit of
+their steps and samples (issue 58, part 2):
+
+    python scripts/noise_by_rung.py outputs/noise/tuned [--weight progress|steps] [--name NAME]
+
+SWEEP_DIR is a multirun of fixed batches over seeds, each run with `trainer.noise_scale=always` and
+a `trainer.ladder` (the comparison's reruns at its tuned values, or a sweep with the LR scaled by a
+rule). Two estimates per rung of the ladder, each with a 95 % interval from a bootstrap over the
+seeds:
+
+- **B_simple up to the rung**, per batch: each run's noise-scale estimates (`noise/trace_sigma_raw`
+  and `noise/grad_sq_raw`, the raw estimates since the record before) over its records up to the
+  step at which it reached the rung, averaged apart with weights and divided: B = sum w tr(Sigma) /
+  sum w |G|^2. `--weight progress` (the default) weighs each record by the fall of the training loss
+  since the one before (McCandlish et al.'s B_crit is a path average of B_noise over training, each
+  stretch counted by the progress it made); `steps` by its steps. Then the mean over the seeds that
+  reached the rung, and over the batches (`all`).
+- **B_crit of the fit**: McCandlish et al.'s (S/S_min - 1)(E/E_min - 1) = 1 through the batches'
+  mean steps and samples to the rung, with the comparison report's own analysis
+  (`bsexp.report.compare.analysis.frontier`: a batch enters where it reached the rung on 8 of 10
+  seeds).
+
+Printed as markdown tables; the same rows go to SWEEP_DIR/noise_by_rung.csv."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import sys
+import warnings
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+
+from bsexp.report.compare.analysis import frontier
+from bsexp.report.compare.intervals import over_seeds
+from bsexp.report.compare.load import read_run
+from bsexp.report.compare.plan import HELD_OUT, Plan
+from bsexp.report.load import load_points
+
+TRACE, GRAD = "noise/trace_sigma_raw", "noise/grad_sq_raw"
+START_LOSS = math.log(10)  # a 10-class model's loss before it learns: where the first record's progress starts
+
+
+def plan_of(points, seeds: list[int], name: str) -> Plan:
+    """The sweep as a comparison's plan: each batch a baseline arm, the seeds held out."""
+    config = points[0].config
+    trainer = config["trainer"]
+    arms = {
+        f"fixed_{b}": {"overrides": [f"batch.size={b}"], "baseline": True} for b in sorted({p.batch for p in points})
+    }
+    return Plan(
+        name=name,
+        comparison={"arms": arms, "min_reached": 0.8, "tuning_seeds": [min(seeds) - 1], "held_out": len(seeds)},
+        ladder_rungs=tuple(float(r) for r in trainer["ladder"]),
+        ladder_metric=str(trainer["ladder_metric"]),
+        ladder_stop=bool(trainer["ladder_stop"]),
+        epochs=float(config["epochs"]),
+    )
+
+
+def b_simple_until(records, step: float, weight: str) -> float | None:
+    """B_simple over a run's records up to `step`: weighted sums of tr(Sigma) and |G|^2, divided."""
+    trace = grad = 0.0
+    before = START_LOSS
+    last_step = 0
+    for record in records:
+        if record.get("step", 0) > math.ceil(step - 1e-9):
+            break
+        loss, t, g = record.get("train_loss"), record.get(TRACE), record.get(GRAD)
+        if None not in (loss, t, g) and all(map(math.isfinite, (loss, t, g))):
+            w = max(before - loss, 0.0) if weight == "progress" else record["step"] - last_step
+            trace, grad = trace + w * t, grad + w * g
+        if loss is not None:
+            before = loss
+        last_step = record.get("step", last_step)
+    return trace / grad if grad > 0 else None
+
+
+def analyse(sweep_dir: Path, weight: str, name: str):
+    points = [p for p in load_points(sweep_dir) if p.done]
+    if not points:
+        raise ValueError("no completed run")
+    seeds = sorted({p.seed for p in points})
+    plan = plan_of(points, seeds, name)
+    runs = {arm: [] for arm in plan.arms}
+    by_run = {}
+    for point in points:
+        run = read_run(point, plan, f"fixed_{point.batch}", HELD_OUT)
+        runs[run.arm].append(run)
+        by_run[(run.arm, run.seed)] = point
+    rows = []
+    for rung in plan.rungs:
+        # (arms, seeds) of B_simple up to the rung: NaN where the run did not reach it
+        table = np.full((len(plan.arms), len(seeds)), np.nan)
+        for i, arm in enumerate(plan.arms):
+            for run in runs[arm]:
+                if rung in run.reaches:
+                    value = b_simple_until(by_run[(arm, run.seed)].records, run.reaches[rung]["step"], weight)
+                    table[i, seeds.index(run.seed)] = np.nan if value is None else value
+        found = frontier(plan, rung, runs)
+        fit = found.fit if found.fit is not None and not found.fit.refused else None
+        b_crit = found.intervals.get("B_crit")
+        row = {"rung": rung, "B_crit_fit": fit.b_crit if fit else None}
+        row["B_crit_fit_low"], row["B_crit_fit_high"] = (b_crit.low, b_crit.high) if b_crit else (None, None)
+        for i, arm in enumerate([*plan.arms, "all"]):
+            statistic = partial(_mean_over, table, None if arm == "all" else i)
+            interval, _ = over_seeds(len(seeds), statistic, ["B"])
+            reached = int(np.sum(~np.isnan(table[i] if arm != "all" else table)))
+            value = statistic(np.arange(len(seeds)))[0]
+            row[arm] = value if math.isfinite(value) else None
+            row[f"{arm}_low"], row[f"{arm}_high"] = (
+                (interval["B"].low, interval["B"].high) if interval["B"] else (None, None)
+            )
+            row[f"{arm}_reached"] = reached
+        rows.append(row)
+    return plan, rows
+
+
+def _mean_over(table: np.ndarray, arm: int | None, drawn) -> list[float]:
+    """The mean over the drawn seeds (columns) of one batch's row of `table` (None: of every batch's
+    mean, the batches alike); NaN where no drawn seed reached the rung."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        per_arm = np.nanmean(table[:, np.asarray(drawn, dtype=int)], axis=1)
+        return [float(np.nanmean(per_arm) if arm is None else per_arm[arm])]
+
+
+def text(value, low, high) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.0f}" + (f" [{low:.0f}, {high:.0f}]" if low is not None else "")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("sweep_dir", type=Path)
+    parser.add_argument("--weight", choices=("progress", "steps"), default="progress")
+    parser.add_argument("--name", default=None, help="what the tables call the sweep (default: its folder)")
+    args = parser.parse_args()
+    try:
+        plan, rows = analyse(args.sweep_dir, args.weight, args.name or args.sweep_dir.name)
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"error: {args.sweep_dir}: {exc}", file=sys.stderr)
+        return 2
+    arms = [*plan.arms, "all"]
+    print(f"B_simple up to each rung ({args.weight}-weighted), mean over the seeds that reached it [95 % bootstrap]:")
+    print("| rung | B_crit (fit) | " + " | ".join(a.replace("fixed_", "") for a in arms) + " |")
+    print("|" + " --- |" * (len(arms) + 2))
+    for row in rows:
+        cells = [text(row["B_crit_fit"], row["B_crit_fit_low"], row["B_crit_fit_high"])]
+        cells += [text(row[a], row[f"{a}_low"], row[f"{a}_high"]) for a in arms]
+        print(f"| {row['rung']} | " + " | ".join(cells) + " |")
+    out = args.sweep_dir / "noise_by_rung.csv"
+    with open(out, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"\n{out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
