@@ -14,7 +14,8 @@ seeds:
   sum w |G|^2. `--weight progress` (the default) weighs each record by the fall of the training loss
   since the one before (McCandlish et al.'s B_crit is a path average of B_noise over training, each
   stretch counted by the progress it made); `steps` by its steps. Then the mean over the seeds that
-  reached the rung, and over the batches (`all`).
+  reached the rung with a positive weighted |G|^2 (its estimate is unbiased, so a short stretch can
+  sum below 0; the CSV's `<batch>_seeds` counts them), and over the batches (`all`).
 - **B_crit of the fit**: McCandlish et al.'s (S/S_min - 1)(E/E_min - 1) = 1 through the batches'
   mean steps and samples to the rung, with the comparison report's own analysis
   (`bsexp.report.compare.analysis.frontier`: a batch enters where it reached the rung on 8 of 10
@@ -114,7 +115,7 @@ def analyse(sweep_dir: Path, weight: str, name: str):
             row[f"{arm}_low"], row[f"{arm}_high"] = (
                 (interval["B"].low, interval["B"].high) if interval["B"] else (None, None)
             )
-            row[f"{arm}_reached"] = reached
+            row[f"{arm}_seeds"] = reached
         rows.append(row)
     return plan, rows
 
