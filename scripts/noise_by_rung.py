@@ -15,11 +15,13 @@ seeds:
   since the one before (McCandlish et al.'s B_crit is a path average of B_noise over training, each
   stretch counted by the progress it made); `steps` by its steps. Then the mean over the seeds that
   reached the rung with a positive weighted |G|^2 (its estimate is unbiased, so a short stretch can
-  sum below 0; the CSV's `<batch>_seeds` counts them), and over the batches (`all`).
+  sum below 0; the CSV's `<batch>_seeds` counts them), and the median of the batches' (`all`).
 - **B_crit of the fit**: McCandlish et al.'s (S/S_min - 1)(E/E_min - 1) = 1 through the batches'
   mean steps and samples to the rung, with the comparison report's own analysis
   (`bsexp.report.compare.analysis.frontier`: a batch enters where it reached the rung on 8 of 10
   seeds).
+- **Their ratio**, the batches' median B_simple over the fit's B_crit, both from the same resampled
+  seeds, with its interval: the two `agree` only where it covers 1.
 
 Printed as markdown tables; the same rows go to SWEEP_DIR/noise_by_rung.csv."""
 
@@ -35,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bsexp.report.analysis.fit import fit_steps_samples
 from bsexp.report.compare.analysis import frontier
 from bsexp.report.compare.intervals import over_seeds
 from bsexp.report.compare.load import read_run
@@ -106,6 +109,11 @@ def analyse(sweep_dir: Path, weight: str, name: str):
         b_crit = found.intervals.get("B_crit")
         row = {"rung": rung, "B_crit_fit": fit.b_crit if fit else None}
         row["B_crit_fit_low"], row["B_crit_fit_high"] = (b_crit.low, b_crit.high) if b_crit else (None, None)
+        ratio, _ = over_seeds(len(seeds), partial(_ratio, table, _reaches(found, runs, rung, seeds)), ["ratio"])
+        row["ratio"], row["ratio_low"], row["ratio_high"] = (
+            (ratio["ratio"].estimate, ratio["ratio"].low, ratio["ratio"].high) if ratio["ratio"] else (None,) * 3
+        )
+        row["agree"] = "" if not ratio["ratio"] else agreement(ratio["ratio"].low, ratio["ratio"].high)
         for i, arm in enumerate([*plan.arms, "all"]):
             statistic = partial(_mean_over, table, None if arm == "all" else i)
             interval, _ = over_seeds(len(seeds), statistic, ["B"])
@@ -121,12 +129,43 @@ def analyse(sweep_dir: Path, weight: str, name: str):
 
 
 def _mean_over(table: np.ndarray, arm: int | None, drawn) -> list[float]:
-    """The mean over the drawn seeds (columns) of one batch's row of `table` (None: of every batch's
-    mean, the batches alike); NaN where no drawn seed reached the rung."""
+    """The mean over the drawn seeds (columns) of one batch's row of `table` (None: the median of
+    the batches' means, which one batch's noisy estimates do not carry away); NaN where no drawn
+    seed reached the rung."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         per_arm = np.nanmean(table[:, np.asarray(drawn, dtype=int)], axis=1)
-        return [float(np.nanmean(per_arm) if arm is None else per_arm[arm])]
+        return [float(np.nanmedian(per_arm) if arm is None else per_arm[arm])]
+
+
+def _reaches(found, runs, rung: str, seeds: list[int]) -> np.ndarray:
+    """(fitted batches, seeds, 2): the steps and samples to `rung` of the batches the fit took."""
+    fitted = [p[0] for p in found.points]
+    reach = np.full((len(fitted), len(seeds), 2), np.nan)
+    for j, arm in enumerate(fitted):
+        for run in runs[arm]:
+            if rung in run.reaches:
+                reach[j, seeds.index(run.seed)] = [run.reaches[rung]["step"], run.reaches[rung]["samples"]]
+    return reach
+
+
+def _ratio(table: np.ndarray, reach: np.ndarray, drawn) -> list[float]:
+    """B_simple (the batches' median) over the fit's B_crit, both from the same drawn seeds."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        means = np.nanmean(reach[:, np.asarray(drawn, dtype=int), :], axis=1)
+    kept = means[~np.isnan(means).any(axis=1)]
+    fit = fit_steps_samples(kept[:, 0].tolist(), kept[:, 1].tolist()) if len(kept) else None
+    if fit is None or fit.refused:
+        return [math.nan]
+    return [_mean_over(table, None, drawn)[0] / fit.b_crit]
+
+
+def agreement(low: float, high: float) -> str:
+    """Two estimates agree only where the interval of their ratio covers 1."""
+    if low <= 1 <= high:
+        return "agree"
+    return "B_simple lower" if high < 1 else "B_simple higher"
 
 
 def text(value, low, high) -> str:
@@ -148,11 +187,17 @@ def main() -> int:
         return 2
     arms = [*plan.arms, "all"]
     print(f"B_simple up to each rung ({args.weight}-weighted), mean over the seeds that reached it [95 % bootstrap]:")
-    print("| rung | B_crit (fit) | " + " | ".join(a.replace("fixed_", "") for a in arms) + " |")
-    print("|" + " --- |" * (len(arms) + 2))
+    print(
+        "| rung | B_crit (fit) | "
+        + " | ".join(a.replace("fixed_", "") for a in arms[:-1])
+        + " | median of the batches | median / B_crit |"
+    )
+    print("|" + " --- |" * (len(arms) + 3))
     for row in rows:
         cells = [text(row["B_crit_fit"], row["B_crit_fit_low"], row["B_crit_fit_high"])]
         cells += [text(row[a], row[f"{a}_low"], row[f"{a}_high"]) for a in arms]
+        ratio = "-" if row["ratio"] is None else f"{row['ratio']:.2f} [{row['ratio_low']:.2f}, {row['ratio_high']:.2f}]"
+        cells.append(f"{ratio}: {row['agree']}" if row["agree"] else ratio)
         print(f"| {row['rung']} | " + " | ".join(cells) + " |")
     out = args.sweep_dir / "noise_by_rung.csv"
     with open(out, "w", newline="") as handle:
