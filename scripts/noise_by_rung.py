@@ -37,8 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bsexp.report.analysis.fit import fit_steps_samples
-from bsexp.report.compare.analysis import frontier
+from bsexp.report.compare.analysis import fit_of_seeds, frontier, reaches_at
 from bsexp.report.compare.intervals import over_seeds
 from bsexp.report.compare.load import read_run
 from bsexp.report.compare.plan import HELD_OUT, Plan
@@ -89,6 +88,8 @@ def analyse(sweep_dir: Path, weight: str, name: str):
         raise ValueError("no completed run")
     seeds = sorted({p.seed for p in points})
     plan = plan_of(points, seeds, name)
+    if seeds != plan.held_out_seeds:  # the fit's bootstrap draws the plan's seeds, B_simple's these
+        raise ValueError(f"the seeds must follow each other (found {seeds})")
     runs = {arm: [] for arm in plan.arms}
     by_run = {}
     for point in points:
@@ -109,7 +110,7 @@ def analyse(sweep_dir: Path, weight: str, name: str):
         b_crit = found.intervals.get("B_crit")
         row = {"rung": rung, "B_crit_fit": fit.b_crit if fit else None}
         row["B_crit_fit_low"], row["B_crit_fit_high"] = (b_crit.low, b_crit.high) if b_crit else (None, None)
-        ratio, _ = over_seeds(len(seeds), partial(_ratio, table, _reaches(found, runs, rung, seeds)), ["ratio"])
+        ratio, _ = over_seeds(len(seeds), partial(_ratio, table, reaches_at(plan, rung, runs)[1]), ["ratio"])
         row["ratio"], row["ratio_low"], row["ratio_high"] = (
             (ratio["ratio"].estimate, ratio["ratio"].low, ratio["ratio"].high) if ratio["ratio"] else (None,) * 3
         )
@@ -138,27 +139,10 @@ def _mean_over(table: np.ndarray, arm: int | None, drawn) -> list[float]:
         return [float(np.nanmedian(per_arm) if arm is None else per_arm[arm])]
 
 
-def _reaches(found, runs, rung: str, seeds: list[int]) -> np.ndarray:
-    """(fitted batches, seeds, 2): the steps and samples to `rung` of the batches the fit took."""
-    fitted = [p[0] for p in found.points]
-    reach = np.full((len(fitted), len(seeds), 2), np.nan)
-    for j, arm in enumerate(fitted):
-        for run in runs[arm]:
-            if rung in run.reaches:
-                reach[j, seeds.index(run.seed)] = [run.reaches[rung]["step"], run.reaches[rung]["samples"]]
-    return reach
-
-
 def _ratio(table: np.ndarray, reach: np.ndarray, drawn) -> list[float]:
     """B_simple (the batches' median) over the fit's B_crit, both from the same drawn seeds."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        means = np.nanmean(reach[:, np.asarray(drawn, dtype=int), :], axis=1)
-    kept = means[~np.isnan(means).any(axis=1)]
-    fit = fit_steps_samples(kept[:, 0].tolist(), kept[:, 1].tolist()) if len(kept) else None
-    if fit is None or fit.refused:
-        return [math.nan]
-    return [_mean_over(table, None, drawn)[0] / fit.b_crit]
+    fit = fit_of_seeds(reach, drawn)
+    return [math.nan] if fit is None else [_mean_over(table, None, drawn)[0] / fit.b_crit]
 
 
 def agreement(low: float, high: float) -> str:

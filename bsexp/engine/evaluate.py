@@ -8,11 +8,10 @@ import math
 from typing import Any
 
 import torch
-from torch.utils.data import Subset
 
-from bsexp.engine.datasets import INDEXED, Split
+from bsexp.engine.datasets import Split
 from bsexp.engine.distributed import World
-from bsexp.engine.feed import PAD_LABEL, eval_batches, shard
+from bsexp.engine.feed import PAD_LABEL, eval_batches, shard, subset
 from bsexp.engine.losses import correct as count_correct
 from bsexp.engine.losses import counted, summed_loss
 
@@ -73,9 +72,8 @@ def precise_bn(
     was_training = net.training
     net.train()
     order = torch.randperm(len(split), generator=torch.Generator().manual_seed(seed))[: min(samples, len(split))]
-    part = split.subset(order.to(split.device)) if isinstance(split, INDEXED) else Subset(split, order.tolist())
     try:
-        for x, _ in eval_batches(part, batch_size, world.device):
+        for x, _ in eval_batches(subset(split, order), batch_size, world.device):
             with autocast():
                 net(x)
     finally:

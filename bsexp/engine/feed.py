@@ -177,7 +177,11 @@ def shard(split: Split, rank: int, world_size: int) -> Split:
     """This rank's contiguous share of a split for evaluation (sizes differ by at most one)."""
     if world_size == 1:
         return split
-    idx = torch.tensor_split(torch.arange(len(split)), world_size)[rank]
+    return subset(split, torch.tensor_split(torch.arange(len(split)), world_size)[rank])
+
+
+def subset(split: Split, idx: torch.Tensor) -> Split:
+    """The samples `idx` of a split, in that order: on its device where it is held in memory."""
     if isinstance(split, INDEXED):
         return split.subset(idx.to(split.device))
     return Subset(split, idx.tolist())

@@ -34,18 +34,13 @@ def by_hand(records, step) -> float | None:
 
 
 @pytest.mark.slow  # nine tiny runs: 30-60 s on 2 cores
-def test_b_simple_up_to_each_rung_is_the_progress_weighted_ratio_of_the_runs_own_estimates(data_root, tmp_path):
+def test_b_simple_up_to_each_rung_is_the_progress_weighted_ratio_of_the_runs_own_estimates(
+    data_root, tmp_path, run_cli
+):
     sweep = tmp_path / "sweep"
     args = [*TINY_RUN, "epochs=3", "batch.size=16,32,64", "seed=1,2,3", "trainer.noise_scale=always"]
     args += ["trainer.eval_growth=0.2", "trainer.ladder=[0.2,0.3]", "trainer.threads=1", f"hydra.sweep.dir={sweep}"]
-    done = subprocess.run(
-        [sys.executable, "-m", "bsexp.train", "-m", *args],
-        cwd=tmp_path,
-        env=cli_env(data_root),
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    done = run_cli("-m", *args, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     made = subprocess.run(
         [sys.executable, str(SCRIPT), str(sweep)], env=cli_env(data_root), capture_output=True, text=True

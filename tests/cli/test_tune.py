@@ -34,6 +34,12 @@ TUNE = [
 ]
 
 
+def tune_run(data_root, cwd, out, *args) -> subprocess.CompletedProcess:
+    """`python -m bsexp.tune OUT ARGS` to its end (the arguments as given: no TUNE)."""
+    command = [sys.executable, "-m", "bsexp.tune", str(out), *args]
+    return subprocess.run(command, cwd=cwd, env=cli_env(data_root), capture_output=True, text=True, timeout=900)
+
+
 def tune(data_root, cwd, out, *args, **kwargs):
     return subprocess.Popen(
         [sys.executable, "-m", "bsexp.tune", str(out), *TUNE, *args],
@@ -107,14 +113,7 @@ def test_steps_to_result_counts_steps_to_a_loss_reached_at_or_below_its_target(d
     batch's best is its fewest steps there, and the report says the target with its side."""
     out = tmp_path / "tune"
     loss = [a for a in TUNE if not a.startswith("tune.target=")] + ["tune.metric=val_loss", "tune.target=1.6"]
-    done = subprocess.run(
-        [sys.executable, "-m", "bsexp.tune", str(out), *loss],
-        cwd=tmp_path,
-        env=cli_env(data_root),
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    done = tune_run(data_root, tmp_path, out, *loss)
     assert done.returncode == 0, done.stderr[-3000:]
     trials = [json.loads(p.read_text()) for p in (out / "trials").glob("*/summary.json")]
     reached = [t for t in trials if t["stopped_at"] is not None]
@@ -191,14 +190,7 @@ def test_steps_to_result_of_a_language_model_gives_tokens_beside_samples(data_ro
     args = ["optimizer=sgd", "tune_batches=[8,16]", "tune.trials=2", "tune.seeds=1", "tune.lr_min=0.1"]
     args += ["tune.lr_max=0.5", "tune.metric=val_loss", "tune.target=4.5", "epochs=2", "logger=none"]
     args += ["trainer.threads=1"]
-    done = subprocess.run(
-        [sys.executable, "-m", "bsexp.tune", str(out), *gpt, *args],
-        cwd=tmp_path,
-        env=cli_env(data_root),
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    done = tune_run(data_root, tmp_path, out, *gpt, *args)
     assert done.returncode == 0, done.stderr[-3000:]
     context = json.loads(next((out / "trials").glob("*/summary.json")).read_text())["context"]
     rows = list(csv.DictReader((out / "steps_to_result.csv").open()))

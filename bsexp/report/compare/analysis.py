@@ -174,32 +174,45 @@ def frontier(plan: Plan, rung: str, held: dict[str, list[Run]]) -> Frontier:
     """The fixed batches' steps and samples to `rung` on the held-out seeds, the fit of
     (S/S_min - 1)(E/E_min - 1) = 1 through their means, and a bootstrap over the seeds of its
     S_min, E_min, B_crit and the regions' boundaries (REGION x B_crit, B_crit / REGION)."""
-    seeds, need = plan.held_out_seeds, plan.comparison["min_reached"] * len(plan.held_out_seeds) - 1e-9
-    table: dict[str, np.ndarray] = {}  # arm -> (seeds, 2): steps and samples, NaN where not reached
     found = Frontier(rung)
+    found.points, stacked = reaches_at(plan, rung, held)
+    if not found.points:
+        return found
+
+    def statistic(drawn) -> list[float]:
+        fit = fit_of_seeds(stacked, drawn)
+        if fit is None:
+            return [math.nan] * len(FIT_NAMES)
+        return [fit.s_min, fit.e_min, fit.b_crit, REGION * fit.b_crit, fit.b_crit / REGION]
+
+    found.fit = fit_steps_samples([p[2] for p in found.points], [p[3] for p in found.points])
+    found.intervals, found.refused_share = over_seeds(len(plan.held_out_seeds), statistic, FIT_NAMES)
+    return found
+
+
+def reaches_at(plan: Plan, rung: str, held: dict[str, list[Run]]) -> tuple[list, np.ndarray]:
+    """The fixed batches that reached `rung` on comparison.min_reached of the held-out seeds: their
+    points (arm, batch, mean steps, mean samples, seeds reached) and (arms, seeds, 2) of the steps
+    and samples to it, NaN where a seed did not reach it."""
+    seeds, need = plan.held_out_seeds, plan.comparison["min_reached"] * len(plan.held_out_seeds) - 1e-9
+    points, table = [], []
     for arm in plan.baselines:
         by_seed = {r.seed: r for r in held[arm]}
         rows = [by_seed[s].reaches.get(rung) if s in by_seed else None for s in seeds]
         if sum(r is not None for r in rows) < max(need, 1):
             continue
-        table[arm] = np.array([[r["step"], r["samples"]] if r else [np.nan, np.nan] for r in rows])
+        table.append(np.array([[r["step"], r["samples"]] if r else [np.nan, np.nan] for r in rows]))
         batch = next((r.batch for r in held[arm] if r.batch), 0)
-        reached = int(np.sum(~np.isnan(table[arm][:, 0])))
-        found.points.append((arm, batch, *np.nanmean(table[arm], axis=0), reached))
-    if not table:
-        return found
-    stacked = np.stack(list(table.values()))  # (arms, seeds, 2)
+        points.append((arm, batch, *np.nanmean(table[-1], axis=0), int(np.sum(~np.isnan(table[-1][:, 0])))))
+    return points, np.stack(table) if table else np.empty((0, len(seeds), 2))
 
-    def statistic(drawn) -> list[float]:
-        with warnings.catch_warnings():  # an arm no drawn seed reached: NaN, left out below
-            warnings.simplefilter("ignore", RuntimeWarning)
-            means = np.nanmean(stacked[:, np.asarray(drawn, dtype=int), :], axis=1)
-        kept = means[~np.isnan(means).any(axis=1)]
-        fit = fit_steps_samples(kept[:, 0].tolist(), kept[:, 1].tolist())
-        if fit.refused:
-            return [math.nan] * len(FIT_NAMES)
-        return [fit.s_min, fit.e_min, fit.b_crit, REGION * fit.b_crit, fit.b_crit / REGION]
 
-    found.fit = fit_steps_samples([p[2] for p in found.points], [p[3] for p in found.points])
-    found.intervals, found.refused_share = over_seeds(len(seeds), statistic, FIT_NAMES)
-    return found
+def fit_of_seeds(stacked: np.ndarray, drawn) -> Fit | None:
+    """The fit through the batches' mean steps and samples over the drawn seeds (`reaches_at`'s
+    table; a batch no drawn seed reached is left out); None where it is refused."""
+    with warnings.catch_warnings():  # an arm no drawn seed reached: NaN, left out below
+        warnings.simplefilter("ignore", RuntimeWarning)
+        means = np.nanmean(stacked[:, np.asarray(drawn, dtype=int), :], axis=1)
+    kept = means[~np.isnan(means).any(axis=1)]
+    fit = fit_steps_samples(kept[:, 0].tolist(), kept[:, 1].tolist())
+    return None if fit.refused else fit

@@ -19,6 +19,7 @@ def rows(result: StepsToResult) -> list[dict]:
     out = []
     for b in result.batches:
         best, seeds, ratios = b.best, b.steps_over_seeds(), result.rule_ratios(b)
+        samples = statistics.fmean(b.samples_over_seeds()) if seeds else None
         out.append(
             {
                 "batch": b.batch,
@@ -33,10 +34,8 @@ def rows(result: StepsToResult) -> list[dict]:
                 "steps_std": statistics.stdev(seeds) if len(seeds) > 1 else None,
                 "seeds": len(seeds),
                 "runs": 1 + len(b.reruns) if best else 0,  # the best and its reruns, reached or not
-                "samples_mean": statistics.fmean(b.samples_over_seeds()) if seeds else None,
-                "tokens_mean": statistics.fmean(b.samples_over_seeds()) * result.context
-                if seeds and result.context
-                else None,
+                "samples_mean": samples,
+                "tokens_mean": samples * result.context if samples is not None and result.context else None,
                 "linear_rule_over_tuned": ratios["linear"] if ratios else None,
                 "sqrt_rule_over_tuned": ratios["sqrt"] if ratios else None,
                 "region": result.region(b.batch) or "",
