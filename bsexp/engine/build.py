@@ -20,7 +20,7 @@ from bsexp.config.checks import call_target
 from bsexp.config.schema import NoiseMode
 from bsexp.engine.cuda_graphs import StepGraphs, graph_mode
 from bsexp.engine.datasets import Splits
-from bsexp.engine.distributed import GradSync, World, sum_gradients_hook
+from bsexp.engine.distributed import GradBuckets, GradSync, World, sum_gradients_hook
 from bsexp.engine.gpt import GPT
 from bsexp.engine.gradient_noise import NoiseMeter, NoiseScale
 from bsexp.engine.models import checkpoint_blocks, ghost_batchnorm
@@ -143,7 +143,10 @@ def _distributed(
         **_NO_FORWARD_BUFFER_SYNC,
     )
     grad_sync = GradSync(measure=cfg.trainer.noise_scale != NoiseMode.off)
-    ddp.register_comm_hook(grad_sync, sum_gradients_hook)
+    if cfg.trainer.oom_recovery:  # bsexp's buckets (a step may fail on one rank only): GradBuckets
+        grad_sync.buckets = GradBuckets(ddp.module.parameters(), grad_sync, process_group)
+    else:
+        ddp.register_comm_hook(grad_sync, sum_gradients_hook)
     return ddp, grad_sync
 
 
@@ -186,7 +189,7 @@ def make_step(
             whole_batch=batchnorm,
         )
     )
-    reduce = "none" if not distributed else ("flat" if cfg.trainer.oom_recovery else "hook")
+    reduce = "none" if not distributed else ("buckets" if cfg.trainer.oom_recovery else "hook")
     return Step(
         model=model,
         optimizer=optimizer,

@@ -26,6 +26,7 @@ class World:
     local_rank: int = 0
     size: int = 1
     device: torch.device = torch.device("cpu")
+    host_group: Any = None  # a gloo group for values the hosts hold (NCCL's ranks); None: the default group
 
     @property
     def is_main(self) -> bool:
@@ -40,6 +41,15 @@ class World:
         if self.distributed:
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
         return tensor
+
+    def any_host(self, flag: bool) -> bool:
+        """Whether `flag` holds on any rank: a value each host holds, agreed between the hosts
+        (over gloo) without waiting for a device to finish its queued work."""
+        if not self.distributed:
+            return flag
+        value = torch.tensor([float(flag)])
+        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self.host_group)
+        return bool(value.item())
 
     def broadcast_object(self, obj: Any) -> Any:
         """Rank 0's `obj`, on every rank."""
@@ -56,26 +66,6 @@ class World:
         gathered = [None] * self.size if self.is_main else None
         dist.gather_object(obj, gathered, dst=0)
         return gathered
-
-    def all_reduce_gradients(self, parameters, grad_sync: GradSync | None = None) -> None:
-        """Sum every parameter's gradient over the ranks, in one flat buffer (see
-        `sum_gradients_hook` for why a sum). In a world of one (the finder's trial of a DDP run)
-        the buffer is still made, so the trial holds what training holds."""
-        params = [p for p in parameters if p.requires_grad]
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        flat = torch.cat([p.grad.reshape(-1) for p in params])
-        if grad_sync is not None and grad_sync.measure:
-            grad_sync.local_sq = flat.double().pow(2).sum()
-        if self.distributed:
-            dist.all_reduce(flat)
-        offset = 0
-        for p in params:
-            p.grad.copy_(flat[offset : offset + p.numel()].view_as(p.grad))
-            offset += p.numel()
-        if grad_sync is not None:
-            grad_sync.buckets_reduced += 1
 
     def sync_buffers(self, module: torch.nn.Module) -> None:
         """Give every rank rank 0's buffers (BatchNorm running statistics), before evaluating."""
@@ -97,15 +87,17 @@ def init_world(device_choice: str, backend: str, timeout_s: float) -> World:
         torch.cuda.set_device(device)
     if backend == "auto":
         backend = "nccl" if device.type == "cuda" else "gloo"
+    timeout = datetime.timedelta(seconds=timeout_s)
     if not dist.is_initialized():
-        timeout = datetime.timedelta(seconds=timeout_s)
         if "TORCHELASTIC_RESTART_COUNT" in os.environ:
             dist.init_process_group(
                 backend, store=_attempt_store(rank, size, timeout), rank=rank, world_size=size, timeout=timeout
             )
         else:
             dist.init_process_group(backend, timeout=timeout)
-    return World(rank=rank, local_rank=local_rank, size=size, device=device)
+    # NCCL reduces device tensors only: the hosts' agreements (World.any_host) go over gloo.
+    host_group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo", timeout=timeout)
+    return World(rank=rank, local_rank=local_rank, size=size, device=device, host_group=host_group)
 
 
 def _attempt_store(rank: int, size: int, timeout: datetime.timedelta):
@@ -178,20 +170,125 @@ def close_world(world: World) -> None:
 
 @dataclass
 class GradSync:
-    """State of `sum_gradients_hook`: how many gradient buckets it has all-reduced."""
+    """How a DDP run's gradients meet: the state of `sum_gradients_hook` (DDP's own buckets) or,
+    with OOM recovery on, bsexp's (`buckets`); how many buckets were all-reduced."""
 
     buckets_reduced: int = 0
     measure: bool = False  # keep the squared norm of this rank's gradient before the all-reduce
     local_sq: Any = None  # (for the gradient noise scale), summed over buckets
+    buckets: GradBuckets | None = None
+
+    def reducing(self, buffer: torch.Tensor) -> None:
+        """Count a bucket about to be all-reduced, and its local squared norm where measured."""
+        self.buckets_reduced += 1
+        if self.measure:
+            local = buffer.double().pow(2).sum()
+            self.local_sq = local if self.local_sq is None else self.local_sq + local
+
+
+BUCKET_BYTES = 25 * 1024 * 1024  # DDP's default bucket_cap_mb
+
+
+class GradBuckets:
+    """This rank's gradients as views of a few flat buffers (allocated once, zeroed in place),
+    each buffer all-reduced by SUM as soon as the backward of the step's last micro-batch has
+    completed every gradient in it, while the backward goes on: DDP's bucketed, overlapped
+    reduction, with buckets bsexp owns, so that a step can fail on one rank and not the others.
+
+    DDP's reducer cannot abandon a backward that an out-of-memory error cut short (its next
+    forward refuses to start) and leaves the other ranks waiting in reductions that rank never
+    starts. Here every backward runs under DDP's no_sync and the buckets are launched in one order
+    on every rank: a rank whose step failed launches the ones it has not (`finish`), so every rank
+    makes the same collectives; then the hosts agree on whether any rank failed
+    (`World.any_host`, no wait for the device), and every rank retries the step or none does.
+    Buckets follow the parameters in reverse (the order a backward completes them), DDP's way."""
+
+    def __init__(self, parameters, sync: GradSync, group: Any = None, cap_bytes: int = BUCKET_BYTES) -> None:
+        self.params = [p for p in parameters if p.requires_grad]
+        self.sync, self.group = sync, group
+        members: list[list[torch.nn.Parameter]] = []
+        filled = 0  # bytes in the last bucket
+        for p in reversed(self.params):
+            last = members[-1] if members else None
+            if last and (last[0].dtype, last[0].device) == (p.dtype, p.device) and filled + p.nbytes <= cap_bytes:
+                last.append(p)
+                filled += p.nbytes
+            else:
+                members.append([p])
+                filled = p.nbytes
+        self.buffers = [
+            torch.zeros(sum(p.numel() for p in ps), dtype=ps[0].dtype, device=ps[0].device) for ps in members
+        ]
+        self.views: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
+        self.bucket_of: dict[torch.nn.Parameter, int] = {}
+        self.sizes = [len(ps) for ps in members]
+        for index, (ps, buffer) in enumerate(zip(members, self.buffers)):
+            offset = 0
+            for p in ps:
+                self.views.append((p, _view(buffer, offset, p)))
+                self.bucket_of[p] = index
+                offset += p.numel()
+        for p in self.params:
+            p.register_post_accumulate_grad_hook(self._ready)
+        self._world: World | None = None  # set while the last micro-batch's backward may launch buckets
+        self._pending: list[int] = []
+        self._next = 0
+        self._works: list[Any] = []
+
+    def zero(self) -> None:
+        """Every gradient zeroed in place and a view of its bucket again (after a
+        zero_grad(set_to_none=True) elsewhere: the finder's trials)."""
+        for buffer in self.buffers:
+            buffer.zero_()
+        for p, view in self.views:
+            if p.grad is None or p.grad.data_ptr() != view.data_ptr():
+                p.grad = view
+        self._world, self._next, self._works = None, 0, []
+
+    def arm(self, world: World) -> None:
+        """From here (the step's last backward) a completed bucket is launched."""
+        self._pending, self._next, self._world = list(self.sizes), 0, world
+        self.sync.local_sq = None
+
+    def finish(self, world: World, failed: bool) -> bool:
+        """After the step's micro-batches (`failed`: this rank's ended in an OOM): every bucket not
+        yet launched launched in order, all of them waited for; whether any rank failed."""
+        self._world = world
+        while self._next < len(self.buffers):
+            self._launch()
+        self._world = None
+        for work in self._works:
+            work.wait()
+        self._works = []
+        return world.any_host(failed)
+
+    def _ready(self, p: torch.nn.Parameter) -> None:
+        if self._world is None:
+            return
+        self._pending[self.bucket_of[p]] -= 1
+        while self._next < len(self.buffers) and self._pending[self._next] == 0:
+            self._launch()
+
+    def _launch(self) -> None:
+        buffer = self.buffers[self._next]
+        self.sync.reducing(buffer)
+        if self._world.distributed:
+            self._works.append(dist.all_reduce(buffer, group=self.group, async_op=True))
+        self._next += 1
+
+
+def _view(buffer: torch.Tensor, offset: int, p: torch.Tensor) -> torch.Tensor:
+    """p's gradient at `offset` of `buffer`, laid out as p is (channels_last too, where dense)."""
+    dense = p.is_contiguous() or (p.dim() == 4 and p.is_contiguous(memory_format=torch.channels_last))
+    if dense:
+        return buffer.as_strided(p.size(), p.stride(), buffer.storage_offset() + offset)
+    return buffer[offset : offset + p.numel()].view(p.shape)
 
 
 def sum_gradients_hook(state, bucket):  # no annotations: DDP checks them, and ours are strings
     """DDP communication hook: all-reduce by SUM. DDP's own hook averages over ranks, but each
     rank's loss is already divided by the samples of the whole step on every rank (Goyal et al.
     remark 3), so the ranks' gradients add up to the global one."""
-    state.buckets_reduced += 1
-    if state.measure:
-        local = bucket.buffer().double().pow(2).sum()
-        state.local_sq = local if state.local_sq is None else state.local_sq + local
+    state.reducing(bucket.buffer())
     work = dist.all_reduce(bucket.buffer(), async_op=True)
     return work.get_future().then(lambda fut: fut.value()[0])

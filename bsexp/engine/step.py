@@ -28,9 +28,9 @@ from bsexp.engine.losses import mean_loss, summed_loss
 from bsexp.system.memory import is_oom, release
 
 # How gradients meet over the ranks: not at all (one process); in the last micro-step's backward
-# through DDP's communication hook; or, so that ranks can agree on an out-of-memory error first,
-# once per step in one flat all-reduce after every micro-step ran under no_sync.
-REDUCE = ("none", "hook", "flat")
+# through DDP's communication hook; or, so that ranks can agree on an out-of-memory error, in the
+# last micro-step's backward too, through bsexp's own buckets (bsexp.engine.distributed.GradBuckets).
+REDUCE = ("none", "hook", "buckets")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,13 +80,11 @@ def eager_step(step: Step, x: torch.Tensor, y: torch.Tensor, step_samples: int, 
     while True:
         outcome = _forward_backward(step, x, y, step_samples, plan)
         failed = outcome is None
-        if step.reduce == "flat" and step.world.distributed:  # every rank learns of an OOM anywhere
-            failed = bool(step.world.all_reduce(torch.tensor([float(failed)], device=step.device), op="max"))
+        if step.reduce == "buckets":  # every bucket reduced on every rank; an OOM anywhere known everywhere
+            failed = step.grad_sync.buckets.finish(step.world, failed)
         if not failed:
             break
         plan = _shrink(step, plan)
-    if step.reduce == "flat":  # gradients were kept local (no_sync) until every rank had passed
-        step.world.all_reduce_gradients(step.model.parameters(), step.grad_sync)
     measured = finish(step, len(y), step_samples)
     if measured is not None:
         step.noise.scale.update(*measured)
@@ -107,8 +105,12 @@ def finish(step: Step, local: int, step_samples: int):
 
 def _zero_grads(step: Step) -> None:
     # Set to None, autograd hands the first micro-batch's gradient over as `.grad`; kept (the
-    # static gradients a graph reads and writes), it adds every micro-batch's into them in place.
-    step.optimizer.zero_grad(set_to_none=step.graphs is None)
+    # static gradients a graph reads and writes, bsexp's buckets), it adds every micro-batch's
+    # into them in place.
+    if step.reduce == "buckets":
+        step.grad_sync.buckets.zero()
+    else:
+        step.optimizer.zero_grad(set_to_none=step.graphs is None)
 
 
 def _forward_backward(step: Step, x: torch.Tensor, y: torch.Tensor, step_samples: int, plan: BatchPlan):
@@ -129,7 +131,8 @@ def micro_steps(step: Step, x: torch.Tensor, y: torch.Tensor, step_samples: int,
     step_loss = correct = 0
     for i, (xm, ym) in enumerate(zip(x.split(sizes), y.split(sizes))):
         xm = _fast_input(step, xm)
-        sync = step.reduce == "none" or (step.reduce == "hook" and i == len(sizes) - 1)
+        last = i == len(sizes) - 1
+        sync = step.reduce == "none" or (step.reduce == "hook" and last)
         with contextlib.nullcontext() if sync else model.no_sync():
             with step.autocast():
                 logits = model(xm)
@@ -139,6 +142,8 @@ def micro_steps(step: Step, x: torch.Tensor, y: torch.Tensor, step_samples: int,
                     loss = mean_loss(logits, ym)
                 else:
                     loss = summed_loss(logits, ym) / step_samples
+            if last and step.reduce == "buckets":
+                step.grad_sync.buckets.arm(step.world)
             step.scaler.scale(loss).backward()
         if step.noise is not None:
             step.noise.after_micro(step, i, len(sizes), len(ym), step_samples)

@@ -293,7 +293,7 @@ class TrialRunner:
             if not memory.is_oom(exc):
                 raise
             error = memory.error_line(exc)
-            if self.distributed:  # DDP's reducer expects the step it never saw end: wrap afresh
+            if self.step.reduce == "hook":  # DDP's reducer expects the step it never saw end: wrap afresh
                 self._rewrap()
             return step_times, parts, None, error
         finally:

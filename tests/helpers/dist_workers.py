@@ -167,3 +167,70 @@ def train_adaptive(cfg):
         }
     finally:
         close_world(world)
+
+
+class _StopOnRank(torch.autograd.Function):
+    """Identity forward; its backward raises on `rank` (a fault midway through that rank's backward,
+    after the layers behind it have their gradients)."""
+
+    @staticmethod
+    def forward(ctx, x, stop):
+        ctx.stop = stop
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if ctx.stop:
+            raise RuntimeError("injected fault in the backward")
+        return grad, None
+
+
+def bucketed_backward(fail_rank: int | None):
+    """Three linear layers in bsexp's gradient buckets (one layer a bucket), one backward on a
+    rank-dependent batch: when each bucket was launched against which gradients were complete,
+    whether the gradients are views of the buckets, the gradients after `finish`, and what the
+    ranks agreed. With `fail_rank`, that rank's backward stops after the last layer's gradients
+    (a fault between it and the first two); every rank then reduces a second, healthy step."""
+    from bsexp.engine.distributed import GradBuckets, GradSync, close_world, init_world
+
+    torch.set_num_threads(1)
+    world = init_world("cpu", "gloo", 60)
+    try:
+        torch.manual_seed(0)
+        layers = nn.ModuleList([nn.Linear(6, 6, bias=False) for _ in range(3)])
+        sync = GradSync(measure=True)
+        buckets = GradBuckets(layers.parameters(), sync, cap_bytes=6 * 6 * 4)
+        ready = []  # (parameter index, buckets launched once its gradient was complete)
+        for index, p in enumerate(layers.parameters()):
+            p.register_post_accumulate_grad_hook(lambda p, index=index: ready.append((index, sync.buckets_reduced)))
+        x = torch.arange(12.0).view(2, 6) * (world.rank + 1)
+
+        def backward(stop: bool) -> bool:
+            sync.buckets_reduced = 0
+            buckets.zero()
+            buckets.arm(world)
+            try:
+                h = layers[1](layers[0](x))
+                layers[2](_StopOnRank.apply(h, stop)).pow(2).sum().backward()
+            except RuntimeError:
+                return buckets.finish(world, True)
+            return buckets.finish(world, False)
+
+        failed = backward(world.rank == fail_rank)
+        first = {"failed": failed, "ready": list(ready), "local_sq": float(sync.local_sq)}
+        ready.clear()
+        healthy = backward(False)
+        return {
+            "first": first,
+            "second_failed": healthy,
+            "ready": ready,
+            "views": all(
+                p.grad.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+                for p, b in zip(reversed(list(layers.parameters())), buckets.buffers)
+            ),
+            "grads": [p.grad.clone() for p in layers.parameters()],
+            "x": x,
+            "weights": [p.detach().clone() for p in layers.parameters()],
+        }
+    finally:
+        close_world(world)

@@ -44,15 +44,16 @@ def trial_peak_mb(make_cfg, *overrides) -> float:
     return trial.train_peak_mb
 
 
-def test_a_ddp_trial_with_oom_recovery_holds_the_flat_gradient_buffer_training_all_reduces(make_cfg):
-    # With OOM recovery on (the default) a DDP step keeps gradients local until every rank has
-    # passed, then all-reduces one flat copy of them all: 4 bytes a parameter more than DDP's
-    # own overlapped all-reduce, which the trial must see to plan for it.
+def test_a_ddp_trial_with_oom_recovery_holds_what_ddps_own_overlapped_reduction_holds(make_cfg):
+    # With OOM recovery on (the default) a DDP step reduces bsexp's gradient buckets, whose views
+    # the gradients are: no flat copy of them all (4 bytes a parameter, 64 MB here, which the
+    # step made before bsexp.engine.distributed.GradBuckets), so a trial holds what one with
+    # DDP's own overlapped reduction holds.
     parameters = 40 * 4096 + 4096 + 4096 * 4096 + 4096 + 4096 * 10 + 10
     flat_mb = 4 * parameters / memory.MIB
     recovering = trial_peak_mb(make_cfg, "trainer.oom_recovery=true")
     overlapped = trial_peak_mb(make_cfg, "trainer.oom_recovery=false")
-    assert recovering - overlapped == pytest.approx(flat_mb, rel=0.25), (recovering, overlapped, flat_mb)
+    assert abs(recovering - overlapped) < 0.1 * flat_mb, (recovering, overlapped, flat_mb)
 
 
 CONV_NET = [
