@@ -63,26 +63,27 @@ def best_trials(tune_dir: Path) -> dict[str, dict]:
     }
 
 
-def _check_optimizer(args: list[str]) -> None:
-    """Steps to result searches SGD's LR and momentum (experiment=steps_to_result sets
-    optimizer.momentum): an optimizer without momentum (AdamW, a GPT's recipe) is one line naming
-    what tunes it, before any run."""
+def _momentum(args: list[str]) -> list[str]:
+    """The search's momentum for an optimizer that has one (SGD, LARS): the override that gives it;
+    none for one without (AdamW, a GPT's recipe: the search sets its LR, and a warmup with
+    tune.warmup_max), where tune.momentum=true is one line, before any run."""
     from omegaconf import OmegaConf
 
-    from bsexp.errors import exit_on_config_error
     from bsexp.tune.comparison import compose
     from bsexp.tune.stage import free
 
     searchpath = [a for a in args if a.startswith("hydra.searchpath=")]
     with exit_on_config_error():
         cfg = compose([*searchpath, *(a for a in args if not free(a))])
-    if "momentum" not in cfg.optimizer:
+    if "momentum" in cfg.optimizer:
+        return ["optimizer.momentum=${bsexp_tuned:momentum,0.9}"]
+    if cfg.tune.momentum:
         target = OmegaConf.select(cfg, "optimizer._target_")
         refuse(
-            f"optimizer._target_={target}: steps to result searches SGD's LR and momentum (experiment="
-            "steps_to_result sets optimizer.momentum); give optimizer=sgd, or tune this optimizer's keys "
-            "in a comparison: python -m bsexp.tune TUNE_DIR comparison=NAME (docs: Comparing arms)"
+            f"tune.momentum=true: optimizer._target_={target} has no momentum for the search to set; leave "
+            "tune.momentum out (the LR is searched, a warmup too with tune.warmup_max), or give optimizer=sgd"
         )
+    return []
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -104,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
     args = [a for a in args if not a.startswith("tune_batches=")]
     grid = batches.strip("[]") if batches else ",".join(map(str, BATCHES))
     trials = _count(args, "tune.trials", 16)
-    _check_optimizer(args)
+    args = [*args, *_momentum(args)]
     sweep(tune_dir / "trials", [f"batch.size={grid}", f"tune.trial=range(0,{trials})", *args])
     best = best_trials(tune_dir)
     (tune_dir / "best.json").write_text(json.dumps(best, indent=1) + "\n")

@@ -165,8 +165,11 @@ def test_a_killed_tuning_run_continues_where_it_stopped(data_root, tmp_path):
         (["{out}", "tune.trials=abc"], "error: tune.trials=abc: must be a whole number"),
         (["{out}", "tune.trials=0"], "error: tune.trials=0: must be >= 1"),  # train's own line, and no other
         (["{out}", "tune.target=90"], "error: tune.target=90.0: tune.metric=val_acc is an accuracy"),
-        # AdamW (a GPT's recipe) has no momentum for the search to set: what tunes it, before any run
-        (["{out}", "model=gpt", "data=text"], "error: optimizer._target_=torch.optim.AdamW: steps to result searches"),
+        # AdamW (a GPT's recipe) has no momentum for the search to set: before any run
+        (
+            ["{out}", "model=gpt", "data=text", "tune.momentum=true"],
+            "error: tune.momentum=true: optimizer._target_=torch.optim.AdamW has no momentum",
+        ),
     ],
 )
 def test_bad_input_to_the_tuning_is_one_line_and_exit_2(data_root, tmp_path, args, line):
@@ -181,18 +184,22 @@ def test_bad_input_to_the_tuning_is_one_line_and_exit_2(data_root, tmp_path, arg
 
 @pytest.mark.slow  # four tiny GPT runs: about 30-60 s on 2 cores
 def test_steps_to_result_of_a_language_model_gives_tokens_beside_samples(data_root, tmp_path):
-    """A GPT's steps to a loss target: the report's table and CSV give the tokens each batch took
-    beside its samples, a sample being a sequence of data.context tokens. (Batches 8 and 16, not the
+    """A GPT's steps to a loss target with its own optimizer, AdamW (the LR searched): the report's
+    table and CSV give the tokens each batch took beside its samples, a sample being a sequence of
+    data.context tokens. (Batches 8 and 16, not the
     config's 128: the reruns once stopped at their sweep's check, which looked up 128's best.)"""
     out = tmp_path / "tune"
     gpt = ["model=gpt", "data=text", "data.train_tokens=8192", "data.val_size=64", "model.width=32", "model.heads=2"]
-    # SGD: steps to result searches SGD's LR and momentum (AdamW is tuned in a comparison)
-    args = ["optimizer=sgd", "tune_batches=[8,16]", "tune.trials=2", "tune.seeds=1", "tune.lr_min=0.1"]
-    args += ["tune.lr_max=0.5", "tune.metric=val_loss", "tune.target=4.5", "epochs=2", "logger=none"]
-    args += ["trainer.threads=1"]
+    # AdamW, the GPT's recipe: its LR searched (it has no momentum)
+    args = ["tune_batches=[8,16]", "tune.trials=2", "tune.seeds=1", "tune.lr_min=0.003", "tune.lr_max=0.03"]
+    args += ["tune.metric=val_loss", "tune.target=4.5", "epochs=2", "logger=none", "trainer.threads=1"]
     done = tune_run(data_root, tmp_path, out, *gpt, *args)
     assert done.returncode == 0, done.stderr[-3000:]
-    context = json.loads(next((out / "trials").glob("*/summary.json")).read_text())["context"]
+    trial = json.loads(next((out / "trials").glob("*/summary.json")).read_text())
+    context = trial["context"]
+    assert trial["momentum"] is None
+    best = json.loads((out / "best.json").read_text())
+    assert best and all(0.003 <= b["lr"] <= 0.03 and b["momentum"] is None for b in best.values())
     rows = list(csv.DictReader((out / "steps_to_result.csv").open()))
     reached = [r for r in rows if r["samples_mean"]]
     assert reached, rows
