@@ -416,6 +416,9 @@ def restore(cfg: DictConfig, loop, state, path: Path, saved: dict[str, Any], bra
     step = loop.step
     step.net.load_state_dict(saved["model"])
     step.optimizer.load_state_dict(saved["optimizer"])  # its LR and weight decay are rewritten before each step
+    if branch and "momentum" in cfg.optimizer:  # the branch's own (tuned with its LR), not the trunk's
+        for group in step.optimizer.param_groups:
+            group["momentum"] = cfg.optimizer.momentum
     if saved["scaler"]:
         step.scaler.load_state_dict(saved["scaler"])
     if step.noise is not None and saved["noise"] is not None:

@@ -27,12 +27,14 @@ from bsexp.runs.resume import CHECKPOINTS as DIR
 from bsexp.runs.resume import pinned
 
 # Keys a branch may set to other values than its trunk: its batch, itself, its LR at that batch (its
-# own tuned LR, or another rule: Merrill et al. branch each batch at its tuned LR), its checkpoints
-# and logging, how often it evaluates, and what only says how a run is run or shown.
+# own tuned LR, or another rule: Merrill et al. branch each batch at its tuned LR) and the momentum
+# tuned with it, its checkpoints and logging, how often it evaluates, and what only says how a run
+# is run or shown.
 DIFFERS = (
     "batch",
     "branch",
     "optimizer.lr",
+    "optimizer.momentum",
     "scaling.lr_rule",
     "scaling.ref_batch",
     "tune.best",  # where optimizer.lr=${bsexp_tuned:lr} reads each batch's tuned LR
@@ -113,8 +115,8 @@ def check(cfg: DictConfig) -> Path:
             key,
             now,
             f"differs from the trunk's ({key}={was} in {run}); a branch continues the trunk's run and "
-            f"changes only its batch (batch.*) and the LR at it (optimizer.lr, scaling.lr_rule, "
-            f"scaling.ref_batch): leave {key} out",
+            f"changes only its batch (batch.*) and the LR at it (optimizer.lr, optimizer.momentum, "
+            f"scaling.lr_rule, scaling.ref_batch): leave {key} out",
         )
     return path
 

@@ -108,11 +108,13 @@ def test_a_branch_at_another_batch_takes_the_rules_lr_and_weight_decay_and_exact
 
 
 def test_a_branch_at_its_own_tuned_lr_trains_at_it_from_its_first_step(run_cli, trunk, tmp_path):
-    """Merrill et al. branch each batch at its tuned LR: optimizer.lr by the tuning's best.json for
-    the branch's batch (tune.best), no rule; the trunk's steps keep the trunk's LR."""
+    """Merrill et al. branch each batch at its tuned LR: optimizer.lr (and the momentum tuned with
+    it) by the tuning's best.json for the branch's batch (tune.best), no rule; the trunk's steps keep
+    the trunk's LR."""
     best = tmp_path / "lr_by_batch.json"
-    best.write_text(json.dumps({"64": {"lr": 0.07}, "256": {"lr": 0.3}}))
+    best.write_text(json.dumps({"64": {"lr": 0.07, "momentum": 0.8}, "256": {"lr": 0.3, "momentum": 0.7}}))
     tuned = ["scaling.lr_rule=none", "optimizer.lr=${bsexp_tuned:lr}", f"tune.best={best}"]
+    tuned += ["optimizer.momentum=${bsexp_tuned:momentum}"]
     run_dir = tmp_path / "b256"
     out = _branch(run_cli, trunk, run_dir, "branch.at_samples=640", "branch.samples=1000", "batch.size=256", *tuned)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -121,12 +123,19 @@ def test_a_branch_at_its_own_tuned_lr_trains_at_it_from_its_first_step(run_cli, 
     records = _records(run_dir)
     assert records[0]["lr"] == pytest.approx(0.05)  # the trunk's, at the branch point (0.1 x 64/128)
     assert all(r["lr"] == pytest.approx(0.3) for r in records[1:])  # no rule: the last, cut step too
+    # its momentum, not the trunk's (0.9) that the trunk's optimizer state carried
+    saved = torch.load(sorted((run_dir / "checkpoints").glob("step-*.pt"))[-1], weights_only=False)
+    assert {g["momentum"] for g in saved["optimizer"]["param_groups"]} == {0.7} and summary["momentum"] == 0.7
 
 
 BAD_BRANCHES = [
     # (arguments, the key the line names, a fragment of what is valid)
     (["branch.at_samples=700", "branch.samples=100"], "branch.at_samples", "[0, 640, 1920]"),
-    (["branch.at_samples=640", "branch.samples=100", "optimizer.momentum=0.5"], "optimizer.momentum", "only its batch"),
+    (
+        ["branch.at_samples=640", "branch.samples=100", "optimizer.weight_decay=0.1"],
+        "optimizer.weight_decay",
+        "only its batch",
+    ),
     (["branch.at_samples=640", "branch.samples=100", "seed=3"], "seed", "differs from the trunk"),
     (["branch.at_samples=640"], "branch.samples", "its length"),
     (["branch.at_samples=640", "branch.samples=100", "batch=finder"], "batch.policy", "batch=fixed"),
