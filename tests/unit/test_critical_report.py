@@ -13,7 +13,9 @@ from bsexp.report.critical.analysis import (
     BranchedCritical,
     add_b_crit,
     at_samples,
+    bootstrap_interval,
     branched_critical_batch,
+    seed_epsilon,
     window_b_simple,
 )
 from report_runs import known_b_crit_runs, points
@@ -116,7 +118,9 @@ def test_the_report_holds_the_critical_batch_b_simple_their_ratio_and_the_sensit
     assert by_at[4096].by_length[0.5] == BranchedCritical(64)  # half-way, the larger batches lag
     assert by_at[4096].target == pytest.approx(0.1 + (4096 + 2048) / 10_000)
     text = (sweep / "critical.md").read_text()
-    assert "| 4,096 | 256 | ≥ 512, 256 | 151 | 0.59 |" in text
+    # The seeds drawn with replacement: both seed 0 twice (512) and seed 1 twice (256) are drawn.
+    assert by_at[4096].interval == (256, 512) and by_at[0].interval == (64, 64)
+    assert "| 4,096 | 256 | [256, 512] | 0.05 | ≥ 512, 256 | 151 | 0.59 |" in text
     rows = list(csv.DictReader(open(sweep / "critical.csv")))
     assert [int(r["critical_batch"]) for r in rows] == [64, 256]
     assert float(rows[0]["b_simple_ratio"]) == pytest.approx(110.24 / 64)
@@ -157,6 +161,7 @@ def test_the_report_command_refuses_a_directory_without_branches_in_one_line(tmp
         (["empty"], "sweep=empty"),
         (["missing"], "sweep=missing"),
         (["empty", "--epsilon", "0"], "--epsilon=0.0"),
+        (["empty", "--epsilon", "wide"], "--epsilon=wide: valid: a positive relative tolerance (e.g. 0.05), or seeds"),
     ):
         out = subprocess.run(
             [sys.executable, "-m", "bsexp.report.critical", *args], cwd=tmp_path, capture_output=True, text=True
@@ -187,3 +192,29 @@ def test_a_diverged_branch_is_out_of_tolerance_and_a_branch_without_progress_tel
     assert branched_critical_batch({32: 2.29, 64: 2.30, 1024: 2.30}, 0.05, start=2.30) == BranchedCritical(None, "none")
     assert str(BranchedCritical(None, "none")) == "no progress"
     assert branched_critical_batch({32: 1.5, 64: 1.52}, 0.05, start=2.30) == BranchedCritical(64, ">=")
+
+
+def test_epsilon_from_the_seeds_is_the_relative_spread_of_the_smallest_batchs_branch_loss(tmp_path):
+    assert seed_epsilon({1: 1.0, 2: 1.1}) == pytest.approx(0.0707107 / 1.05, rel=1e-5)
+    assert seed_epsilon({1: 1.0, 2: None}) is None and seed_epsilon({1: 1.0, 2: float("inf")}) is None
+    sweep = _branch_sweep(tmp_path)
+    # Batch 32's branches end alike on both seeds: ε 0, so any batch whose loss is higher is out.
+    by_at = {s.at: s for s in report(sweep, epsilon="seeds")}
+    assert by_at[0].epsilon == 0 and by_at[0].critical == BranchedCritical(32, "<=")
+    text = (sweep / "critical.md").read_text()
+    assert "ε = each point's own, from the trunk seeds' spread" in text and "| 0 | ≤ 32 | [32, 32] | 0 |" in text
+    out = subprocess.run(
+        [sys.executable, "-m", "bsexp.report.critical", str(sweep), "--epsilon", "seeds"],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0 and "| 4,096 | ≤ 32 |" in out.stdout, out.stderr
+
+
+def test_the_bootstrap_interval_spans_the_seeds_answers_and_is_a_point_where_they_agree():
+    # Seed 1's 128 branch is far out, seed 2's within 5 %: one seed says 64, the other 128.
+    per_seed = {1: {32: 1.0, 64: 1.01, 128: 1.5}, 2: {32: 1.0, 64: 1.01, 128: 1.02}}
+    assert bootstrap_interval(per_seed, 0.05, {1: 3.0, 2: 3.0}) == (64, 128)
+    agree = {s: {32: 1.0, 64: 1.01, 128: 1.5} for s in (1, 2, 3)}
+    assert bootstrap_interval(agree, 0.05, {1: 3.0, 2: 3.0, 3: 3.0}) == (64, 64)
+    assert bootstrap_interval({1: agree[1]}, 0.05, {1: 3.0}) == (None, None)  # one seed: nothing to resample

@@ -11,6 +11,7 @@ sweep beside it (`add_b_crit`).
 from __future__ import annotations
 
 import math
+import random
 import statistics
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -23,6 +24,8 @@ from bsexp.report.analysis.points import Point
 from bsexp.report.analysis.to_target import reach
 
 EPSILON = 0.05  # relative: within 5 % of the small-batch branch's loss
+SEEDS = "seeds"  # ε from the trunk seeds' spread at each branch point (seed_epsilon)
+DRAWS = 2000  # the bootstrap's resamplings of the trunk seeds
 EPSILONS = (0.01, 0.02, 0.05, 0.1)  # the sensitivity table's
 METRIC = "val_loss"
 LENGTHS = (0.25, 0.5, 1.0)  # the branch-length table's: the loss a quarter, half and all the way along
@@ -123,6 +126,8 @@ class Stage:
     target_metric: str = "val_acc"  # what B_crit's steps are counted to: an accuracy, or a loss reached below
     b_crit: float | None = None
     b_crit_note: str = ""
+    epsilon: float = EPSILON  # the ε this stage's critical batch was read with
+    interval: tuple[int | None, int | None] = (None, None)  # 95 % over the trunk seeds resampled
 
     def ratio(self, value: float | None) -> float | None:
         if value is None or self.critical.batch is None:
@@ -142,7 +147,50 @@ def mean_of(values: Sequence[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
-def stages(branches: Sequence[Branch], epsilon: float = EPSILON) -> list[Stage]:
+def seed_epsilon(losses: Mapping[int, float | None]) -> float | None:
+    """ε from the trunk seeds' spread: the relative standard deviation, over the seeds, of the
+    smallest batch's branch loss (`losses`: seed -> that loss) — how far apart two seeds' own
+    continuations end, so a batch whose mean loss ends within it of the smallest batch's is not
+    told apart from it by the seeds. None with fewer than two finite losses."""
+    values = [v for v in losses.values() if v is not None and math.isfinite(v)]
+    if len(values) < 2:
+        return None
+    return statistics.stdev(values) / statistics.fmean(values)
+
+
+def bootstrap_interval(
+    per_seed: Mapping[int, Mapping[int, float | None]],
+    epsilon: float,
+    start: Mapping[int, float | None],
+    draws: int = DRAWS,
+    seed: int = 0,
+) -> tuple[int | None, int | None]:
+    """The 95 % interval of the critical batch over the trunk seeds drawn with replacement
+    (`per_seed`: seed -> batch -> final loss; `start`: seed -> the loss at the branch point): the
+    2.5th and 97.5th percentiles of the critical batches of the draws' mean losses (a draw with no
+    answer counts as the smallest batch, its lowest)."""
+    seeds = sorted(per_seed)
+    if len(seeds) < 2:
+        return None, None
+    rng = random.Random(seed)
+    batches = sorted({b for losses in per_seed.values() for b in losses})
+    found = []
+    for _ in range(draws):
+        drawn = [rng.choice(seeds) for _ in seeds]
+        means: dict[int, float | None] = {}
+        for batch in batches:
+            values = [per_seed[s].get(batch) for s in drawn]
+            means[batch] = None if any(v is None for v in values) else statistics.fmean(values)
+        starts = [start[s] for s in drawn if start.get(s) is not None]
+        critical = branched_critical_batch(means, epsilon, statistics.fmean(starts) if starts else None)
+        found.append(critical.batch or batches[0])
+    found.sort()
+    return found[int(0.025 * (draws - 1))], found[int(math.ceil(0.975 * (draws - 1)))]
+
+
+def stages(branches: Sequence[Branch], epsilon: float | str = EPSILON) -> list[Stage]:
+    """The branch points' critical batches: at ε, or (`epsilon="seeds"`) at each point's own ε from
+    the trunk seeds' spread (`seed_epsilon`, EPSILON where fewer than two seeds)."""
     by_at: dict[int, list[Branch]] = defaultdict(list)
     for b in branches:
         by_at[b.at].append(b)
@@ -166,10 +214,13 @@ def stages(branches: Sequence[Branch], epsilon: float = EPSILON) -> list[Stage]:
             s: next((b.start_loss() for b in group if b.seed == s and b.start_loss() is not None), None) for s in seeds
         }
         start = mean_of(list(starts.values()))
-        per_seed = [
-            branched_critical_batch({b.batch: b.loss() for b in group if b.seed == s}, epsilon, starts[s])
-            for s in seeds
-        ]
+        per_seed_losses = {s: {b.batch: b.loss() for b in group if b.seed == s} for s in seeds}
+        smallest = min(b.batch for b in group)
+        eps = epsilon
+        if epsilon == SEEDS:
+            eps = seed_epsilon({s: per_seed_losses[s].get(smallest) for s in seeds})
+            eps = EPSILON if eps is None else eps
+        per_seed = [branched_critical_batch(per_seed_losses[s], eps, starts[s]) for s in seeds]
         losses: dict[int, list[float]] = defaultdict(list)
         for b in group:
             if b.loss() is not None:
@@ -179,10 +230,12 @@ def stages(branches: Sequence[Branch], epsilon: float = EPSILON) -> list[Stage]:
                 at=at,
                 length=length,
                 losses=dict(sorted(losses.items())),
-                critical=branched_critical_batch(final, epsilon, start),
+                critical=branched_critical_batch(final, eps, start),
                 per_seed=per_seed,
                 by_epsilon={e: branched_critical_batch(final, e, start) for e in EPSILONS},
-                by_length={f: branched_critical_batch(mean_losses(f), epsilon, start) for f in LENGTHS},
+                by_length={f: branched_critical_batch(mean_losses(f), eps, start) for f in LENGTHS},
+                epsilon=eps,
+                interval=bootstrap_interval(per_seed_losses, eps, starts),
             )
         )
     return out

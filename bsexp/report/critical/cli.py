@@ -7,7 +7,7 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from bsexp.report.critical.analysis import EPSILON, Stage, add_b_crit, add_trunk, stages
+from bsexp.report.critical.analysis import EPSILON, SEEDS, Stage, add_b_crit, add_trunk, stages
 from bsexp.report.critical.load import latest_branches, trunk_records
 from bsexp.report.critical.render import figure, markdown, write_csv
 from bsexp.report.load import load_points
@@ -18,12 +18,13 @@ METRICS = ("val_acc", "val_loss", "val_bpb")
 def report(
     sweep: Path | Sequence[Path],
     fixed: Path | None = None,
-    epsilon: float = EPSILON,
+    epsilon: float | str = EPSILON,
     out: Path | None = None,
     metric: str | None = None,
 ) -> list[Stage]:
     """The report of the branches in `sweep` (one directory, or several: a point run again in a
-    later one replaces the earlier's). `metric`: B_crit's target, read off the trunks (None:
+    later one replaces the earlier's). `epsilon`: a relative tolerance, or "seeds" (each branch point's
+    own, from the trunk seeds' spread). `metric`: B_crit's target, read off the trunks (None:
     val_loss for a language model's branches, else val_acc)."""
     sweeps = [sweep] if isinstance(sweep, Path) else list(sweep)
     branches = latest_branches(sweeps)
@@ -49,7 +50,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bsexp.report.critical", description=doc.split("\n\n")[0])
     parser.add_argument("sweep", type=Path, nargs="+", help="the branch sweep's directory (or several)")
     parser.add_argument("--sweep", dest="fixed", type=Path, default=None, help="a fixed-batch sweep, for B_crit")
-    parser.add_argument("--epsilon", type=float, default=EPSILON, help="relative loss tolerance (default 0.05)")
+    parser.add_argument(
+        "--epsilon",
+        default=str(EPSILON),
+        help="relative loss tolerance (default 0.05), or 'seeds': at each branch point the relative standard "
+        "deviation over the trunk seeds of the smallest batch's branch loss",
+    )
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument(
         "--metric",
@@ -63,8 +69,14 @@ def main(argv: Sequence[str] | None = None) -> None:
             parser.exit(2, f"error: {name}={path}: no such directory; valid: a sweep directory\n")
     if args.metric is not None and args.metric not in METRICS:
         parser.exit(2, f"error: --metric={args.metric}: valid: {', '.join(METRICS)}\n")
-    if not args.epsilon > 0:
-        parser.exit(2, f"error: --epsilon={args.epsilon}: must be positive (a relative tolerance, e.g. 0.05)\n")
+    if args.epsilon != SEEDS:
+        try:
+            args.epsilon = float(args.epsilon)
+        except ValueError:
+            pass
+        if not isinstance(args.epsilon, float) or not args.epsilon > 0:
+            valid = "a positive relative tolerance (e.g. 0.05), or seeds"
+            parser.exit(2, f"error: --epsilon={args.epsilon}: valid: {valid}\n")
     try:
         report(args.sweep, args.fixed, args.epsilon, args.out, args.metric)
     except ValueError as exc:

@@ -10,14 +10,24 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bsexp.config.schema import LOWER_IS_BETTER
-from bsexp.report.critical.analysis import EPSILONS, LENGTHS, Stage, mean_of
+from bsexp.report.critical.analysis import EPSILONS, LENGTHS, SEEDS, Stage, mean_of
 
 
 def _num(value: float | None, digits: int = 0) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
-def markdown(found: Sequence[Stage], epsilon: float, seeds: int, swept: bool, context: int | None = None) -> str:
+def _eps(epsilon: float | str) -> str:
+    """ε as the report names it: a number, or each branch point's own from the seeds."""
+    return "each point's own, from the trunk seeds' spread" if epsilon == SEEDS else f"{epsilon:g}"
+
+
+def _interval(stage: Stage) -> str:
+    low, high = stage.interval
+    return "-" if low is None else f"[{low:,}, {high:,}]"
+
+
+def markdown(found: Sequence[Stage], epsilon: float | str, seeds: int, swept: bool, context: int | None = None) -> str:
     """`context`: a language model's tokens per sequence, which its samples and batches count."""
     length = found[0].length if found else 0
     lines = [*_estimates(found, epsilon, seeds, swept, length), *_losses(found), *_sensitivity(found, epsilon, length)]
@@ -34,18 +44,26 @@ def markdown(found: Sequence[Stage], epsilon: float, seeds: int, swept: bool, co
     return "\n".join(lines) + "\n"
 
 
-def _estimates(found: Sequence[Stage], epsilon: float, seeds: int, swept: bool, length: int) -> list[str]:
+def _estimates(found: Sequence[Stage], epsilon: float | str, seeds: int, swept: bool, length: int) -> list[str]:
     """What the critical batch is, and its table beside B_simple and B_crit at each branch point."""
     metric = found[0].target_metric if found else "val_acc"
     lines = [
         "# The critical batch, measured by branches",
         "",
         f"Branches of {length:,} samples from trunk checkpoints, {seeds} seed(s); the critical batch is the largest "
-        f"batch whose branch's mean validation loss over the seeds ends within ε = {epsilon:g} (relative) of the "
-        f"smallest batch's. ≥: every batch branched stayed within ε; ≤: the next batch up already fell out; "
-        f"no progress: the smallest batch's branch ended less than ε below its starting loss (too short to tell). "
-        f"A diverged branch is out of any ε. "
-        f"B_simple: the trunks' mean over the branch's window. "
+        f"batch whose branch's mean validation loss over the seeds ends within ε = {_eps(epsilon)} (relative) of the "
+        f"smallest batch's"
+        + (
+            " (ε: the relative standard deviation over the seeds of the smallest batch's branch loss)"
+            if epsilon == SEEDS
+            else ""
+        )
+        + ". 95 % interval: of the critical batch over the trunk seeds drawn with replacement (a draw "
+        "without an answer counts as the smallest batch). ≥: every batch branched stayed within ε; ≤: the next "
+        "batch up already fell out; "
+        "no progress: the smallest batch's branch ended less than ε below its starting loss (too short to tell). "
+        "A diverged branch is out of any ε. "
+        "B_simple: the trunks' mean over the branch's window. "
         + (
             f"B_crit: E_min / S_min from the fixed-batch sweep, to the {metric} the trunk had at the "
             "branch's end" + (" (reached at or below it)." if metric in LOWER_IS_BETTER else ".")
@@ -53,14 +71,15 @@ def _estimates(found: Sequence[Stage], epsilon: float, seeds: int, swept: bool, 
             else "B_crit: no fixed-batch sweep given (--sweep)."
         ),
         "",
-        f"| samples seen | critical batch | per seed | B_simple | B_simple / critical | target {metric} | B_crit "
-        "| B_crit / critical |",
-        "| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
+        f"| samples seen | critical batch | 95 % interval | ε | per seed | B_simple | B_simple / critical | "
+        f"target {metric} | B_crit | B_crit / critical |",
+        "| ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for s in found:
         b_simple = _num(s.b_simple) if s.b_simple is not None or not s.b_simple_note else "unresolved"
         lines.append(
-            f"| {s.at:,} | {s.critical} | {', '.join(str(c) for c in s.per_seed)} | {b_simple} | "
+            f"| {s.at:,} | {s.critical} | {_interval(s)} | {s.epsilon:.3g} | {', '.join(str(c) for c in s.per_seed)} | "
+            f"{b_simple} | "
             f"{s.shown_ratio(s.b_simple)} | {_target(s)} | {_num(s.b_crit)} | "
             f"{s.shown_ratio(s.b_crit)} |"
         )
@@ -92,7 +111,7 @@ def _losses(found: Sequence[Stage]) -> list[str]:
     return lines
 
 
-def _sensitivity(found: Sequence[Stage], epsilon: float, length: int) -> list[str]:
+def _sensitivity(found: Sequence[Stage], epsilon: float | str, length: int) -> list[str]:
     """The critical batch at each ε, and at each branch length."""
     lines = [
         "",
@@ -105,7 +124,7 @@ def _sensitivity(found: Sequence[Stage], epsilon: float, length: int) -> list[st
         lines.append(f"| {s.at:,} | " + " | ".join(str(s.by_epsilon[e]) for e in EPSILONS) + " |")
     lines += [
         "",
-        f"Sensitivity to the branch length (ε = {epsilon:g}; the loss at that point of the same branches):",
+        f"Sensitivity to the branch length (ε = {_eps(epsilon)}; the loss at that point of the same branches):",
         "",
         "| samples seen | " + " | ".join(f"Δ = {int(f * length):,}" for f in LENGTHS) + " |",
         "| ---: |" + " ---: |" * len(LENGTHS),
@@ -130,6 +149,9 @@ def write_csv(found: Sequence[Stage], path: Path) -> None:
                 "samples_seen",
                 "critical_batch",
                 "bound",
+                "critical_low",
+                "critical_high",
+                "epsilon",
                 "b_simple",
                 "b_simple_ratio",
                 f"target_{found[0].target_metric if found else 'val_acc'}",
@@ -145,6 +167,8 @@ def write_csv(found: Sequence[Stage], path: Path) -> None:
                     s.at,
                     s.critical.batch,
                     s.critical.bound,
+                    *s.interval,
+                    s.epsilon,
                     s.b_simple,
                     s.ratio(s.b_simple),
                     s.target,
@@ -156,7 +180,7 @@ def write_csv(found: Sequence[Stage], path: Path) -> None:
             )
 
 
-def figure(found: Sequence[Stage], epsilon: float, path: Path) -> None:
+def figure(found: Sequence[Stage], epsilon: float | str, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -165,12 +189,16 @@ def figure(found: Sequence[Stage], epsilon: float, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.2))
     x = [s.at for s in found]
     ax.plot(
-        x, [s.critical.batch for s in found], "o-", color="black", label=f"critical batch, branches (ε={epsilon:g})"
+        x,
+        [s.critical.batch for s in found],
+        "o-",
+        color="black",
+        label=f"critical batch, branches (ε {'from the seeds' if epsilon == SEEDS else f'= {epsilon:g}'}; "
+        "bars: 95 % over the seeds)",
     )
     for s in found:
-        values = [c.batch for c in s.per_seed if c.batch]
-        if values:
-            ax.vlines(s.at, min(values), max(values), color="black", alpha=0.3, linewidth=4)
+        if s.interval[0] is not None:
+            ax.vlines(s.at, *s.interval, color="black", alpha=0.3, linewidth=4)
         if s.critical.bound != "=" and s.critical.batch:
             ax.annotate(
                 "≥" if s.critical.bound == ">=" else "≤",
