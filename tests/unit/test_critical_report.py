@@ -10,9 +10,11 @@ import pytest
 
 from bsexp.report.critical import report
 from bsexp.report.critical.analysis import (
+    Branch,
     BranchedCritical,
     add_b_crit,
     at_samples,
+    best_lrs,
     bootstrap_interval,
     branched_critical_batch,
     seed_epsilon,
@@ -161,6 +163,7 @@ def test_the_report_command_refuses_a_directory_without_branches_in_one_line(tmp
         (["empty"], "sweep=empty"),
         (["missing"], "sweep=missing"),
         (["empty", "--epsilon", "0"], "--epsilon=0.0"),
+        (["empty", "--window", "2"], "--window=2.0: valid: a fraction of the branch's length"),
         (["empty", "--epsilon", "wide"], "--epsilon=wide: valid: a positive relative tolerance (e.g. 0.05), or seeds"),
     ):
         out = subprocess.run(
@@ -218,3 +221,24 @@ def test_the_bootstrap_interval_spans_the_seeds_answers_and_is_a_point_where_the
     agree = {s: {32: 1.0, 64: 1.01, 128: 1.5} for s in (1, 2, 3)}
     assert bootstrap_interval(agree, 0.05, {1: 3.0, 2: 3.0, 3: 3.0}) == (64, 64)
     assert bootstrap_interval({1: agree[1]}, 0.05, {1: 3.0}) == (None, None)  # one seed: nothing to resample
+
+
+def _branch(seed, lr, losses, status="completed"):
+    records = [{"samples_seen": at, "val_loss": loss} for at, loss in losses]
+    return Branch(seed=seed, at=0, batch=64, length=1000, trunk="t", status=status, records=records, lr=lr)
+
+
+def test_a_branchs_loss_over_a_window_is_the_median_there_which_a_spike_at_its_end_does_not_move():
+    branch = _branch(1, 0.1, [(0, 2.0), (700, 1.0), (800, 0.5), (900, 0.4), (1000, 9.0)])
+    assert branch.loss() == 9.0
+    assert branch.loss(1.0, 0.25) == 0.5  # over [750, 1000]: 0.5, 0.4 and 9.0
+    assert branch.loss(0.5, 0.25) == pytest.approx(1.0 + (2.0 - 1.0) * 200 / 700)  # none inside: at its end
+
+
+def test_the_best_lr_of_a_sweep_is_the_one_whose_branches_end_lowest_on_the_seeds_mean():
+    branches = [_branch(s, 0.1, [(0, 3.0), (1000, 1.0 + s / 100)]) for s in (1, 2)]
+    branches += [_branch(s, 0.2, [(0, 3.0), (1000, 0.8)]) for s in (1, 2)]
+    # 0.4: the lowest on seed 1, diverged on seed 2 (inf): not chosen
+    branches += [_branch(1, 0.4, [(0, 3.0), (1000, 0.1)]), _branch(2, 0.4, [(0, 3.0)], status="diverged")]
+    kept, chosen = best_lrs(branches)
+    assert chosen == {(0, 64): 0.2} and sorted((b.seed, b.lr) for b in kept) == [(1, 0.2), (2, 0.2)]

@@ -98,12 +98,27 @@ class Branch:
     status: str
     records: list[dict[str, Any]] = field(default_factory=list)
     context: int | None = None  # a language model's tokens per sequence (a sample); None: not one
+    lr: float | None = None  # its LR (summary.json's `lr`): which of an LR sweep's branches it is
 
-    def loss(self, fraction: float = 1.0) -> float | None:
-        """The validation loss `fraction` of the way along; inf for a branch that diverged."""
+    def loss(self, fraction: float = 1.0, window: float = 0.0) -> float | None:
+        """The validation loss `fraction` of the way along; inf for a branch that diverged. With a
+        `window` (a fraction of the branch's length): the median of its evaluations over that last
+        stretch up to there, which a spike of a single evaluation does not move."""
         if self.status == "diverged":
             return math.inf
-        return at_samples(self.records, self.at + fraction * self.length) if self.status == "completed" else None
+        if self.status != "completed":
+            return None
+        end = self.at + fraction * self.length
+        if window > 0:
+            inside = [
+                r[METRIC]
+                for r in self.records
+                if isinstance(r.get(METRIC), (int, float))
+                and end - window * self.length <= r.get("samples_seen", -1) <= end
+            ]
+            if inside:
+                return statistics.median(inside)
+        return at_samples(self.records, end)
 
     def start_loss(self) -> float | None:
         return at_samples(self.records, self.at)
@@ -147,6 +162,24 @@ def mean_of(values: Sequence[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
+def best_lrs(branches: Sequence[Branch], window: float = 0.0) -> tuple[list[Branch], dict[tuple[int, int], float]]:
+    """Where a batch was branched from a point at several LRs (a sweep around its tuned LR), the
+    branches at the LR whose branches end with the lowest mean loss over the seeds (a seed's that
+    did not finish makes it inf; `window`: as `Branch.loss`), and that LR by (branch point, batch).
+    Chosen on the seeds it is then read on, as Merrill et al. choose each batch's LR."""
+    groups: dict[tuple[int, int, float | None], list[Branch]] = defaultdict(list)
+    for b in branches:
+        groups[(b.at, b.batch, b.lr)].append(b)
+    best: dict[tuple[int, int], tuple[float, float | None]] = {}
+    for (at, batch, lr), group in sorted(groups.items(), key=lambda item: (item[0][0], item[0][1], item[0][2] or 0)):
+        losses = [b.loss(1.0, window) for b in group]
+        mean = math.inf if any(v is None for v in losses) else statistics.fmean(losses)
+        if (at, batch) not in best or mean < best[(at, batch)][0]:
+            best[(at, batch)] = (mean, lr)
+    chosen = {key: lr for key, (_, lr) in best.items()}
+    return [b for b in branches if b.lr == chosen[(b.at, b.batch)]], chosen
+
+
 def seed_epsilon(losses: Mapping[int, float | None]) -> float | None:
     """ε from the trunk seeds' spread: the relative standard deviation, over the seeds, of the
     smallest batch's branch loss (`losses`: seed -> that loss) — how far apart two seeds' own
@@ -188,9 +221,10 @@ def bootstrap_interval(
     return found[int(0.025 * (draws - 1))], found[int(math.ceil(0.975 * (draws - 1)))]
 
 
-def stages(branches: Sequence[Branch], epsilon: float | str = EPSILON) -> list[Stage]:
+def stages(branches: Sequence[Branch], epsilon: float | str = EPSILON, window: float = 0.0) -> list[Stage]:
     """The branch points' critical batches: at ε, or (`epsilon="seeds"`) at each point's own ε from
-    the trunk seeds' spread (`seed_epsilon`, EPSILON where fewer than two seeds)."""
+    the trunk seeds' spread (`seed_epsilon`, EPSILON where fewer than two seeds); each branch's loss
+    the median over the last `window` of its length (0: at its end, `Branch.loss`)."""
     by_at: dict[int, list[Branch]] = defaultdict(list)
     for b in branches:
         by_at[b.at].append(b)
@@ -202,7 +236,7 @@ def stages(branches: Sequence[Branch], epsilon: float | str = EPSILON) -> list[S
         def mean_losses(fraction: float, group=group) -> dict[int, float | None]:
             per_batch: dict[int, list[float | None]] = defaultdict(list)
             for b in group:
-                per_batch[b.batch].append(b.loss(fraction))
+                per_batch[b.batch].append(b.loss(fraction, window))
             # a batch counts only where every seed's branch finished
             return {
                 batch: (None if any(v is None for v in vs) else statistics.fmean(vs)) for batch, vs in per_batch.items()
@@ -214,7 +248,7 @@ def stages(branches: Sequence[Branch], epsilon: float | str = EPSILON) -> list[S
             s: next((b.start_loss() for b in group if b.seed == s and b.start_loss() is not None), None) for s in seeds
         }
         start = mean_of(list(starts.values()))
-        per_seed_losses = {s: {b.batch: b.loss() for b in group if b.seed == s} for s in seeds}
+        per_seed_losses = {s: {b.batch: b.loss(1.0, window) for b in group if b.seed == s} for s in seeds}
         smallest = min(b.batch for b in group)
         eps = epsilon
         if epsilon == SEEDS:
@@ -223,8 +257,8 @@ def stages(branches: Sequence[Branch], epsilon: float | str = EPSILON) -> list[S
         per_seed = [branched_critical_batch(per_seed_losses[s], eps, starts[s]) for s in seeds]
         losses: dict[int, list[float]] = defaultdict(list)
         for b in group:
-            if b.loss() is not None:
-                losses[b.batch].append(b.loss())
+            if b.loss(1.0, window) is not None:
+                losses[b.batch].append(b.loss(1.0, window))
         out.append(
             Stage(
                 at=at,

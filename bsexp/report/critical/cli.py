@@ -7,7 +7,7 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from bsexp.report.critical.analysis import EPSILON, SEEDS, Stage, add_b_crit, add_trunk, stages
+from bsexp.report.critical.analysis import EPSILON, SEEDS, Stage, add_b_crit, add_trunk, best_lrs, stages
 from bsexp.report.critical.load import latest_branches, trunk_records
 from bsexp.report.critical.render import figure, markdown, write_csv
 from bsexp.report.load import load_points
@@ -21,16 +21,24 @@ def report(
     epsilon: float | str = EPSILON,
     out: Path | None = None,
     metric: str | None = None,
+    window: float = 0.0,
+    best_lr: bool = False,
 ) -> list[Stage]:
     """The report of the branches in `sweep` (one directory, or several: a point run again in a
     later one replaces the earlier's). `epsilon`: a relative tolerance, or "seeds" (each branch point's
-    own, from the trunk seeds' spread). `metric`: B_crit's target, read off the trunks (None:
-    val_loss for a language model's branches, else val_acc)."""
+    own, from the trunk seeds' spread). `window`: each branch's loss the median of its evaluations
+    over that last fraction of its length (0: its loss at its end). `metric`: B_crit's target, read
+    off the trunks (None: val_loss for a language model's branches, else val_acc). `best_lr`: a batch
+    branched at several LRs from a point (sweeps given together) takes the LR whose branches end
+    lowest (`best_lrs`)."""
     sweeps = [sweep] if isinstance(sweep, Path) else list(sweep)
-    branches = latest_branches(sweeps)
+    branches = latest_branches(sweeps, by_lr=best_lr)
     if not branches:
         raise ValueError(f"{', '.join(map(str, sweeps))} holds no branch runs (summary.json with a `branch` entry)")
-    found = stages(branches, epsilon)
+    chosen = None
+    if best_lr:
+        branches, chosen = best_lrs(branches, window)
+    found = stages(branches, epsilon, window)
     context = next((b.context for b in branches if b.context), None)
     add_trunk(found, trunk_records(branches), metric or ("val_loss" if context else "val_acc"))
     if fixed is not None:
@@ -38,7 +46,7 @@ def report(
     out = out or sweeps[0]
     out.mkdir(parents=True, exist_ok=True)
     seeds = len({b.seed for b in branches})
-    (out / "critical.md").write_text(markdown(found, epsilon, seeds, fixed is not None, context))
+    (out / "critical.md").write_text(markdown(found, epsilon, seeds, fixed is not None, context, window, chosen))
     write_csv(found, out / "critical.csv")
     figure(found, epsilon, out / "critical.png")
     return found
@@ -55,6 +63,19 @@ def main(argv: Sequence[str] | None = None) -> None:
         default=str(EPSILON),
         help="relative loss tolerance (default 0.05), or 'seeds': at each branch point the relative standard "
         "deviation over the trunk seeds of the smallest batch's branch loss",
+    )
+    parser.add_argument(
+        "--window",
+        type=float,
+        default=0.0,
+        help="each branch's loss: the median of its evaluations over this last fraction of its length "
+        "(default 0: its loss at its end)",
+    )
+    parser.add_argument(
+        "--best-lr",
+        action="store_true",
+        help="a batch branched at several LRs from a point (their sweeps given together) takes the LR whose "
+        "branches end with the lowest mean loss over the seeds",
     )
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument(
@@ -77,8 +98,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         if not isinstance(args.epsilon, float) or not args.epsilon > 0:
             valid = "a positive relative tolerance (e.g. 0.05), or seeds"
             parser.exit(2, f"error: --epsilon={args.epsilon}: valid: {valid}\n")
+    if not 0 <= args.window <= 1:
+        parser.exit(2, f"error: --window={args.window}: valid: a fraction of the branch's length, 0 to 1\n")
     try:
-        report(args.sweep, args.fixed, args.epsilon, args.out, args.metric)
+        report(args.sweep, args.fixed, args.epsilon, args.out, args.metric, args.window, args.best_lr)
     except ValueError as exc:
         parser.exit(2, f"error: sweep={args.sweep[0]}: {exc}; valid: the directory of a branch sweep\n")
     print(((args.out or args.sweep[0]) / "critical.md").read_text())

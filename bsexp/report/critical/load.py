@@ -29,19 +29,22 @@ def load_branches(sweep: Path) -> list[Branch]:
                 status=summary["status"],
                 records=read_jsonl(job / "metrics.jsonl"),
                 context=summary.get("context"),
+                lr=summary.get("lr"),
             )
         )
     return found
 
 
-def latest_branches(sweeps: Sequence[Path]) -> list[Branch]:
-    """The branches of one or more sweeps: a point (seed, branch point, batch) run again in a later
-    sweep replaces the earlier's where it completed (or where there was none)."""
-    latest: dict[tuple[int, int, int], Branch] = {}
+def latest_branches(sweeps: Sequence[Path], by_lr: bool = False) -> list[Branch]:
+    """The branches of one or more sweeps: a point (seed, branch point, batch; and its LR, `by_lr`:
+    an LR sweep's branches kept apart) run again in a later sweep replaces the earlier's where it
+    completed (or where there was none)."""
+    latest: dict[tuple, Branch] = {}
     for directory in sweeps:
         for b in load_branches(directory):
-            if b.status == "completed" or (b.seed, b.at, b.batch) not in latest:
-                latest[(b.seed, b.at, b.batch)] = b
+            key = (b.seed, b.at, b.batch, b.lr if by_lr else None)
+            if b.status == "completed" or key not in latest:
+                latest[key] = b
     return list(latest.values())
 
 

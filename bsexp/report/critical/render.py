@@ -27,10 +27,29 @@ def _interval(stage: Stage) -> str:
     return "-" if low is None else f"[{low:,}, {high:,}]"
 
 
-def markdown(found: Sequence[Stage], epsilon: float | str, seeds: int, swept: bool, context: int | None = None) -> str:
-    """`context`: a language model's tokens per sequence, which its samples and batches count."""
+def markdown(
+    found: Sequence[Stage],
+    epsilon: float | str,
+    seeds: int,
+    swept: bool,
+    context: int | None = None,
+    window: float = 0.0,
+    chosen: dict[tuple[int, int], float | None] | None = None,
+) -> str:
+    """`context`: a language model's tokens per sequence, which its samples and batches count.
+    `window`: each branch's loss was the median over that last fraction of it (0: at its end).
+    `chosen`: the LR each (branch point, batch) took, the best of those branched
+    (bsexp.report.critical.analysis.best_lrs)."""
     length = found[0].length if found else 0
     lines = [*_estimates(found, epsilon, seeds, swept, length), *_losses(found), *_sensitivity(found, epsilon, length)]
+    if chosen:
+        lines += _chosen_lrs(found, chosen)
+    if window:
+        lines[1:1] = [
+            "",
+            f"A branch's loss: the median of its validation losses over its last {window:g} of its length "
+            f"({int(window * length):,} samples), not the one evaluation at its end.",
+        ]
     if context:
         lines[1:1] = [
             "",
@@ -108,6 +127,23 @@ def _losses(found: Sequence[Stage]) -> list[str]:
                 else ("diverged" if not math.isfinite(mean) else (f"{mean:.4f}" if mean < 1e4 else f"{mean:.3g}"))
             )
         lines.append(f"| {s.at:,} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _chosen_lrs(found: Sequence[Stage], chosen: dict[tuple[int, int], float | None]) -> list[str]:
+    """The LR each batch's branches took at each branch point: the best of those it was branched at."""
+    batches = sorted({batch for _, batch in chosen})
+    lines = [
+        "",
+        "The LR each batch's branches took (the one, of those branched, whose branches ended lowest on the seeds' "
+        "mean):",
+        "",
+        "| samples seen | " + " | ".join(f"B={b:,}" for b in batches) + " |",
+        "| ---: |" + " ---: |" * len(batches),
+    ]
+    for s in found:
+        cells = [chosen.get((s.at, b)) for b in batches]
+        lines.append(f"| {s.at:,} | " + " | ".join("-" if c is None else f"{c:.4g}" for c in cells) + " |")
     return lines
 
 
