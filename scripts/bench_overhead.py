@@ -47,10 +47,10 @@ The whole run (issue 54), `--whole`
     the two taking turns (the one that starts alternating between pairs), each timed from its
     start to its end (wall) and by the CPU time it used (user + system, which a busy machine
     inflates less). Printed: each pair, the medians, and the median of the per-pair ratios with
-    its 95 % interval (the pairs drawn with replacement); the goal, met where that interval's upper
-    end is at most 1.05, is <= 1.05 (at main 3ea6d43: 1.12, 9.5 s against 8.0 s). bsexp registers in a
-    registry of the benchmark's own (BSEXP_CORES_REGISTRY), so both take torch's default threads
-    (or `--threads N`, both)::
+    its 95 % interval (the pairs drawn with replacement). The goal is <= 1.05: met where that
+    interval's upper end is at most 1.05, not met where its lower end is above (at main 3ea6d43:
+    1.12, 9.5 s against 8.0 s). bsexp registers in a registry of the benchmark's own
+    (BSEXP_CORES_REGISTRY), so both take torch's default threads (or `--threads N`, both)::
 
     python scripts/bench_overhead.py --whole --pairs 5
     python scripts/bench_overhead.py --whole --pairs 5 --threads 1    # a busy machine: no spinning
@@ -269,7 +269,7 @@ def whole(args: argparse.Namespace) -> None:
         b, p = (statistics.median(r[i] for r in runs[side]) for side in ("bsexp", "plain"))
         ratios = [x[i] / y[i] for x, y in zip(runs["bsexp"], runs["plain"])]
         ratio, (low, high) = statistics.median(ratios), median_interval(ratios)
-        verdict = "goal met" if high <= GOAL else ("goal not shown" if ratio <= GOAL else "goal NOT met")
+        verdict = "goal met" if high <= GOAL else ("goal NOT met" if low > GOAL else "goal not shown either way")
         print(
             f"median {what}: bsexp {b:.2f} s, plain {p:.2f} s; median ratio {ratio:.3f} [{low:.3f}, {high:.3f}] "
             f"(goal <= {GOAL}: met where the interval's upper end is) - {verdict}"
