@@ -256,9 +256,10 @@ def stages(branches: Sequence[Branch], epsilon: float | str = EPSILON, window: f
             eps = EPSILON if eps is None else eps
         per_seed = [branched_critical_batch(per_seed_losses[s], eps, starts[s]) for s in seeds]
         losses: dict[int, list[float]] = defaultdict(list)
-        for b in group:
-            if b.loss(1.0, window) is not None:
-                losses[b.batch].append(b.loss(1.0, window))
+        for by_batch in per_seed_losses.values():
+            for batch, value in by_batch.items():
+                if value is not None:
+                    losses[batch].append(value)
         out.append(
             Stage(
                 at=at,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from bsexp.config.schema import LOWER_IS_BETTER
@@ -105,69 +105,68 @@ def _estimates(found: Sequence[Stage], epsilon: float | str, seeds: int, swept: 
     return lines
 
 
+def _stage_table(
+    found: Sequence[Stage], caption: str, columns: Sequence[str], cells: Sequence[Callable[[Stage], str]]
+) -> list[str]:
+    """A table of the branch points (rows) against `columns`, each cell `cells[i](stage)`."""
+    lines = ["", caption, "", "| samples seen | " + " | ".join(columns) + " |", "| ---: |" + " ---: |" * len(columns)]
+    for s in found:
+        lines.append(f"| {s.at:,} | " + " | ".join(cell(s) for cell in cells) + " |")
+    return lines
+
+
+def _mean_loss(values: Sequence[float] | None) -> str:
+    mean = mean_of(values) if values else None
+    if mean is None:
+        return "-"
+    return "diverged" if not math.isfinite(mean) else (f"{mean:.4f}" if mean < 1e4 else f"{mean:.3g}")
+
+
 def _losses(found: Sequence[Stage]) -> list[str]:
     """The seeds' mean validation loss at each branch's end, by branch point and batch."""
     batches = sorted({b for s in found for b in s.losses})
-    lines = [
-        "",
+    return _stage_table(
+        found,
         "Mean validation loss at the branch's end, by batch (diverged: a seed's branch diverged; "
         "- : not run or failed):",
-        "",
-        "| samples seen | " + " | ".join(f"B={b:,}" for b in batches) + " |",
-        "| ---: |" + " ---: |" * len(batches),
-    ]
-    for s in found:
-        cells = []
-        for b in batches:
-            values = s.losses.get(b)
-            mean = mean_of(values) if values else None
-            cells.append(
-                "-"
-                if mean is None
-                else ("diverged" if not math.isfinite(mean) else (f"{mean:.4f}" if mean < 1e4 else f"{mean:.3g}"))
-            )
-        lines.append(f"| {s.at:,} | " + " | ".join(cells) + " |")
-    return lines
+        [f"B={b:,}" for b in batches],
+        [lambda s, b=b: _mean_loss(s.losses.get(b)) for b in batches],
+    )
 
 
 def _chosen_lrs(found: Sequence[Stage], chosen: dict[tuple[int, int], float | None]) -> list[str]:
     """The LR each batch's branches took at each branch point: the best of those it was branched at."""
     batches = sorted({batch for _, batch in chosen})
-    lines = [
-        "",
+
+    def lr(stage: Stage, batch: int) -> str:
+        value = chosen.get((stage.at, batch))
+        return "-" if value is None else f"{value:.4g}"
+
+    return _stage_table(
+        found,
         "The LR each batch's branches took (the one, of those branched, whose branches ended lowest on the seeds' "
         "mean):",
-        "",
-        "| samples seen | " + " | ".join(f"B={b:,}" for b in batches) + " |",
-        "| ---: |" + " ---: |" * len(batches),
-    ]
-    for s in found:
-        cells = [chosen.get((s.at, b)) for b in batches]
-        lines.append(f"| {s.at:,} | " + " | ".join("-" if c is None else f"{c:.4g}" for c in cells) + " |")
-    return lines
+        [f"B={b:,}" for b in batches],
+        [lambda s, b=b: lr(s, b) for b in batches],
+    )
 
 
 def _sensitivity(found: Sequence[Stage], epsilon: float | str, length: int) -> list[str]:
     """The critical batch at each ε, and at each branch length."""
-    lines = [
-        "",
-        "Sensitivity to ε (relative tolerance), full branch length:",
-        "",
-        "| samples seen | " + " | ".join(f"ε = {e:g}" for e in EPSILONS) + " |",
-        "| ---: |" + " ---: |" * len(EPSILONS),
+    return [
+        *_stage_table(
+            found,
+            "Sensitivity to ε (relative tolerance), full branch length:",
+            [f"ε = {e:g}" for e in EPSILONS],
+            [lambda s, e=e: str(s.by_epsilon[e]) for e in EPSILONS],
+        ),
+        *_stage_table(
+            found,
+            f"Sensitivity to the branch length (ε = {_eps(epsilon)}; the loss at that point of the same branches):",
+            [f"Δ = {int(f * length):,}" for f in LENGTHS],
+            [lambda s, f=f: str(s.by_length[f]) for f in LENGTHS],
+        ),
     ]
-    for s in found:
-        lines.append(f"| {s.at:,} | " + " | ".join(str(s.by_epsilon[e]) for e in EPSILONS) + " |")
-    lines += [
-        "",
-        f"Sensitivity to the branch length (ε = {_eps(epsilon)}; the loss at that point of the same branches):",
-        "",
-        "| samples seen | " + " | ".join(f"Δ = {int(f * length):,}" for f in LENGTHS) + " |",
-        "| ---: |" + " ---: |" * len(LENGTHS),
-    ]
-    for s in found:
-        lines.append(f"| {s.at:,} | " + " | ".join(str(s.by_length[f]) for f in LENGTHS) + " |")
-    return lines
 
 
 def _target(stage: Stage) -> str:
