@@ -204,11 +204,11 @@ class GradBuckets:
     Buckets follow the parameters in reverse (the order a backward completes them), DDP's way."""
 
     def __init__(self, parameters, sync: GradSync, group: Any = None, cap_bytes: int = BUCKET_BYTES) -> None:
-        self.params = [p for p in parameters if p.requires_grad]
+        params = [p for p in parameters if p.requires_grad]
         self.sync, self.group = sync, group
         members: list[list[torch.nn.Parameter]] = []
         filled = 0  # bytes in the last bucket
-        for p in reversed(self.params):
+        for p in reversed(params):
             last = members[-1] if members else None
             if last and (last[0].dtype, last[0].device) == (p.dtype, p.device) and filled + p.nbytes <= cap_bytes:
                 last.append(p)
@@ -228,7 +228,7 @@ class GradBuckets:
                 self.views.append((p, _view(buffer, offset, p)))
                 self.bucket_of[p] = index
                 offset += p.numel()
-        for p in self.params:
+        for p in params:
             p.register_post_accumulate_grad_hook(self._ready)
         self._world: World | None = None  # set while the last micro-batch's backward may launch buckets
         self._pending: list[int] = []
