@@ -153,12 +153,12 @@ class ChildProber:
             # at fault (once, a ResNet-18 search saw every trial below a failure fail in 2 ms,
             # and then the evaluation check). A fresh process tries the size again.
             log.warning(
-                "finder: micro-batch %d failed after %.3f s, far sooner than %d did in the same probe "
-                "process (%.2f s): trying it again in a fresh one (%s)",
+                "finder: micro-batch %d failed after %.3f CPU s, far sooner than %d did in the same "
+                "probe process (%.2f CPU s): trying it again in a fresh one (%s)",
                 size,
-                trial.seconds,
+                trial.cpu_seconds,
                 sooner.size,
-                sooner.seconds,
+                sooner.cpu_seconds,
                 trial.error,
             )
             self._restart()
@@ -199,9 +199,11 @@ class ChildProber:
 
 
 def _failed_sooner(failed: Trial, failures: list[Trial]) -> Trial | None:
-    """An earlier failure, at a larger size, that took more than twice as long to fail as this
-    one did (and 0.1 s more): a contradiction, where the same process ran both."""
-    return next((f for f in failures if f.size > failed.size and f.seconds > 2 * failed.seconds + 0.1), None)
+    """An earlier failure, at a larger size, that did more than twice the work before it failed as
+    this one did (and 0.1 s more): a contradiction, where the same process ran both. Work is the
+    process's CPU time: on a machine that other runs share, a trial's wall-clock time is as much
+    their load as its own (a trial at 384 once took 1.77 s to fail beside a test run, 0.3 s alone)."""
+    return next((f for f in failures if f.size > failed.size and f.cpu_seconds > 2 * failed.cpu_seconds + 0.1), None)
 
 
 def _received(conn, process, expected: str):

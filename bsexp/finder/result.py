@@ -22,6 +22,7 @@ class Trial:
     reserved_mb: float | None = None  # CUDA: the allocator's reserve; CPU: address space mapped
     alloc_retries: int | None = None  # CUDA: allocations retried after freeing the cache
     seconds: float = 0.0
+    cpu_seconds: float = 0.0  # the process's CPU time through the trial: its work, not the machine's load
     samples_per_s: float | None = None  # of the training steps, after the first
     train_peak_mb: float | None = None  # of the training steps alone: what grows with the size
     forward_s: float | None = None  # the last training step's parts: forward,

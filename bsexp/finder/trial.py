@@ -234,11 +234,11 @@ class TrialRunner:
             memory.free_blas_buffers()
         base, mapped = self._memory(reset=True), (memory.vm_size() if device.type == "cpu" else 0)
         vm_high = memory.vm_peak() if device.type == "cpu" else 0
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         self._peaks.clear()
         step_times, parts, train_peak, error = self._steps(size, 1 if probe else self.steps, base)
         ok = error is None
-        seconds = time.perf_counter() - started
+        seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
         peak = max(self._peak() - base, train_peak or 0)
         if ok and size >= self.eval_size and self.eval_fits is None:
             self.eval_fits, self.eval_shown_by = True, size
@@ -255,6 +255,7 @@ class TrialRunner:
             failed_in=None if ok else "train",
             peak_mb=mib(peak),
             seconds=seconds,
+            cpu_seconds=cpu_seconds,
             samples_per_s=size / (sum(timed) / len(timed)) if ok and timed else None,
             train_peak_mb=mib(train_peak),
             forward_s=forward_s,

@@ -105,15 +105,16 @@ def job_ids(sweep: Path) -> list[str]:
 _UNSETTLED = {"PENDING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED"}
 
 
-def accounting(job: str, timeout: float = 60) -> list[tuple[str, str]]:
+def accounting(job: str, tasks: int = 1, timeout: float = 60) -> list[tuple[str, str]]:
     """(job id, state) of every attempt of a job and its array tasks, from sacct (-D: requeued
-    attempts too), without the job steps; once the last attempt of each has ended (a job's
-    result reaches submitit before SLURM has finished tearing the job down)."""
+    attempts too), without the job steps; once SLURM's books hold at least `tasks` job ids and the
+    last attempt of each has ended (a job's result reaches submitit before SLURM has finished
+    tearing the job down, and slurmdbd records a finished array task a moment after the others)."""
     deadline = time.time() + timeout
     while True:
         lines = slurm("sacct", "-D", "-n", "-X", "-P", "-j", job, "-o", "JobID,State").splitlines()
         attempts = [tuple(line.split("|", 1)) for line in lines if line]  # a state may be "CANCELLED by 0"
         last = {job_id: state for job_id, state in attempts}
-        if (last and not _UNSETTLED & set(last.values())) or time.time() > deadline:
+        if (len(last) >= tasks and not _UNSETTLED & set(last.values())) or time.time() > deadline:
             return attempts
         time.sleep(0.5)

@@ -44,7 +44,7 @@ def test_a_sweep_runs_each_point_as_a_slurm_job_and_reports(data_root, tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     # Four SLURM jobs (submitit submits a sweep as one job array), each completed in SLURM's books.
     [array] = job_ids(sweep)[:1]
-    tasks = dict(accounting(array.split("_")[0]))
+    tasks = dict(accounting(array.split("_")[0], tasks=4))
     assert len(tasks) == 4 and set(tasks.values()) == {"COMPLETED"}, tasks
     assert "4 points (4 completed)" in out.stdout + out.stderr
     entries = index(sweep)
@@ -234,7 +234,7 @@ def test_a_failing_point_is_recorded_failed_and_the_others_complete(data_root, t
             assert entry["status"] == summary["status"] == "completed" and summary["batch_size"] == size
     # Each point was its own SLURM job; the failure was the point's, not the job's.
     [array] = job_ids(sweep)[:1]
-    assert set(dict(accounting(array.split("_")[0])).values()) == {"COMPLETED"}
+    assert set(dict(accounting(array.split("_")[0], tasks=4)).values()) == {"COMPLETED"}
 
 
 def test_a_sweep_whose_allocation_ended_is_continued_by_one_command(data_root, tmp_path):
