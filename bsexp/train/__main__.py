@@ -9,6 +9,15 @@ from bsexp.system.registry import choose_openmp_waiting
 # spin a moment first where this run is alone (see choose_openmp_waiting). A value the user set is kept.
 choose_openmp_waiting(os.environ)
 
-from bsexp.train.cli import main  # noqa: E402
+from bsexp.system.leave import leave  # noqa: E402
+from bsexp.train.cli import main, one_process  # noqa: E402
 
-main()
+try:
+    main()
+except SystemExit as end:
+    code = end.code
+else:
+    code = 0
+if one_process():  # a sweep's processes, and torchrun's, end as Python ends them
+    leave(code)
+raise SystemExit(code)

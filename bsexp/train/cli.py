@@ -235,6 +235,11 @@ def _sweep_ended(sweep_dir: Path) -> None:
         sys.exit(DIVERGED)
 
 
+def one_process() -> bool:
+    """A single run, in a process of its own: no sweep in this process, no torchrun ranks."""
+    return not _multirun_requested() and not under_torchrun()
+
+
 def _multirun_requested() -> bool:
     return any(arg in ("-m", "--multirun") for arg in sys.argv[1:])
 
