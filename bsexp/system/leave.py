@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import sys
 import threading
@@ -25,6 +26,7 @@ def leave(code: int | str | None) -> NoReturn:
         print(code, file=sys.stderr)
         code = 1
     atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a reader gone (`| head`), a stream closed
+            stream.flush()
     os._exit(code)

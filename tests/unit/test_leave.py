@@ -48,3 +48,11 @@ def test_leave_ends_as_sys_exit_does_but_for_the_teardown(tmp_path, code, status
     # Both join the thread and run the exit handlers; only sys.exit tears the modules down.
     assert exited_files == {"exit_handler": "ran", "thread": "joined", "torn_down": "yes"}
     assert left_files == {"exit_handler": "ran", "thread": "joined"}
+
+
+def test_leave_keeps_the_exit_code_where_stdout_is_gone(tmp_path):
+    # A reader that stopped reading (`python -m bsexp.train ... | head -1`): the flush fails, the
+    # exit code stays the run's.
+    script = "import sys; from bsexp.system.leave import leave; print('x' * 100000); sys.stdout.close(); leave(3)"
+    run = subprocess.run([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=60)
+    assert run.returncode == 3 and b"Traceback" not in run.stderr, run.stderr
