@@ -23,6 +23,9 @@ def late():
     time.sleep(0.3)
     (out / "thread").write_text("joined")
 threading.Thread(target=late).start()  # not a daemon: the exit waits for it
+import concurrent.futures
+pool = concurrent.futures.ThreadPoolExecutor(1)  # idle workers that wait until told to stop (torch.compile keeps one)
+pool.submit(lambda: None).result()
 print("printed, not yet flushed", end="")
 code = eval(sys.argv[3])
 leave(code) if sys.argv[2] == "leave" else sys.exit(code)
