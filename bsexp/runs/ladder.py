@@ -66,9 +66,9 @@ class Ladder:
     def read(self, records: Iterable[Mapping[str, Any]], until_epoch: float | None = None) -> dict[str, dict[str, Any]]:
         """{rung: where the run first reached it} for the rungs it reached, in the records up to
         `until_epoch` (epochs of samples seen; None: all): `step` and `samples` interpolated, the
-        first evaluation at or past the rung's `evaluated_step`, `evaluated_samples`, `epoch` and
-        `lr`, the highest LR recorded up to it (`lr_peak`), and `at_first_eval` where the run's
-        first evaluation had reached it already (its step and samples are then upper bounds)."""
+        first evaluation at or past the rung's `evaluated_step`, `evaluated_samples`, `epoch`, `lr`
+        and `batch`, the highest LR recorded up to it (`lr_peak`), and `at_first_eval` where the
+        run's first evaluation had reached it already (its step and samples are then upper bounds)."""
         found: dict[str, dict[str, Any]] = {}
         below: Mapping[str, Any] | None = None
         peak = 0.0
@@ -104,6 +104,7 @@ def _reach(below: Mapping[str, Any] | None, at: Mapping[str, Any], metric: str, 
         "epoch": at.get("epoch"),
         "lr": at.get("lr"),
         "lr_peak": peak,
+        "batch": at.get("batch_size"),  # the batch it trained at then: an adaptive run's may have grown
         "at_first_eval": below is None,
     }
 

@@ -25,6 +25,7 @@ def test_the_summarys_ladder_is_read_from_the_runs_records_and_the_run_ends_at_t
     assert records[-1]["val_acc"] >= 0.45 > records[-2]["val_acc"]
     assert records[-2]["step"] < top["step"] <= top["evaluated_step"]
     assert top["lr"] == records[-1]["lr"] and top["lr_peak"] == max(r["lr"] for r in records)
+    assert top["batch"] == 32  # the batch it was reached at (an adaptive run's may have grown)
     assert "reached the ladder's top rung 0.45 at step" in out.stdout + out.stderr
 
 

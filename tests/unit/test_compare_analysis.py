@@ -1,7 +1,10 @@
 """A comparison's analysis on runs made up for it (bsexp.report.compare): each arm's best chosen on
 the tuning seeds by the declared objective; the baseline at each rung chosen on the tuning seeds,
 never on the held-out seeds it is held against; ratios over the seeds both reached a rung on; no
-verdict where too few seeds reach it; rungs reached with a decayed LR counted; the frontier fitted."""
+verdict where too few seeds reach it; rungs reached with a decayed LR counted, and the batch they were
+reached at; the frontier fitted."""
+
+import csv
 
 import pytest
 
@@ -9,6 +12,7 @@ from bsexp.report.compare.analysis import analyse
 from bsexp.report.compare.intervals import ratio_of_means
 from bsexp.report.compare.load import Run
 from bsexp.report.compare.plan import Plan
+from bsexp.report.compare.render import batch_text, markdown, write_csv
 
 SPACE = {"optimizer.lr": {"low": 0.01, "high": 1.0, "scale": "log", "type": "float"}}
 ARMS = {
@@ -101,6 +105,32 @@ def test_the_ratios_are_over_the_seeds_both_reached_with_verdicts_and_too_few_se
     own = rows[("own", "0.9")]
     assert own.steps_ratio is None and own.why_none.startswith("too few seeds reach it (the arm 1, the baseline 4 of 4")
     assert rows[("fixed_64", "0.9")].why_none == "the baseline"
+
+
+def test_the_batch_each_seed_reached_a_rung_at_says_whether_the_arm_had_changed_it(tmp_path):
+    """An adaptive arm that reached the low rung at its start batch on every seed reads `= start`
+    (up to there it was a fixed batch with its own tuning); at the top rung two of its three seeds
+    had grown it. The table and compare.csv say so; a fixed arm without the record reads `-`."""
+    grown = {1: 32, 2: 64, 4: 48}  # seed -> the batch at 0.9 (seed 3 never reached it)
+    growing = []
+    for seed, steps in zip((1, 2, 3, 4), [80, 70, None, 75]):
+        at = {"0.5": {"step": 30, "samples": 960, "lr": 0.1, "lr_peak": 0.1, "batch": 32}}
+        if steps:
+            at["0.9"] = {"step": steps, "samples": steps * 40, "lr": 0.1, "lr_peak": 0.1, "batch": grown[seed]}
+        growing.append(Run("growing", "held_out", None, seed, "completed", f"g{seed}", batch=32, reaches=at, final=0.9))
+    runs = [r for r in RUNS if not (r.arm == "growing" and r.stage == "held_out")] + growing
+    result = analyse(plan(), runs, {})
+    rows = {(v.arm, v.rung): v for v in result.versus}
+    low, top = rows[("growing", "0.5")], rows[("growing", "0.9")]
+    assert (low.batches, low.changed, batch_text(low)) == ((32, 32), 0, "32 = start")
+    assert (top.batches, top.changed, batch_text(top)) == ((32, 64), 2, "32–64, 2 of 3 changed")
+    assert rows[("fixed_64", "0.9")].batches is None and batch_text(rows[("fixed_64", "0.9")]) == "-"
+    table = markdown(result, tmp_path)
+    assert "| LR < ½ peak | batch at the rung |" in table and "| 32–64, 2 of 3 changed |" in table
+    write_csv(result, tmp_path / "compare.csv")
+    with open(tmp_path / "compare.csv", newline="") as f:
+        row = next(r for r in csv.DictReader(f) if r["arm"] == "growing" and r["rung"] == "0.9")
+    assert (row["batch_at_rung_low"], row["batch_at_rung_high"], row["batch_changed_seeds"]) == ("32", "64", "2")
 
 
 def test_a_higher_bar_for_reaching_withholds_the_verdict():

@@ -8,7 +8,14 @@ from bsexp.runs.ladder import Ladder, decayed, rung_key
 
 
 def record(step, value, lr=0.1, batch=32, metric="val_acc", epoch=None):
-    return {"step": step, "samples_seen": step * batch, "epoch": epoch or step / 10, metric: value, "lr": lr}
+    return {
+        "step": step,
+        "samples_seen": step * batch,
+        "epoch": epoch or step / 10,
+        metric: value,
+        "lr": lr,
+        "batch_size": batch,
+    }
 
 
 RECORDS = [
@@ -51,6 +58,16 @@ def test_a_loss_is_climbed_downwards():
     assert got["1.5"]["step"] == pytest.approx(1 + 9 * 0.8 / 1.3)
     assert got["0.3"]["step"] == pytest.approx(20 + 20 * 2 / 3)
     assert ladder.top_reached({"val_loss": 0.1}) and not ladder.top_reached({"val_loss": 0.11})
+
+
+def test_each_rung_keeps_the_batch_the_run_trained_at_when_it_reached_it():
+    """An adaptive run's batch grows: the rung reached after the change reads the new batch, the
+    one reached before it the start batch (the evaluation at or past the rung decides, as for lr)."""
+    grown = [record(1, 0.2, batch=32), record(4, 0.6, batch=32), record(6, 0.8, batch=64), record(9, 0.95, batch=128)]
+    got = Ladder("val_acc", (0.5, 0.7, 0.9)).read(grown)
+    assert [got[r]["batch"] for r in ("0.5", "0.7", "0.9")] == [32, 64, 128]
+    bare = [{k: v for k, v in r.items() if k != "batch_size"} for r in grown]  # records without it
+    assert Ladder("val_acc", (0.5,)).read(bare)["0.5"]["batch"] is None
 
 
 def test_records_past_the_budget_are_not_read():

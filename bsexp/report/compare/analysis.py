@@ -53,6 +53,8 @@ class Versus:
     samples_ratio: Interval | None = None
     why_none: str | None = None  # why no verdict
     decayed: int = 0  # seeds that reached the rung with the LR below half its peak
+    batches: tuple[int, int] | None = None  # the smallest and largest batch the seeds reached the rung at
+    changed: int = 0  # seeds whose batch then was not the one they started at
 
     def verdict(self, ratio: Interval | None) -> str:
         return ratio_verdict(ratio) if ratio is not None else "-"
@@ -123,12 +125,23 @@ def _by_seed(runs: Sequence[Run], rung: str, measure: str) -> dict[int, float]:
     return {r.seed: r.reaches[rung][measure] for r in runs if rung in r.reaches}
 
 
+def _batches_at(runs: Sequence[Run], rung: str) -> tuple[tuple[int, int] | None, int]:
+    """The range of the batch the runs reached `rung` at, and how many had changed it from their
+    first: an adaptive or scheduled arm that reached it at its start batch was, up to the rung, a
+    fixed batch with its own tuning."""
+    at = [(r.batch, r.reaches[rung].get("batch")) for r in runs if rung in r.reaches]
+    known = [b for _, b in at if b is not None]
+    changed = sum(1 for start, b in at if start is not None and b is not None and b != start)
+    return ((min(known), max(known)) if known else None), changed
+
+
 def _versus(plan: Plan, arm: str, rung: str, baseline: str | None, held: dict[str, list[Run]]) -> Versus:
     own = held[arm]
     steps, samples = _by_seed(own, rung, "step"), _by_seed(own, rung, "samples")
     row = Versus(arm, rung, baseline, len(own), len(steps), steps=mean([*steps.values()]))
     row.samples = mean([*samples.values()])
     row.decayed = sum(decayed(r.reaches[rung]) for r in own if rung in r.reaches)
+    row.batches, row.changed = _batches_at(own, rung)
     if baseline is None:
         row.why_none = "no fixed batch reached this rung on every tuning seed"
         return row

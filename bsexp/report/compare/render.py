@@ -53,7 +53,10 @@ def _declared(plan: Plan, tune_dir: Path) -> list[str]:
         f"**fewer** (its upper end below 1), **more** (its lower end above 1), **not distinguished**. No verdict "
         f"where the arm or the baseline reaches the rung on fewer than {c['min_reached']:.0%} of the held-out "
         f"seeds, or fewer than {MIN_PAIRS} seeds are in common. LR < ½ peak: seeds that reached the rung with the "
-        f"LR decayed below half its peak (their steps measure the decay as much as the batch).",
+        f"LR decayed below half its peak (their steps measure the decay as much as the batch). Batch at the rung: "
+        f"the batch the seeds trained at when they first reached it; `= start` where no seed's had changed from the "
+        f"one it started at (an adaptive or scheduled arm was then, up to the rung, a fixed batch with its own "
+        f"tuning), else how many seeds' had.",
         "",
     ]
 
@@ -107,8 +110,8 @@ def _rungs(result: Comparison) -> list[str]:
             f"### {rung_text(plan, rung)}: baseline {base or 'none'}",
             "",
             f"| arm | reached | steps | samples |{tokens} steps ratio | steps | samples ratio | samples "
-            "| LR < ½ peak |",
-            "| --- " * (9 + bool(tokens)) + "|",
+            "| LR < ½ peak | batch at the rung |",
+            "| --- " * (10 + bool(tokens)) + "|",
         ]
         for row in (v for v in result.versus if v.rung == rung):
             lines.append(_versus_line(row, len(plan.held_out_seeds), result.context))
@@ -124,8 +127,17 @@ def _versus_line(row: Versus, seeds: int, context: int | None = None) -> str:
     tokens = "" if not context else f"{_fmt(None if row.samples is None else row.samples * context)} | "
     return (
         f"| {name} | {row.reached}/{seeds} | {_fmt(row.steps)} | {_fmt(row.samples)} | {tokens}"
-        f"{' | '.join(ratios)} | {row.decayed or '-'} |"
+        f"{' | '.join(ratios)} | {row.decayed or '-'} | {batch_text(row)} |"
     )
+
+
+def batch_text(row: Versus) -> str:
+    """`248 = start`, `255–260, 3 of 10 changed`: the batch the seeds reached the rung at."""
+    if row.batches is None:
+        return "-"
+    low, high = row.batches
+    shown = f"{low:,}" if low == high else f"{low:,}–{high:,}"
+    return f"{shown} = start" if not row.changed else f"{shown}, {row.changed} of {row.reached} changed"
 
 
 def _finals(result: Comparison) -> list[str]:
@@ -204,6 +216,9 @@ COLUMNS = (
     "samples_verdict",
     "no_verdict",
     "lr_decayed_seeds",
+    "batch_at_rung_low",
+    "batch_at_rung_high",
+    "batch_changed_seeds",
     "final",
     "final_difference",
     "final_difference_low",
@@ -253,6 +268,9 @@ def _csv_versus(row: Versus, context: int | None) -> dict:
         "tokens": row.samples * context if context and row.samples is not None else None,
         "no_verdict": row.why_none,
         "lr_decayed_seeds": row.decayed,
+        "batch_at_rung_low": row.batches[0] if row.batches else None,
+        "batch_at_rung_high": row.batches[1] if row.batches else None,
+        "batch_changed_seeds": row.changed,
     }
     for name, ratio in (("steps", row.steps_ratio), ("samples", row.samples_ratio)):
         if ratio is not None:
