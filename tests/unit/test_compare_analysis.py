@@ -133,6 +133,23 @@ def test_the_batch_each_seed_reached_a_rung_at_says_whether_the_arm_had_changed_
     assert (row["batch_at_rung_low"], row["batch_at_rung_high"], row["batch_changed_seeds"]) == ("32", "64", "2")
 
 
+def test_a_baseline_that_falls_short_on_the_held_out_seeds_is_said_with_what_chooses_more_sturdily(tmp_path):
+    """The baseline is chosen on the tuning seed; where it then reaches the rung on too few held-out
+    seeds no arm has a verdict, and the report says why and names comparison.tuning_seeds."""
+    assert "No verdict at this rung" not in markdown(analyse(plan(), RUNS, {}), tmp_path)
+    short = [r for r in RUNS if not (r.arm == "fixed_64" and r.stage == "held_out")]
+    # The baseline at 0.9 reaches it on 2 of 4 held-out seeds; at 0.5 (also fixed_64) on all 4.
+    short += [
+        run("fixed_64", "held_out", s, {"0.5": 50, "0.9": x}, 64) for s, x in zip((1, 2, 3, 4), [110, None, None, 105])
+    ]
+    table = markdown(analyse(plan(), short, {}), tmp_path)
+    top = table[table.index("### val_acc >= 90 %") :]
+    assert "**No verdict at this rung**: its baseline, fixed_64, reached it on 2 of 4 held-out seeds" in top
+    assert "(a verdict needs 3)" in top and "`comparison.tuning_seeds=[0,1,2]`" in top
+    below = table[table.index("### val_acc >= 50 %") : table.index("### val_acc >= 90 %")]
+    assert "No verdict at this rung" not in below  # at 0.5 it reached it on all 4
+
+
 def test_a_higher_bar_for_reaching_withholds_the_verdict():
     result = analyse(plan(min_reached=1.0), RUNS, {})
     growing = next(v for v in result.versus if v.arm == "growing" and v.rung == "0.9")

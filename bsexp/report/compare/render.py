@@ -5,6 +5,7 @@ batches' frontier) and compare.csv (the same figures, one row per arm and rung).
 from __future__ import annotations
 
 import csv
+import math
 from pathlib import Path
 
 from bsexp.report.compare.analysis import FIT_NAMES, Comparison, Final, Versus
@@ -115,8 +116,33 @@ def _rungs(result: Comparison) -> list[str]:
         ]
         for row in (v for v in result.versus if v.rung == rung):
             lines.append(_versus_line(row, len(plan.held_out_seeds), result.context))
-        lines.append("")
+        lines += ["", *_lucky_baseline(result, rung)]
     return lines
+
+
+def _lucky_baseline(result: Comparison, rung: str) -> list[str]:
+    """Where the baseline chosen on the tuning seeds falls short on the held-out seeds, no arm has a
+    verdict at the rung: one paragraph saying why, and what chooses more sturdily."""
+    plan = result.plan
+    base = next((v for v in result.versus if v.rung == rung and v.arm == v.baseline), None)
+    seeds = len(plan.held_out_seeds)
+    need = math.ceil(plan.comparison["min_reached"] * seeds - 1e-9)
+    if base is None or base.reached >= need:
+        return []
+    tuning = len(plan.tuning_seeds)
+    advice = (
+        " Chosen on more tuning seeds (`comparison.tuning_seeds=[0,1,2]`), a configuration "
+        "counts only where it reached the rung on each."
+        if tuning < 3
+        else ""
+    )
+    return [
+        f"**No verdict at this rung**: its baseline, {base.arm}, reached it on {base.reached} of {seeds} held-out "
+        f"seeds (a verdict needs {need}). Its configuration was the fastest to it on {tuning} tuning seed"
+        f"{'s' if tuning > 1 else ''}: at a rung the budget barely reaches, the fastest trial may be a lucky one."
+        + advice,
+        "",
+    ]
 
 
 def _versus_line(row: Versus, seeds: int, context: int | None = None) -> str:
