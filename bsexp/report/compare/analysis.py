@@ -149,7 +149,7 @@ def _versus(plan: Plan, arm: str, rung: str, baseline: str | None, held: dict[st
     base_steps, base_samples = _by_seed(base, rung, "step"), _by_seed(base, rung, "samples")
     row.base_reached, pairs = len(base_steps), sorted(set(steps) & set(base_steps))
     row.pairs = len(pairs)
-    need = math.ceil(plan.comparison["min_reached"] * len(plan.held_out_seeds) - 1e-9)
+    need = plan.seeds_needed
     if arm == baseline:
         row.why_none = "the baseline"
     elif row.reached < need or row.base_reached < need or row.pairs < MIN_PAIRS:
@@ -207,7 +207,7 @@ def reaches_at(plan: Plan, rung: str, held: dict[str, list[Run]]) -> tuple[list,
     """The fixed batches that reached `rung` on comparison.min_reached of the held-out seeds: their
     points (arm, batch, mean steps, mean samples, seeds reached) and (arms, seeds, 2) of the steps
     and samples to it, NaN where a seed did not reach it."""
-    seeds, need = plan.held_out_seeds, plan.comparison["min_reached"] * len(plan.held_out_seeds) - 1e-9
+    seeds, need = plan.held_out_seeds, plan.seeds_needed
     points, table = [], []
     for arm in plan.baselines:
         by_seed = {r.seed: r for r in held[arm]}

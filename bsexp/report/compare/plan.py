@@ -5,6 +5,7 @@ it, so both hold the runs to the same declaration (pure: no Hydra, no torch)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,6 +103,12 @@ class Plan:
         """The seeds after the tuning's: never one that chose a best."""
         first = max(self.tuning_seeds) + 1
         return list(range(first, first + int(self.comparison["held_out"])))
+
+    @property
+    def seeds_needed(self) -> int:
+        """How many held-out seeds an arm (and its baseline) must reach a rung on for a verdict there:
+        comparison.min_reached of them."""
+        return math.ceil(float(self.comparison["min_reached"]) * len(self.held_out_seeds) - 1e-9)
 
     @property
     def rungs(self) -> list[str]:

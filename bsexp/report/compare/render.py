@@ -5,7 +5,6 @@ batches' frontier) and compare.csv (the same figures, one row per arm and rung).
 from __future__ import annotations
 
 import csv
-import math
 from pathlib import Path
 
 from bsexp.report.compare.analysis import FIT_NAMES, Comparison, Final, Versus
@@ -126,7 +125,7 @@ def _lucky_baseline(result: Comparison, rung: str) -> list[str]:
     plan = result.plan
     base = next((v for v in result.versus if v.rung == rung and v.arm == v.baseline), None)
     seeds = len(plan.held_out_seeds)
-    need = math.ceil(plan.comparison["min_reached"] * seeds - 1e-9)
+    need = plan.seeds_needed
     if base is None or base.reached >= need:
         return []
     tuning = len(plan.tuning_seeds)
