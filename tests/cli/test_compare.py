@@ -436,3 +436,40 @@ def test_the_report_of_a_directory_that_holds_no_comparison_is_one_line_and_exit
     )
     assert done.returncode == 2 and done.stderr.startswith(f"error: {tmp_path} holds no comparison"), done.stderr
     assert len(done.stderr.splitlines()) == 1
+
+
+def test_a_report_against_an_arm_named_after_the_runs_goes_apart_and_a_name_no_arm_bears_is_one_line(
+    data_root, tmp_path
+):
+    """--against ARM: the report goes to TUNE_DIR/against_ARM, the comparison's own report untouched;
+    a name that is no arm of the comparison: one line naming it and the arms, exit 2, nothing written."""
+    arms = {
+        "fixed_32": {"overrides": ["batch.size=32"], "baseline": True},
+        "adaptive": {"overrides": ["batch=adaptive"]},
+    }
+    declared = {"arms": arms, "space": {}, "trials": 2, "refine": 0, "objective": "steps", "select_rung": None}
+    declared |= {"tuning_seeds": [0], "held_out": 3, "margin": 0.01, "min_reached": 0.8, "search_seed": 0}
+    declared |= {"refine_factor": 1.5, "refine_width": 0.2}
+    ladder = {"rungs": [0.25, 0.3], "metric": "val_acc", "stop": True}
+    (tmp_path / "comparison.json").write_text(
+        json.dumps({"name": "two_arms", "comparison": declared, "ladder": ladder, "epochs": 3})
+    )
+    (tmp_path / "compare.md").write_text("the comparison's own report\n")
+
+    def report(*args):
+        command = [sys.executable, "-m", "bsexp.report.compare", str(tmp_path), *args]
+        return subprocess.run(command, env=cli_env(data_root), capture_output=True, text=True)
+
+    done = report("--against", "fixed_64")
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert done.stderr == "error: --against=fixed_64: not an arm of comparison two_arms; its arms: fixed_32, adaptive\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["compare.md", "comparison.json"]
+    done = report("--against", "adaptive")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().endswith(f"report: {tmp_path / 'against_adaptive' / 'compare.md'}")
+    assert (tmp_path / "compare.md").read_text() == "the comparison's own report\n"
+    table = (tmp_path / "against_adaptive" / "compare.md").read_text()
+    assert (
+        "**Post hoc: every arm against adaptive**" in table
+        and "### val_acc >= 30 %: against adaptive (post hoc)" in table
+    )

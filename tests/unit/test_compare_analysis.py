@@ -195,3 +195,41 @@ def test_a_loss_ladder_is_read_lower_better_in_the_choice_the_finals_and_the_mar
     assert growing.verdict == "inferior"  # its whole interval below -margin (0.01)
     steps = next(v for v in result.versus if v.arm == "growing" and v.rung == "1.5")
     assert steps.steps_ratio.estimate == pytest.approx(45 / 60) and steps.verdict(steps.steps_ratio) == "fewer"
+
+
+def test_against_an_arm_named_after_the_runs_reads_every_rung_and_the_final_against_it_and_says_post_hoc(tmp_path):
+    """--against: a reader who saw that the declared baseline reached a rung on too few held-out
+    seeds holds every arm against another one, at every rung and in the final value; the report says
+    the choice is post hoc and gives no 'no verdict at this rung' advice about a baseline it did not use."""
+    short = [r for r in RUNS if not (r.arm == "fixed_64" and r.stage == "held_out")]
+    short += [
+        run("fixed_64", "held_out", s, {"0.5": 50, "0.9": x}, 64) for s, x in zip((1, 2, 3, 4), [110, None, None, 105])
+    ]
+    declared = analyse(plan(), short, {})
+    assert declared.baselines == {"0.5": "fixed_64", "0.9": "fixed_64"} and declared.against is None
+    result = analyse(plan(), short, {}, against="fixed_128")
+    assert result.baselines == {"0.5": "fixed_128", "0.9": "fixed_128"}
+    assert {v.baseline for v in result.versus} == {"fixed_128"}
+    rows = {(v.arm, v.rung): v for v in result.versus}
+    # growing reached 0.9 on seeds 1, 2, 4; fixed_128 on all four: the pairs are 1, 2, 4.
+    assert rows[("growing", "0.9")].steps_ratio == ratio_of_means([80, 70, 75], [60, 70, 62])
+    assert rows[("fixed_32", "0.5")].steps_ratio == ratio_of_means([105, 95, 102.5, 97.5], [30, 35, 32.5, 31])
+    assert rows[("fixed_128", "0.9")].why_none == "the baseline"
+    assert rows[("fixed_64", "0.9")].why_none.startswith("too few seeds reach it (the arm 2, the baseline 4 of 4")
+    assert {f.arm for f in result.finals if f.why_none == "the baseline"} == {"fixed_128"}
+    # The tuning's choices and the frontier are the declared analysis's, unchanged.
+    assert {a: (c.stage, c.trial) for a, c in result.best.items()} == {
+        a: (c.stage, c.trial) for a, c in declared.best.items()
+    }
+    assert [f.points for f in result.frontiers] == [f.points for f in declared.frontiers]
+    table = markdown(result, tmp_path)
+    assert (
+        "**Post hoc: every arm against fixed_128**" in table
+        and "### val_acc >= 90 %: against fixed_128 (post hoc)" in table
+    )
+    assert "No verdict at this rung" not in table and "Against fixed_128 (named after the runs: post hoc)" in table
+    assert "No verdict at this rung" in markdown(declared, tmp_path)  # the declared report says it
+    with pytest.raises(
+        ValueError, match=r"^--against=fixed_99: not an arm of comparison made_up; its arms: fixed_32, "
+    ):
+        analyse(plan(), RUNS, {}, against="fixed_99")

@@ -94,17 +94,25 @@ class Comparison:
     frontiers: list[Frontier]
     held_out: dict[str, list[Run]]  # arm -> its finished held-out runs
     context: int | None = None  # a language model's tokens per sample: the tables say the tokens too
+    against: str | None = None  # an arm named after the runs as every rung's baseline (post hoc), else None
 
 
 def held_out_runs(plan: Plan, runs: Sequence[Run]) -> dict[str, list[Run]]:
     return {arm: [r for r in runs if r.stage == HELD_OUT and r.arm == arm and r.finished] for arm in plan.arms}
 
 
-def analyse(plan: Plan, runs: Sequence[Run], centres: dict[str, dict[str, float]]) -> Comparison:
+def analyse(
+    plan: Plan, runs: Sequence[Run], centres: dict[str, dict[str, float]], against: str | None = None
+) -> Comparison:
+    """The comparison as declared; with `against`, every arm against that arm at every rung and in the
+    final value instead of the baseline the tuning seeds chose — a reading chosen after seeing the
+    held-out runs (post hoc), not the protocol's verdict."""
+    if against is not None and against not in plan.arms:
+        raise ValueError(f"--against={against}: not an arm of comparison {plan.name}; its arms: {', '.join(plan.arms)}")
     configs = candidates(plan, runs, centres)
     best = {arm: c for arm, cs in configs.items() if (c := best_of(plan, cs)) is not None}
     held = held_out_runs(plan, runs)
-    baselines = {rung: baseline_at(plan, best, rung) for rung in plan.rungs}
+    baselines = {rung: against or baseline_at(plan, best, rung) for rung in plan.rungs}
     versus = [_versus(plan, arm, rung, baselines[rung], held) for rung in plan.rungs for arm in plan.arms]
     base = baselines.get(format(plan.select_rung, "g"))
     return Comparison(
@@ -118,6 +126,7 @@ def analyse(plan: Plan, runs: Sequence[Run], centres: dict[str, dict[str, float]
         frontiers=[frontier(plan, rung, held) for rung in plan.rungs],
         held_out=held,
         context=next((r.context for r in runs if r.context), None),
+        against=against,
     )
 
 

@@ -24,7 +24,8 @@ def _fmt(value, fmt: str = ",.0f") -> str:
 
 
 def markdown(result: Comparison, tune_dir: Path) -> str:
-    lines = [*_declared(result.plan, tune_dir), *_tuning(result), *_rungs(result), *_finals(result)]
+    lines = [*_declared(result.plan, tune_dir), *_post_hoc(result), *_tuning(result), *_rungs(result)]
+    lines += _finals(result)
     lines += [*_frontiers(result), ""]
     return "\n".join(lines)
 
@@ -57,6 +58,18 @@ def _declared(plan: Plan, tune_dir: Path) -> list[str]:
         f"the batch the seeds trained at when they first reached it; `= start` where no seed's had changed from the "
         f"one it started at (an adaptive or scheduled arm was then, up to the rung, a fixed batch with its own "
         f"tuning), else how many seeds' had.",
+        "",
+    ]
+
+
+def _post_hoc(result: Comparison) -> list[str]:
+    if result.against is None:
+        return []
+    return [
+        f"**Post hoc: every arm against {result.against}**, named after seeing the held-out runs "
+        f"(`--against {result.against}`), at every rung and in the final value, in place of the baseline the "
+        "tuning seeds chose: the ratios and intervals are computed as the protocol's are, but the choice of the "
+        "arm they are held against is not the protocol's, so they are not its verdicts.",
         "",
     ]
 
@@ -106,8 +119,9 @@ def _rungs(result: Comparison) -> list[str]:
     tokens = " tokens |" if result.context else ""
     for rung in plan.rungs:
         base = result.baselines.get(rung)
+        named = f"against {base} (post hoc)" if result.against else f"baseline {base or 'none'}"
         lines += [
-            f"### {rung_text(plan, rung)}: baseline {base or 'none'}",
+            f"### {rung_text(plan, rung)}: {named}",
             "",
             f"| arm | reached | steps | samples |{tokens} steps ratio | steps | samples ratio | samples "
             "| LR < ½ peak | batch at the rung |",
@@ -115,7 +129,7 @@ def _rungs(result: Comparison) -> list[str]:
         ]
         for row in (v for v in result.versus if v.rung == rung):
             lines.append(_versus_line(row, len(plan.held_out_seeds), result.context))
-        lines += ["", *_lucky_baseline(result, rung)]
+        lines += ["", *([] if result.against else _lucky_baseline(result, rung))]
     return lines
 
 
@@ -169,10 +183,11 @@ def _finals(result: Comparison) -> list[str]:
     plan = result.plan
     base = result.baselines.get(format(plan.select_rung, "g"))
     capped = ", capped at the top rung (runs end there)" if plan.ladder_stop else ""
+    chosen = "named after the runs: post hoc" if result.against else "the baseline at the selection rung"
     lines = [
         f"## The final {plan.ladder_metric} at the budget",
         "",
-        f"Against {base or 'no baseline'} (the baseline at the selection rung): the difference of the means over "
+        f"Against {base or 'no baseline'} ({chosen}): the difference of the means over "
         f"the held-out seeds, paired, in the direction of better{capped}; non-inferior where its interval's lower "
         f"end is above -{plan.comparison['margin']:g} (the declared margin).",
         "",
