@@ -55,12 +55,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "to TUNE_DIR/against_ARM unless --out says otherwise",
     )
     args = parser.parse_args(argv)
+    out = report_dir(args.tune_dir, args.out, args.against)
     try:
-        result = report(args.tune_dir, args.out, args.against)
+        result = report(args.tune_dir, out, args.against)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
     arms, held = len(result.plan.arms), sum(len(r) for r in result.held_out.values())
-    where = report_dir(args.tune_dir, args.out, args.against) / "compare.md"
-    print(f"comparison {result.plan.name}: {arms} arms, {held} held-out runs; report: {where}")
+    print(f"comparison {result.plan.name}: {arms} arms, {held} held-out runs; report: {out / 'compare.md'}")
     return 0

@@ -129,13 +129,15 @@ def _rungs(result: Comparison) -> list[str]:
         ]
         for row in (v for v in result.versus if v.rung == rung):
             lines.append(_versus_line(row, len(plan.held_out_seeds), result.context))
-        lines += ["", *([] if result.against else _lucky_baseline(result, rung))]
+        lines += ["", *_lucky_baseline(result, rung)]
     return lines
 
 
 def _lucky_baseline(result: Comparison, rung: str) -> list[str]:
     """Where the baseline chosen on the tuning seeds falls short on the held-out seeds, no arm has a
     verdict at the rung: one paragraph saying why, and what chooses more sturdily."""
+    if result.against is not None:  # a baseline named after the runs: none was chosen to fall short
+        return []
     plan = result.plan
     base = next((v for v in result.versus if v.rung == rung and v.arm == v.baseline), None)
     seeds = len(plan.held_out_seeds)
