@@ -54,6 +54,14 @@ The whole run (issue 54), `--whole`
 
     python scripts/bench_overhead.py --whole --pairs 5
     python scripts/bench_overhead.py --whole --pairs 5 --threads 1    # a busy machine: no spinning
+
+    `--together` starts the two of a pair at the same moment, each pinned to a core of its own at
+    one thread (the cores swapped from one pair to the next): where the machine's speed drifts from
+    minute to minute (a shared host), both sides of a pair then train through the same drift, and
+    their ratio no longer carries it. It measures the default run at one thread, not at torch's
+    default threads::
+
+    python scripts/bench_overhead.py --whole --together --pairs 20
 """
 
 from __future__ import annotations
@@ -104,10 +112,19 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--pairs", type=int, default=5, help="--whole: pairs of processes (5)")
     parser.add_argument("--threads", type=int, default=None, help="--whole: the threads of both (torch's default)")
+    parser.add_argument(
+        "--together", action="store_true", help="--whole: the two of a pair at once, a core and a thread each"
+    )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=mlp batch.size=256")
     args = parser.parse_args()
     if args.rounds < 1 or args.warmup_rounds < 0:
         parser.error("--rounds must be >= 1 and --warmup-rounds >= 0")
+    if args.together:
+        if len(os.sched_getaffinity(0)) < 2:
+            parser.error(f"--together needs 2 cores; this process may use {len(os.sched_getaffinity(0))}")
+        if args.threads not in (None, 1):
+            parser.error(f"--together runs each side at one thread on its own core, not --threads {args.threads}")
+        args.threads = 1
     return args
 
 
@@ -229,6 +246,34 @@ def timed(command: list[str], env: dict[str, str]) -> tuple[float, float]:
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
+def together(
+    commands: dict[str, list[str]], env: dict[str, str], cores: dict[str, int]
+) -> dict[str, tuple[float, float]]:
+    """Wall and CPU seconds (user + system) of whole processes started at once, each pinned to its core."""
+    with tempfile.TemporaryDirectory() as logs:
+        started = time.perf_counter()
+        running = {}
+        for side, command in commands.items():
+            with open(Path(logs) / side, "w") as log:
+                process = subprocess.Popen(
+                    command,
+                    cwd=ROOT,
+                    env=env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=log,
+                    preexec_fn=lambda core=cores[side]: os.sched_setaffinity(0, {core}),
+                )
+            running[process.pid] = side
+        times = {}
+        while running:
+            pid, status, usage = os.wait4(-1, 0)
+            side = running.pop(pid)
+            if os.waitstatus_to_exitcode(status) != 0:
+                sys.exit(f"{' '.join(commands[side])} failed:\n{(Path(logs) / side).read_text()[-2000:]}")
+            times[side] = (time.perf_counter() - started, usage.ru_utime + usage.ru_stime)
+    return times
+
+
 def whole(args: argparse.Namespace) -> None:
     """bsexp's default run against the same work written by hand, as whole processes in turns."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -253,10 +298,20 @@ def whole(args: argparse.Namespace) -> None:
         }
         timed(sides["bsexp"](-1), env)  # untimed: the data cached, the page cache warm for both
         runs: dict[str, list[tuple[float, float]]] = {"bsexp": [], "plain": []}
-        print(f"{args.pairs} pairs of whole processes, taking turns; threads: {args.threads or 'torch default'}")
+        if args.together:
+            first, second = sorted(os.sched_getaffinity(0))[:2]
+            print(f"{args.pairs} pairs of whole processes, the two of a pair at once on cores {first} and {second}")
+        else:
+            print(f"{args.pairs} pairs of whole processes, taking turns; threads: {args.threads or 'torch default'}")
         for n in range(args.pairs):
-            for side in ("bsexp", "plain") if n % 2 == 0 else ("plain", "bsexp"):
-                runs[side].append(timed(sides[side](n), env))
+            if args.together:
+                cores = {"bsexp": first, "plain": second} if n % 2 == 0 else {"bsexp": second, "plain": first}
+                pair = together({side: sides[side](n) for side in sides}, env, cores)
+                for side in sides:
+                    runs[side].append(pair[side])
+            else:
+                for side in ("bsexp", "plain") if n % 2 == 0 else ("plain", "bsexp"):
+                    runs[side].append(timed(sides[side](n), env))
             (bw, bc), (pw, pc) = runs["bsexp"][-1], runs["plain"][-1]
             train = [
                 json.loads((Path(tmp) / f"{side}-{n}" / "summary.json").read_text())["train_time_s"] for side in sides
