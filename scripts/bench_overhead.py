@@ -56,10 +56,10 @@ The whole run (issue 54), `--whole`
     python scripts/bench_overhead.py --whole --pairs 5 --threads 1    # a busy machine: no spinning
 
     `--together` starts the two of a pair at the same moment, each pinned to a core of its own at
-    one thread (the cores swapped from one pair to the next): where the machine's speed drifts from
-    minute to minute (a shared host), both sides of a pair then train through the same drift, and
-    their ratio no longer carries it. It measures the default run at one thread, not at torch's
-    default threads::
+    one thread (the cores swapped from one pair to the next), so that a drift of the machine's speed
+    from minute to minute hits both sides of a pair alike. On the development machine it did not
+    narrow the pairs' spread, which is each process's own (docs/results/performance.md). It
+    measures the default run at one thread, not at torch's default threads::
 
     python scripts/bench_overhead.py --whole --together --pairs 20
 """
@@ -275,7 +275,7 @@ def together(
 
 
 def whole(args: argparse.Namespace) -> None:
-    """bsexp's default run against the same work written by hand, as whole processes in turns."""
+    """bsexp's default run against the same work written by hand, as whole processes in turns or together."""
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "BSEXP_CORES_REGISTRY": str(Path(tmp) / "registry")}
         threads = [] if args.threads is None else [f"trainer.threads={args.threads}"]
