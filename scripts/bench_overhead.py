@@ -323,10 +323,10 @@ def whole(args: argparse.Namespace) -> None:
                 for side in ("bsexp", "plain") if n % 2 == 0 else ("plain", "bsexp"):
                     runs[side].append(timed(sides[side](n), env))
             (bw, bc), (pw, pc) = runs["bsexp"][-1], runs["plain"][-1]
-            train = [
+            train = tuple(
                 json.loads((Path(tmp) / f"{side}-{n}" / "summary.json").read_text())["train_time_s"] for side in sides
-            ]
-            trained.append((train[0], train[1]))
+            )
+            trained.append(train)
             if args.together:
                 bsexp_core.append(cores["bsexp"])
             print(
@@ -339,28 +339,32 @@ def whole(args: argparse.Namespace) -> None:
     for what, i, ratios in (("wall", 0, wall), ("CPU", 1, cpu)):
         b, p = (statistics.median(r[i] for r in runs[side]) for side in ("bsexp", "plain"))
         found = median_interval(ratios)
-        if found is None:
-            interval, verdict = "(no interval under 3 pairs)", "goal not shown either way"
-        else:
-            interval = f"[{found[0]:.3f}, {found[1]:.3f}]"
-            verdict = (
-                "goal met" if found[1] <= GOAL else ("goal NOT met" if found[0] > GOAL else "goal not shown either way")
-            )
+        verdict = (
+            "goal not shown either way"
+            if found is None or found[0] <= GOAL < found[1]
+            else ("goal met" if found[1] <= GOAL else "goal NOT met")
+        )
         print(
-            f"median {what}: bsexp {b:.2f} s, plain {p:.2f} s; median ratio {float(np.median(ratios)):.3f} {interval} "
-            f"(goal <= {GOAL}: met where the interval's upper end is) - {verdict}"
+            f"median {what}: bsexp {b:.2f} s, plain {p:.2f} s; median ratio {float(np.median(ratios)):.3f} "
+            f"{shown(found)} (goal <= {GOAL}: met where the interval's upper end is) - {verdict}"
         )
     # where the difference lies: the training loop (summary.json's train_time_s) or the rest of the process
     training = np.array([b / p for b, p in trained])
     outside = np.array([(x[0] - b) - (y[0] - p) for x, y, (b, p) in zip(runs["bsexp"], runs["plain"], trained)])
-    print(f"median training ratio (summary.json's train_time_s): {float(np.median(training)):.3f} {shown(training)}")
+    print(
+        f"median training ratio (summary.json's train_time_s): {float(np.median(training)):.3f} "
+        f"{shown(median_interval(training))}"
+    )
     print(
         f"median wall outside training, bsexp minus plain: {float(np.median(outside)):+.2f} s "
-        f"{shown(outside, signed=True)}"
+        f"{shown(median_interval(outside), signed=True)}"
     )
     for core in sorted(set(bsexp_core)):
         on = wall[np.array(bsexp_core) == core]
-        print(f"median wall ratio with bsexp on core {core} ({len(on)} pairs): {float(np.median(on)):.3f} {shown(on)}")
+        print(
+            f"median wall ratio with bsexp on core {core} ({len(on)} pairs): {float(np.median(on)):.3f} "
+            f"{shown(median_interval(on))}"
+        )
 
 
 def median_interval(values: np.ndarray) -> tuple[float, float] | None:
@@ -373,8 +377,8 @@ def median_interval(values: np.ndarray) -> tuple[float, float] | None:
     return None if found is None else (found.low, found.high)
 
 
-def shown(values: np.ndarray, signed: bool = False) -> str:
-    found = median_interval(values)
+def shown(found: tuple[float, float] | None, signed: bool = False) -> str:
+    """An interval from median_interval as printed: seconds signed to 2 places, ratios to 3."""
     if found is None:
         return "(no interval under 3 pairs)"
     return f"[{found[0]:+.2f}, {found[1]:+.2f}]" if signed else f"[{found[0]:.3f}, {found[1]:.3f}]"
