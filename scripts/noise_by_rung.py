@@ -2,6 +2,7 @@
 their steps and samples (issue 58, part 2):
 
     python scripts/noise_by_rung.py outputs/noise/tuned [--weight progress|steps] [--name NAME]
+        [--against outputs/noise/rule] [--out CSV]
 
 SWEEP_DIR is a multirun of fixed batches over seeds, each run with `trainer.noise_scale=always` and
 a `trainer.ladder` (the comparison's reruns at its tuned values, or a sweep with the LR scaled by a
@@ -23,7 +24,11 @@ seeds:
 - **Their ratio**, the batches' median B_simple over the fit's B_crit, both from the same resampled
   seeds, with its interval: the two `agree` only where it covers 1.
 
-Printed as markdown tables; the same rows go to SWEEP_DIR/noise_by_rung.csv."""
+- With `--against OTHER_SWEEP` (the same seeds, the same ladder): **the ratio of this sweep's fitted
+  B_crit to the other's**, both fits from the same resampled seeds (paired: a seed's runs in both
+  sweeps drawn together), with its interval; `fit_agree` says "agree" only where it covers 1.
+
+Printed as markdown tables; the same rows go to SWEEP_DIR/noise_by_rung.csv (or `--out`)."""
 
 from __future__ import annotations
 
@@ -82,7 +87,8 @@ def b_simple_until(records, step: float, weight: str) -> float | None:
     return trace / grad if grad > 0 else None
 
 
-def analyse(sweep_dir: Path, weight: str, name: str):
+def load(sweep_dir: Path, name: str):
+    """The sweep's completed runs as a plan, its seeds, its runs by arm and its points by (arm, seed)."""
     points = [p for p in load_points(sweep_dir) if p.done]
     if not points:
         raise ValueError("no completed run")
@@ -96,6 +102,11 @@ def analyse(sweep_dir: Path, weight: str, name: str):
         run = read_run(point, plan, f"fixed_{point.batch}", HELD_OUT)
         runs[run.arm].append(run)
         by_run[(run.arm, run.seed)] = point
+    return plan, seeds, runs, by_run
+
+
+def analyse(sweep_dir: Path, weight: str, name: str):
+    plan, seeds, runs, by_run = load(sweep_dir, name)
     rows = []
     for rung in plan.rungs:
         # (arms, seeds) of B_simple up to the rung: NaN where the run did not reach it
@@ -129,6 +140,44 @@ def analyse(sweep_dir: Path, weight: str, name: str):
     return plan, rows
 
 
+def against(sweep_dir: Path, other_dir: Path) -> dict[str, dict]:
+    """Per rung, the ratio of `sweep_dir`'s fitted B_crit to `other_dir`'s, both fits from the same
+    drawn seeds, with its interval: {rung: {"against_B_crit", "fit_ratio", "fit_ratio_low",
+    "fit_ratio_high", "fit_agree"}}."""
+    plan, seeds, runs, _ = load(sweep_dir, sweep_dir.name)
+    try:
+        other_plan, other_seeds, other_runs, _ = load(other_dir, other_dir.name)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--against {other_dir}: {exc}") from None
+    if other_seeds != seeds:
+        raise ValueError(
+            f"--against: {other_dir} has seeds {other_seeds}, this sweep {seeds}: a paired ratio needs both"
+        )
+    if other_plan.rungs != plan.rungs:
+        raise ValueError(f"--against: {other_dir}'s ladder {other_plan.rungs} is not this sweep's {plan.rungs}")
+    out = {}
+    for rung in plan.rungs:
+        this, other = reaches_at(plan, rung, runs)[1], reaches_at(other_plan, rung, other_runs)[1]
+        other_fit = fit_of_seeds(other, np.arange(len(seeds)))
+        ratio, _ = over_seeds(len(seeds), partial(fit_ratio, this, other), ["ratio"])
+        found = ratio["ratio"]
+        out[rung] = {
+            "against_B_crit": other_fit.b_crit if other_fit else None,
+            "fit_ratio": found.estimate if found else None,
+            "fit_ratio_low": found.low if found else None,
+            "fit_ratio_high": found.high if found else None,
+            "fit_agree": "" if not found else agreement(found.low, found.high, "higher", "lower"),
+        }
+    return out
+
+
+def fit_ratio(this: np.ndarray, other: np.ndarray, drawn) -> list[float]:
+    """B_crit of this sweep's fit over the other's, both through the same drawn seeds (`reaches_at`'s
+    tables); NaN where either fit is refused."""
+    a, b = fit_of_seeds(this, drawn), fit_of_seeds(other, drawn)
+    return [math.nan] if a is None or b is None else [a.b_crit / b.b_crit]
+
+
 def _mean_over(table: np.ndarray, arm: int | None, drawn) -> list[float]:
     """The mean over the drawn seeds (columns) of one batch's row of `table` (None: the median of
     the batches' means, which one batch's noisy estimates do not carry away); NaN where no drawn
@@ -145,11 +194,11 @@ def _ratio(table: np.ndarray, reach: np.ndarray, drawn) -> list[float]:
     return [math.nan] if fit is None else [_mean_over(table, None, drawn)[0] / fit.b_crit]
 
 
-def agreement(low: float, high: float) -> str:
+def agreement(low: float, high: float, higher: str = "B_simple higher", lower: str = "B_simple lower") -> str:
     """Two estimates agree only where the interval of their ratio covers 1."""
     if low <= 1 <= high:
         return "agree"
-    return "B_simple lower" if high < 1 else "B_simple higher"
+    return lower if high < 1 else higher
 
 
 def text(value, low, high) -> str:
@@ -158,14 +207,26 @@ def text(value, low, high) -> str:
     return f"{value:.0f}" + (f" [{low:.0f}, {high:.0f}]" if low is not None else "")
 
 
+def ratio_text(value, low, high, verdict: str) -> str:
+    if value is None:
+        return "-"
+    shown = f"{value:.2f} [{low:.2f}, {high:.2f}]"
+    return f"{shown}: {verdict}" if verdict else shown
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("sweep_dir", type=Path)
     parser.add_argument("--weight", choices=("progress", "steps"), default="progress")
     parser.add_argument("--name", default=None, help="what the tables call the sweep (default: its folder)")
+    parser.add_argument(
+        "--against", type=Path, default=None, help="another sweep on the same seeds: the paired ratio of the fits"
+    )
+    parser.add_argument("--out", type=Path, default=None, help="the CSV (default: SWEEP_DIR/noise_by_rung.csv)")
     args = parser.parse_args()
     try:
         plan, rows = analyse(args.sweep_dir, args.weight, args.name or args.sweep_dir.name)
+        ratios = against(args.sweep_dir, args.against) if args.against else None
     except (OSError, ValueError, KeyError) as exc:
         print(f"error: {args.sweep_dir}: {exc}", file=sys.stderr)
         return 2
@@ -180,10 +241,22 @@ def main() -> int:
     for row in rows:
         cells = [text(row["B_crit_fit"], row["B_crit_fit_low"], row["B_crit_fit_high"])]
         cells += [text(row[a], row[f"{a}_low"], row[f"{a}_high"]) for a in arms]
-        ratio = "-" if row["ratio"] is None else f"{row['ratio']:.2f} [{row['ratio_low']:.2f}, {row['ratio_high']:.2f}]"
-        cells.append(f"{ratio}: {row['agree']}" if row["agree"] else ratio)
+        cells.append(ratio_text(row["ratio"], row["ratio_low"], row["ratio_high"], row["agree"]))
         print(f"| {row['rung']} | " + " | ".join(cells) + " |")
-    out = args.sweep_dir / "noise_by_rung.csv"
+    if ratios:
+        print(f"\nB_crit of the fit against {args.against}'s, both from the same resampled seeds [95 % bootstrap]:")
+        print("| rung | B_crit (fit) | B_crit (against) | ratio |")
+        print("| --- | --- | --- | --- |")
+        for row in rows:
+            found = ratios[row["rung"]]
+            row.update(found)
+            cells = [text(row["B_crit_fit"], row["B_crit_fit_low"], row["B_crit_fit_high"])]
+            cells.append(text(found["against_B_crit"], None, None))
+            cells.append(
+                ratio_text(found["fit_ratio"], found["fit_ratio_low"], found["fit_ratio_high"], found["fit_agree"])
+            )
+            print(f"| {row['rung']} | " + " | ".join(cells) + " |")
+    out = args.out or args.sweep_dir / "noise_by_rung.csv"
     with open(out, "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()

@@ -70,3 +70,33 @@ def test_b_simple_up_to_each_rung_is_the_progress_weighted_ratio_of_the_runs_own
                 assert row[f"fixed_{batch}"] == ""
     assert checked >= 3
     assert "| 0.2 | " in made.stdout and "B_simple up to each rung (progress-weighted)" in made.stdout
+
+    # --against itself: the paired ratio of a fit to itself is 1 on every resample (the ratio's
+    # arithmetic on fits that hold: tests/unit/test_noise_by_rung_against.py); --out leaves the
+    # first CSV as it was; a sweep with no completed run is one line naming --against, exit 2
+    written = (sweep / "noise_by_rung.csv").read_bytes()
+    out = tmp_path / "against.csv"
+    paired = subprocess.run(
+        [sys.executable, str(SCRIPT), str(sweep), "--against", str(sweep), "--out", str(out)],
+        env=cli_env(data_root),
+        capture_output=True,
+        text=True,
+    )
+    assert paired.returncode == 0, paired.stderr
+    assert (sweep / "noise_by_rung.csv").read_bytes() == written
+    for row in csv.DictReader(out.open()):
+        assert row["B_crit_fit"] == rows[row["rung"]]["B_crit_fit"]
+        if row["B_crit_fit"]:
+            assert float(row["fit_ratio"]) == float(row["fit_ratio_low"]) == float(row["fit_ratio_high"]) == 1.0
+            assert row["fit_agree"] == "agree" and float(row["against_B_crit"]) == float(row["B_crit_fit"])
+        else:  # a refused fit (this tiny sweep's, where fewer than 3 batches reach a rung on every seed): no ratio
+            assert row["fit_ratio"] == row["fit_agree"] == row["against_B_crit"] == ""
+    (tmp_path / "empty").mkdir()
+    refused = subprocess.run(
+        [sys.executable, str(SCRIPT), str(sweep), "--against", str(tmp_path / "empty")],
+        env=cli_env(data_root),
+        capture_output=True,
+        text=True,
+    )
+    assert refused.returncode == 2
+    assert refused.stderr.count("\n") == 1 and "--against" in refused.stderr and "Traceback" not in refused.stderr
