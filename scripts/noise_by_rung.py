@@ -26,7 +26,10 @@ seeds:
 
 - With `--against OTHER_SWEEP` (the same seeds, the same ladder): **the ratio of this sweep's fitted
   B_crit to the other's**, both fits from the same resampled seeds (paired: a seed's runs in both
-  sweeps drawn together), with its interval; `fit_agree` says "agree" only where it covers 1.
+  sweeps drawn together), with its interval; `fit_agree` says "agree" only where it covers 1. Each
+  fit takes the batches that reached the rung in its own sweep (`batches`, `against_batches`), and
+  the interval is over the resamples where both fits hold (`fit_refused`: the share where either
+  was refused).
 
 Printed as markdown tables; the same rows go to SWEEP_DIR/noise_by_rung.csv (or `--out`)."""
 
@@ -143,23 +146,26 @@ def analyse(sweep_dir: Path, weight: str, name: str):
 def against(sweep_dir: Path, other_dir: Path) -> dict[str, dict]:
     """Per rung, the ratio of `sweep_dir`'s fitted B_crit to `other_dir`'s, both fits from the same
     drawn seeds, with its interval: {rung: {"against_B_crit", "fit_ratio", "fit_ratio_low",
-    "fit_ratio_high", "fit_agree"}}."""
+    "fit_ratio_high", "fit_agree", "fit_refused", "batches", "against_batches"}}."""
     plan, seeds, runs, _ = load(sweep_dir, sweep_dir.name)
     try:
         other_plan, other_seeds, other_runs, _ = load(other_dir, other_dir.name)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, KeyError) as exc:
         raise ValueError(f"--against {other_dir}: {exc}") from None
     if other_seeds != seeds:
         raise ValueError(
             f"--against: {other_dir} has seeds {other_seeds}, this sweep {seeds}: a paired ratio needs both"
         )
-    if other_plan.rungs != plan.rungs:
-        raise ValueError(f"--against: {other_dir}'s ladder {other_plan.rungs} is not this sweep's {plan.rungs}")
+    if (other_plan.ladder_metric, other_plan.rungs) != (plan.ladder_metric, plan.rungs):
+        raise ValueError(
+            f"--against: {other_dir}'s ladder ({other_plan.ladder_metric} {other_plan.rungs}) is not this "
+            f"sweep's ({plan.ladder_metric} {plan.rungs})"
+        )
     out = {}
     for rung in plan.rungs:
-        this, other = reaches_at(plan, rung, runs)[1], reaches_at(other_plan, rung, other_runs)[1]
+        (points, this), (other_points, other) = reaches_at(plan, rung, runs), reaches_at(other_plan, rung, other_runs)
         other_fit = fit_of_seeds(other, np.arange(len(seeds)))
-        ratio, _ = over_seeds(len(seeds), partial(fit_ratio, this, other), ["ratio"])
+        ratio, refused = over_seeds(len(seeds), partial(fit_ratio, this, other), ["ratio"])
         found = ratio["ratio"]
         out[rung] = {
             "against_B_crit": other_fit.b_crit if other_fit else None,
@@ -167,6 +173,9 @@ def against(sweep_dir: Path, other_dir: Path) -> dict[str, dict]:
             "fit_ratio_low": found.low if found else None,
             "fit_ratio_high": found.high if found else None,
             "fit_agree": "" if not found else agreement(found.low, found.high, "higher", "lower"),
+            "fit_refused": refused,
+            "batches": " ".join(str(p[1]) for p in points),
+            "against_batches": " ".join(str(p[1]) for p in other_points),
         }
     return out
 
@@ -225,8 +234,11 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None, help="the CSV (default: SWEEP_DIR/noise_by_rung.csv)")
     args = parser.parse_args()
     try:
-        plan, rows = analyse(args.sweep_dir, args.weight, args.name or args.sweep_dir.name)
         ratios = against(args.sweep_dir, args.against) if args.against else None
+        plan, rows = analyse(args.sweep_dir, args.weight, args.name or args.sweep_dir.name)
+        out = args.out or args.sweep_dir / "noise_by_rung.csv"
+        if out.is_dir() or not out.parent.is_dir():
+            raise ValueError(f"--out {out}: not a file in an existing folder")
     except (OSError, ValueError, KeyError) as exc:
         print(f"error: {args.sweep_dir}: {exc}", file=sys.stderr)
         return 2
@@ -254,9 +266,9 @@ def main() -> int:
             cells.append(text(found["against_B_crit"], None, None))
             cells.append(
                 ratio_text(found["fit_ratio"], found["fit_ratio_low"], found["fit_ratio_high"], found["fit_agree"])
+                + (f" ({found['fit_refused']:.1%} of resamples refused)" if found["fit_refused"] else "")
             )
             print(f"| {row['rung']} | " + " | ".join(cells) + " |")
-    out = args.out or args.sweep_dir / "noise_by_rung.csv"
     with open(out, "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()

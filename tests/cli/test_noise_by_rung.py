@@ -100,3 +100,11 @@ def test_b_simple_up_to_each_rung_is_the_progress_weighted_ratio_of_the_runs_own
     )
     assert refused.returncode == 2
     assert refused.stderr.count("\n") == 1 and "--against" in refused.stderr and "Traceback" not in refused.stderr
+    nowhere = subprocess.run(
+        [sys.executable, str(SCRIPT), str(sweep), "--out", str(tmp_path / "missing" / "x.csv")],
+        env=cli_env(data_root),
+        capture_output=True,
+        text=True,
+    )
+    assert nowhere.returncode == 2 and nowhere.stderr.count("\n") == 1 and "--out" in nowhere.stderr
+    assert (sweep / "noise_by_rung.csv").read_bytes() == written

@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bsexp.report.compare.analysis import fit_of_seeds
 from bsexp.report.compare.intervals import over_seeds
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "noise_by_rung.py"
@@ -41,19 +40,6 @@ def test_a_sweep_taking_twice_the_samples_seed_by_seed_has_half_the_ratio_on_eve
     assert ratio.estimate == pytest.approx(0.5, rel=1e-9)
     assert ratio.low == pytest.approx(0.5, rel=1e-9) and ratio.high == pytest.approx(0.5, rel=1e-9)
     assert nbr.agreement(ratio.low, ratio.high, "higher", "lower") == "lower"
-
-
-def test_drawing_the_two_sweeps_seeds_apart_would_widen_the_interval_pairing_removes():
-    this = sweep(1)
-    other = this.copy()
-    other[..., 1] *= 2
-    shuffled = other[:, np.random.default_rng(0).permutation(10), :]  # the same runs, seeds unpaired
-    found, _ = over_seeds(10, partial(nbr.fit_ratio, this, shuffled), ["ratio"])
-    assert found["ratio"].high - found["ratio"].low > 0.01
-    whole = np.arange(10)
-    assert found["ratio"].estimate == pytest.approx(
-        fit_of_seeds(this, whole).b_crit / fit_of_seeds(shuffled, whole).b_crit, rel=1e-12
-    )
 
 
 def test_a_refused_fit_in_either_sweep_is_no_ratio():
