@@ -108,8 +108,9 @@ def load(sweep_dir: Path, name: str):
     return plan, seeds, runs, by_run
 
 
-def analyse(sweep_dir: Path, weight: str, name: str):
-    plan, seeds, runs, by_run = load(sweep_dir, name)
+def analyse(loaded, weight: str):
+    """B_simple up to each rung and the fit's B_crit, per rung, of a sweep as `load` read it."""
+    plan, seeds, runs, by_run = loaded
     rows = []
     for rung in plan.rungs:
         # (arms, seeds) of B_simple up to the rung: NaN where the run did not reach it
@@ -143,11 +144,11 @@ def analyse(sweep_dir: Path, weight: str, name: str):
     return plan, rows
 
 
-def against(sweep_dir: Path, other_dir: Path) -> dict[str, dict]:
-    """Per rung, the ratio of `sweep_dir`'s fitted B_crit to `other_dir`'s, both fits from the same
-    drawn seeds, with its interval: {rung: {"against_B_crit", "fit_ratio", "fit_ratio_low",
-    "fit_ratio_high", "fit_agree", "fit_refused", "batches", "against_batches"}}."""
-    plan, seeds, runs, _ = load(sweep_dir, sweep_dir.name)
+def against(loaded, other_dir: Path) -> dict[str, dict]:
+    """Per rung, the ratio of the fitted B_crit of a sweep as `load` read it to `other_dir`'s, both
+    fits from the same drawn seeds, with its interval: {rung: {"against_B_crit", "fit_ratio",
+    "fit_ratio_low", "fit_ratio_high", "fit_agree", "fit_refused", "batches", "against_batches"}}."""
+    plan, seeds, runs, _ = loaded
     try:
         other_plan, other_seeds, other_runs, _ = load(other_dir, other_dir.name)
     except (OSError, ValueError, KeyError) as exc:
@@ -234,8 +235,9 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None, help="the CSV (default: SWEEP_DIR/noise_by_rung.csv)")
     args = parser.parse_args()
     try:
-        ratios = against(args.sweep_dir, args.against) if args.against else None
-        plan, rows = analyse(args.sweep_dir, args.weight, args.name or args.sweep_dir.name)
+        loaded = load(args.sweep_dir, args.name or args.sweep_dir.name)
+        ratios = against(loaded, args.against) if args.against else None
+        plan, rows = analyse(loaded, args.weight)
         out = args.out or args.sweep_dir / "noise_by_rung.csv"
         if out.is_dir() or not out.parent.is_dir():
             raise ValueError(f"--out {out}: not a file in an existing folder")

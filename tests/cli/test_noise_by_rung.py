@@ -74,14 +74,14 @@ def test_b_simple_up_to_each_rung_is_the_progress_weighted_ratio_of_the_runs_own
     # --against itself: the paired ratio of a fit to itself is 1 on every resample (the ratio's
     # arithmetic on fits that hold: tests/unit/test_noise_by_rung_against.py); --out leaves the
     # first CSV as it was; a sweep with no completed run is one line naming --against, exit 2
+    def script(*args):
+        return subprocess.run(
+            [sys.executable, str(SCRIPT), *args], env=cli_env(data_root), capture_output=True, text=True
+        )
+
     written = (sweep / "noise_by_rung.csv").read_bytes()
     out = tmp_path / "against.csv"
-    paired = subprocess.run(
-        [sys.executable, str(SCRIPT), str(sweep), "--against", str(sweep), "--out", str(out)],
-        env=cli_env(data_root),
-        capture_output=True,
-        text=True,
-    )
+    paired = script(str(sweep), "--against", str(sweep), "--out", str(out))
     assert paired.returncode == 0, paired.stderr
     assert (sweep / "noise_by_rung.csv").read_bytes() == written
     for row in csv.DictReader(out.open()):
@@ -92,19 +92,9 @@ def test_b_simple_up_to_each_rung_is_the_progress_weighted_ratio_of_the_runs_own
         else:  # a refused fit (this tiny sweep's, where fewer than 3 batches reach a rung on every seed): no ratio
             assert row["fit_ratio"] == row["fit_agree"] == row["against_B_crit"] == ""
     (tmp_path / "empty").mkdir()
-    refused = subprocess.run(
-        [sys.executable, str(SCRIPT), str(sweep), "--against", str(tmp_path / "empty")],
-        env=cli_env(data_root),
-        capture_output=True,
-        text=True,
-    )
+    refused = script(str(sweep), "--against", str(tmp_path / "empty"))
     assert refused.returncode == 2
     assert refused.stderr.count("\n") == 1 and "--against" in refused.stderr and "Traceback" not in refused.stderr
-    nowhere = subprocess.run(
-        [sys.executable, str(SCRIPT), str(sweep), "--out", str(tmp_path / "missing" / "x.csv")],
-        env=cli_env(data_root),
-        capture_output=True,
-        text=True,
-    )
+    nowhere = script(str(sweep), "--out", str(tmp_path / "missing" / "x.csv"))
     assert nowhere.returncode == 2 and nowhere.stderr.count("\n") == 1 and "--out" in nowhere.stderr
     assert (sweep / "noise_by_rung.csv").read_bytes() == written

@@ -1,6 +1,6 @@
 """scripts/noise_by_rung.py --against: the ratio of two sweeps' fitted B_crit is paired over the
-seeds — a resample draws a seed's runs in both sweeps together — so a sweep whose every run took
-twice the samples of the other's, seed by seed, has a ratio of exactly 2 on every resample."""
+seeds — a resample draws a seed's runs in both sweeps together — so against a sweep whose every run
+took twice the samples, seed by seed, the ratio is exactly 1/2 on every resample."""
 
 import importlib.util
 import math
